@@ -1,0 +1,1 @@
+//! Ring schedules (placeholder, being written).

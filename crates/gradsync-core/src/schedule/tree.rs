@@ -1,0 +1,1 @@
+//! Tree schedules (placeholder, being written).
