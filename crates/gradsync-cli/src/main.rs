@@ -1,3 +1,108 @@
-fn main() {
-    println!("Hello, world!");
+//! The `gradsync` command.
+//!
+//! - `gradsync launch --nproc N [--nnodes M --node-rank R --master HOST:PORT] [--no-prefix] --
+//!   CMD ARGS...` starts the local ranks of a job with the torchrun environment variables
+//!   (see [`launch`]).
+//! - `gradsync bench [all_reduce|reduce_scatter|all_gather|broadcast|reduce] [nccl-tests flags]
+//!   [--json FILE] [--nproc N]` measures a collective and prints the nccl-tests table (see
+//!   [`bench`]).
+//!
+//! Logging follows `GRADSYNC_DEBUG`, `GRADSYNC_DEBUG_SUBSYS` and `GRADSYNC_DEBUG_FILE`
+//! (see `gradsync::logging`).
+
+mod bench;
+mod check;
+mod launch;
+mod table;
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+/// Command line of `gradsync`.
+#[derive(Debug, Parser)]
+#[command(
+    name = "gradsync",
+    version,
+    about = "Collective communication for data-parallel training"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Start the local ranks of a job with torchrun environment variables.
+    Launch(LaunchArgs),
+    /// Measure a collective as nccl-tests does.
+    Bench(bench::BenchArgs),
+}
+
+/// Options of `gradsync launch`.
+#[derive(Debug, clap::Args)]
+struct LaunchArgs {
+    /// Ranks to start on this node.
+    #[arg(long, alias = "nproc-per-node", alias = "nproc_per_node")]
+    nproc: usize,
+    /// Nodes in the job.
+    #[arg(long, default_value_t = 1)]
+    nnodes: usize,
+    /// Index of this node, 0..nnodes.
+    #[arg(long, alias = "node_rank", default_value_t = 0)]
+    node_rank: usize,
+    /// HOST:PORT of the rendezvous store hosted by rank 0 (required with --nnodes > 1;
+    /// default 127.0.0.1 and a free port).
+    #[arg(long)]
+    master: Option<String>,
+    /// Do not prefix output lines with `[rank] `.
+    #[arg(long)]
+    no_prefix: bool,
+    /// Seconds between SIGTERM and SIGKILL when stopping ranks.
+    #[arg(long, default_value_t = 3.0)]
+    grace_secs: f64,
+    /// The command every rank runs, and its arguments.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    command: Vec<OsString>,
+}
+
+fn run_launch(args: &LaunchArgs) -> anyhow::Result<i32> {
+    anyhow::ensure!(
+        args.grace_secs.is_finite() && args.grace_secs >= 0.0,
+        "--grace-secs must be a non-negative number"
+    );
+    let opts = launch::LaunchOptions {
+        nproc: args.nproc,
+        nnodes: args.nnodes,
+        node_rank: args.node_rank,
+        master: args.master.clone(),
+        prefix: !args.no_prefix,
+        grace: Duration::from_secs_f64(args.grace_secs),
+    };
+    let (program, rest) = args.command.split_first().expect("clap requires a command");
+    launch::launch(&opts, program, rest)
+}
+
+fn main() -> ExitCode {
+    gradsync::logging::init_from_env();
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Launch(args) => run_launch(args),
+        Command::Bench(args) => bench::run(args),
+    };
+    match result {
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        Err(e) => {
+            eprintln!("gradsync: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -17,5 +17,7 @@ mod types;
 pub mod schedule;
 pub mod sim;
 pub mod wire;
+pub mod reference;
+pub mod rng;
 
 pub use types::{Collective, DataType, ReduceOp, TypeError};

@@ -1,14 +1,314 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
+//! The verbs-shaped transport layer of gradsync.
+//!
+//! Every backend speaks the same small subset of RDMA verbs, so the engine above it is written
+//! once:
+//!
+//! - **Memory regions.** [`Endpoint::register`] turns a span of memory into a
+//!   [`MemoryRegion`] with a local key, a remote key and [`Access`] rights. Peers learn a
+//!   region's [`RemoteRegion`] (remote key and length) out of band, through the rendezvous store.
+//! - **One-sided writes with an immediate.** [`Endpoint::post_write`] copies a gather list of
+//!   local spans into a peer's registered region at an offset. With an immediate value the peer
+//!   gets a [`Completion::WriteImm`] once every byte has landed: the notification that the data
+//!   is there. The receiver never posts anything for a write; it only checks the key and the
+//!   bounds, and a bad key or an out-of-range write is an error naming the peer.
+//! - **Two-sided sends.** [`Endpoint::post_send`] delivers a small message (at most
+//!   [`MAX_SEND`] bytes) that arrives as [`Completion::Recv`]; the engine uses it for credits and
+//!   aborts.
+//! - **One completion queue.** [`Endpoint::poll`] makes progress on every connection without
+//!   blocking and returns what completed: local writes and sends whose buffers may be reused,
+//!   and remote writes and messages that arrived. [`Endpoint::wait`] blocks until there may be
+//!   something to poll, with a deadline.
+//!
+//! An endpoint holds one connection (a queue-pair group, possibly several TCP streams) to every
+//! peer. Backends: [`mem`] (in-process, for tests) and [`tcp`] (sockets; a write is a framed
+//! header followed by its payload, which the receiver reads straight into the destination region).
+
+use std::fmt;
+use std::time::Duration;
+
+pub mod mem;
+mod regions;
+pub mod tcp;
+
+/// Largest payload of a two-sided [`Endpoint::post_send`].
+pub const MAX_SEND: usize = 4096;
+
+/// Access rights of a registered region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Access(u8);
+
+impl Access {
+    /// The local side may read the region (source of writes and sends).
+    pub const LOCAL_READ: Access = Access(1);
+    /// Peers may write into the region.
+    pub const REMOTE_WRITE: Access = Access(2);
+
+    /// Union of two sets of rights.
+    pub const fn union(self, other: Access) -> Access {
+        Access(self.0 | other.0)
+    }
+
+    /// Whether every right in `other` is in `self`.
+    pub const fn contains(self, other: Access) -> bool {
+        self.0 & other.0 == other.0
+    }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// A registered span of local memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryRegion {
+    /// Start address.
+    pub addr: usize,
+    /// Length in bytes.
+    pub len: usize,
+    /// Key for local use (gather lists).
+    pub lkey: u32,
+    /// Key a peer presents to write into the region.
+    pub rkey: u32,
+    /// Rights.
+    pub access: Access,
+}
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
+impl MemoryRegion {
+    /// What a peer needs to write into this region.
+    pub fn remote(&self) -> RemoteRegion {
+        RemoteRegion { rkey: self.rkey, len: self.len as u64 }
+    }
+}
+
+/// A peer's region, as advertised out of band.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteRegion {
+    /// Remote key.
+    pub rkey: u32,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+impl RemoteRegion {
+    /// Encodes as 12 bytes (for the rendezvous store).
+    pub fn to_bytes(&self) -> [u8; 12] {
+        let mut b = [0u8; 12];
+        b[..4].copy_from_slice(&self.rkey.to_le_bytes());
+        b[4..].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+
+    /// Decodes [`to_bytes`](Self::to_bytes); `None` if the length is wrong.
+    pub fn from_bytes(b: &[u8]) -> Option<Self> {
+        if b.len() != 12 {
+            return None;
+        }
+        Some(RemoteRegion {
+            rkey: u32::from_le_bytes(b[..4].try_into().ok()?),
+            len: u64::from_le_bytes(b[4..].try_into().ok()?),
+        })
+    }
+}
+
+/// One entry of a gather list: `len` bytes at `addr`, inside a region registered with `lkey`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sge {
+    /// Start address.
+    pub addr: usize,
+    /// Length in bytes.
+    pub len: usize,
+    /// Local key of the region holding the span.
+    pub lkey: u32,
+}
+
+/// What a poll of the completion queue returns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Completion {
+    /// A posted write has left the local buffers; they may be reused.
+    WriteDone {
+        /// The id given at post time.
+        wr_id: u64,
+    },
+    /// A posted send has left; its id.
+    SendDone {
+        /// The id given at post time.
+        wr_id: u64,
+    },
+    /// A peer's write with immediate has landed in one of our regions.
+    WriteImm {
+        /// Writer rank.
+        peer: usize,
+        /// The immediate value.
+        imm: u32,
+        /// Bytes written.
+        len: u32,
+    },
+    /// A two-sided message from a peer.
+    Recv {
+        /// Sender rank.
+        peer: usize,
+        /// The message.
+        data: Vec<u8>,
+    },
+}
+
+/// Errors of the transport layer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransportError {
+    /// A peer wrote with a key we never handed out (or already deregistered).
+    #[error("rank {rank}: peer {peer} wrote with unknown remote key 0x{rkey:08x} ({len} bytes at offset {offset})")]
+    BadKey {
+        /// This rank.
+        rank: usize,
+        /// The writer.
+        peer: usize,
+        /// The key it presented.
+        rkey: u32,
+        /// Offset it asked for.
+        offset: u64,
+        /// Bytes it wanted to write.
+        len: u64,
+    },
+    /// A peer's write falls outside the region, or the region forbids remote writes.
+    #[error("rank {rank}: peer {peer} wrote {len} bytes at offset {offset} into region 0x{rkey:08x} of {region_len} bytes ({why})")]
+    OutOfBounds {
+        /// This rank.
+        rank: usize,
+        /// The writer.
+        peer: usize,
+        /// The key it presented.
+        rkey: u32,
+        /// Offset it asked for.
+        offset: u64,
+        /// Bytes it wanted to write.
+        len: u64,
+        /// Length of the region.
+        region_len: u64,
+        /// Which check failed.
+        why: &'static str,
+    },
+    /// A local call was invalid (bad peer, unregistered span, oversized send).
+    #[error("rank {rank}: invalid {op}: {msg}")]
+    Invalid {
+        /// This rank.
+        rank: usize,
+        /// The call.
+        op: &'static str,
+        /// What was wrong.
+        msg: String,
+    },
+    /// The connection to a peer closed.
+    #[error("rank {rank}: connection to rank {peer} closed ({during})")]
+    PeerClosed {
+        /// This rank.
+        rank: usize,
+        /// The peer.
+        peer: usize,
+        /// What was going on.
+        during: String,
+    },
+    /// A socket error.
+    #[error("rank {rank}: {op} with rank {peer}: {source}")]
+    Io {
+        /// This rank.
+        rank: usize,
+        /// The peer (or `usize::MAX` for none).
+        peer: usize,
+        /// The operation.
+        op: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A peer broke the framing protocol.
+    #[error("rank {rank}: protocol error from rank {peer}: {msg}")]
+    Protocol {
+        /// This rank.
+        rank: usize,
+        /// The peer.
+        peer: usize,
+        /// What was wrong.
+        msg: String,
+    },
+    /// Connection setup did not finish in time.
+    #[error("rank {rank}: connecting timed out after {timeout:?}: {msg}")]
+    Timeout {
+        /// This rank.
+        rank: usize,
+        /// The deadline.
+        timeout: Duration,
+        /// Which peers were missing.
+        msg: String,
+    },
+}
+
+impl TransportError {
+    /// The peer this error is about, if any.
+    pub fn peer(&self) -> Option<usize> {
+        match self {
+            TransportError::BadKey { peer, .. }
+            | TransportError::OutOfBounds { peer, .. }
+            | TransportError::PeerClosed { peer, .. }
+            | TransportError::Protocol { peer, .. } => Some(*peer),
+            TransportError::Io { peer, .. } if *peer != usize::MAX => Some(*peer),
+            _ => None,
+        }
+    }
+}
+
+/// Result of transport calls.
+pub type Result<T, E = TransportError> = std::result::Result<T, E>;
+
+/// A rank's connections to all its peers and its completion queue.
+pub trait Endpoint: Send + fmt::Debug {
+    /// This rank.
+    fn rank(&self) -> usize;
+
+    /// Number of ranks.
+    fn world(&self) -> usize;
+
+    /// Short backend name for logs (`tcp`, `mem`).
+    fn name(&self) -> &'static str;
+
+    /// Registers `len` bytes at `addr`.
+    ///
+    /// # Safety
+    ///
+    /// The memory must stay valid (and, with [`Access::REMOTE_WRITE`], writable and not
+    /// otherwise accessed while a peer's write into it may land) until the region is
+    /// deregistered.
+    unsafe fn register(&mut self, addr: *mut u8, len: usize, access: Access) -> Result<MemoryRegion>;
+
+    /// Deregisters a region; later writes with its key fail.
+    fn deregister(&mut self, mr: &MemoryRegion);
+
+    /// Writes the gather list into `peer`'s region at `offset`; with `imm`, the peer is notified.
+    ///
+    /// # Safety
+    ///
+    /// Every span of `sges` must stay valid and unmodified until this write's
+    /// [`Completion::WriteDone`] has been returned by [`poll`](Self::poll).
+    unsafe fn post_write(
+        &mut self,
+        peer: usize,
+        sges: &[Sge],
+        remote: RemoteRegion,
+        offset: u64,
+        imm: Option<u32>,
+        wr_id: u64,
+    ) -> Result<()>;
+
+    /// Sends a small two-sided message (copied at post time).
+    fn post_send(&mut self, peer: usize, data: &[u8], wr_id: u64) -> Result<()>;
+
+    /// Whether the connection to `peer` is still up (no end of stream or error seen).
+    fn peer_alive(&self, peer: usize) -> bool;
+
+    /// Makes progress without blocking; appends completions to `out`.
+    fn poll(&mut self, out: &mut Vec<Completion>) -> Result<()>;
+
+    /// Blocks until [`poll`](Self::poll) may return something, or `timeout` passes.
+    fn wait(&mut self, timeout: Duration) -> Result<()>;
+
+    /// Closes every connection gracefully, waiting at most `timeout` for peers to close theirs.
+    fn close(&mut self, timeout: Duration) {
+        let _ = timeout;
     }
 }

@@ -1,14 +1,23 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
+//! gradsync: collective communication for data-parallel training.
+//!
+//! (Crate documentation is being written; see the README for the architecture.)
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+mod comm;
+mod config;
+mod engine;
+mod element;
+mod error;
+pub mod logging;
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
-}
+pub use comm::{Communicator, Pending};
+pub use config::Config;
+pub use gradsync_core::schedule::plan::Algorithm;
+pub use element::Element;
+pub use error::Error;
+pub use gradsync_core::{Collective, DataType, ReduceOp};
+
+/// Result type of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Version of this crate.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

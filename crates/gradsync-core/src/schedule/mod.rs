@@ -27,6 +27,10 @@ use std::collections::BinaryHeap;
 
 pub mod ring;
 pub mod tree;
+pub mod doubling;
+pub mod plan;
+
+pub use plan::{Algorithm, Params, PlanError, build, default_algorithm};
 
 /// Index of an op in its program.
 pub type OpId = u32;

@@ -1,0 +1,446 @@
+//! Planning: from the parameters of one collective call to the [`Program`] of one rank.
+//!
+//! [`build`] turns a [`Params`] into the program of a single rank. Every rank builds its own
+//! program from the same parameters (only `rank` differs), and the programs of all ranks fit
+//! together: the k-th `Send` from rank a to rank b has the same length as the k-th `Recv` of rank
+//! b from rank a.
+//!
+//! # Algorithms
+//!
+//! | collective       | [`Algorithm::Ring`]          | [`Algorithm::RecursiveDoubling`] | [`Algorithm::Tree`]              |
+//! |------------------|------------------------------|----------------------------------|----------------------------------|
+//! | `all_reduce`     | reduce-scatter + all-gather  | pairwise exchange, log2 n steps  | binomial reduce + broadcast      |
+//! | `reduce_scatter` | ring                         | —                                | —                                |
+//! | `all_gather`     | ring                         | —                                | —                                |
+//! | `broadcast`      | pipelined chain              | —                                | pipelined binomial tree          |
+//! | `reduce`         | pipelined chain              | —                                | pipelined binomial tree          |
+//! | `barrier`        | dissemination (any choice)   | dissemination                    | dissemination                    |
+//!
+//! Under the alpha-beta model (a message of b bytes costs `alpha + b * beta`, see
+//! [`crate::sim::LinkModel`]) an all-reduce of `B` bytes over `n` ranks costs about
+//!
+//! - ring: `2 (n - 1) alpha + 2 (n - 1) / n * B * beta` — bandwidth-optimal, latency linear in n
+//!   (see [`super::ring`]);
+//! - recursive doubling: `log2(n) alpha + log2(n) * B * beta` — latency-optimal, but it moves the
+//!   whole buffer at every step (see [`super::doubling`]);
+//! - tree: `2 log2(n) alpha + 2 log2(n) * B * beta` unpipelined; with segments the bandwidth term
+//!   approaches `2 * (fan-out) * B * beta` (see [`super::tree`]).
+//!
+//! [`default_algorithm`] encodes the simplest form of this trade-off; a calibrated cost model can
+//! replace it later.
+//!
+//! # Buffers
+//!
+//! Counts are per rank, in elements, as in NCCL. The buffers a program refers to:
+//!
+//! | collective       | `Input` (out of place) | `Output` (out of place) | result in `Output`              |
+//! |------------------|------------------------|-------------------------|---------------------------------|
+//! | `all_reduce`     | `count`                | `count`                 | all of it                       |
+//! | `reduce_scatter` | `count * world`        | `count`                 | all of it (slice `rank` of the reduction) |
+//! | `all_gather`     | `count`                | `count * world`         | all of it (rank r's input at `r * count`) |
+//! | `broadcast`      | `count` (root only)    | `count`                 | all of it                       |
+//! | `reduce`         | `count`                | `count`                 | root: all of it; others: nothing (never written) |
+//! | `barrier`        | 0                      | 0                       | nothing                         |
+//!
+//! **In place** (`in_place = true`), `Input` and `Output` are the same memory and programs refer
+//! only to [`Buf::Output`]. That one buffer has [`Params::output_elems`] elements: `count`, except
+//! for `reduce_scatter` and `all_gather` where it is `count * world` (NCCL's convention):
+//! `reduce_scatter` reads the whole buffer and leaves its result in slice `rank`
+//! (`rank * count ..`), the other slices keep their contents; `all_gather` finds this rank's input
+//! already in slice `rank`. [`Params::result_range`] and [`Params::input_offset`] say where.
+//!
+//! Scratch space ([`Buf::Scratch`], [`Program::scratch_elems`]) is used by the ring
+//! reduce-scatter (two slices of `count` for partial sums), by interior ranks of a tree reduce, and
+//! by recursive doubling (one buffer of `count` to alternate with `Output`).
+//!
+//! # Segments
+//!
+//! No op of a program is longer than [`Params::segment`] elements: messages are split, and every
+//! dependency is per segment, so step k of segment j can run while step k - 1 of segment j + 1 is
+//! still in flight. Both sides split a block the same way (`segment`-sized pieces and a shorter
+//! last one), so matched sends and receives always agree on length.
+
+use std::fmt;
+use std::ops::Range;
+
+use super::{Buf, Loc, Op, OpId, Program};
+use crate::{Collective, ReduceOp};
+
+/// Algorithm of a collective schedule. See the [module docs](self) for which collective supports
+/// which.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// Ring: bandwidth-optimal, `2 (n - 1)` latency terms for an all-reduce. For broadcast and
+    /// reduce, a pipelined chain.
+    Ring,
+    /// Recursive doubling: `log2 n` pairwise exchanges of the whole buffer (all-reduce only).
+    RecursiveDoubling,
+    /// Binomial tree, pipelined by segment. For all-reduce, a binomial reduce to rank 0 followed by
+    /// a binomial broadcast.
+    Tree,
+}
+
+impl Algorithm {
+    /// Every algorithm.
+    pub const ALL: [Algorithm; 3] = [Algorithm::Ring, Algorithm::RecursiveDoubling, Algorithm::Tree];
+
+    /// Name in snake case (`ring`, `recursive_doubling`, `tree`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Algorithm::Ring => "ring",
+            Algorithm::RecursiveDoubling => "recursive_doubling",
+            Algorithm::Tree => "tree",
+        }
+    }
+
+    /// Parses a name (`ring`, `recursive_doubling` or `rd`, `tree`), as `GRADSYNC_ALGO` spells it.
+    pub fn parse(s: &str) -> Result<Self, PlanError> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "ring" => Algorithm::Ring,
+            "recursive_doubling" | "recursivedoubling" | "rd" => Algorithm::RecursiveDoubling,
+            "tree" => Algorithm::Tree,
+            _ => return Err(PlanError::UnknownAlgorithm(s.to_string())),
+        })
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Errors of planning a collective.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PlanError {
+    /// The world has no rank.
+    #[error("world size is 0")]
+    EmptyWorld,
+    /// `rank >= world`.
+    #[error("rank {rank} is out of range for world size {world}")]
+    RankOutOfRange {
+        /// The rank given.
+        rank: usize,
+        /// The world size.
+        world: usize,
+    },
+    /// `root >= world` for a rooted collective (broadcast, reduce).
+    #[error("root {root} of {coll} is out of range for world size {world}")]
+    RootOutOfRange {
+        /// The collective.
+        coll: Collective,
+        /// The root given.
+        root: usize,
+        /// The world size.
+        world: usize,
+    },
+    /// `segment == 0`.
+    #[error("segment size is 0 (it must be at least 1 element)")]
+    ZeroSegment,
+    /// The collective has no schedule for this algorithm (or is not planned at all, as send/recv).
+    #[error("{coll} has no {algorithm} schedule")]
+    Unsupported {
+        /// The collective.
+        coll: Collective,
+        /// The algorithm asked for.
+        algorithm: Algorithm,
+    },
+    /// The buffers or the program would not fit the index types.
+    #[error("{coll} of {count} elements over {world} ranks with segment {segment} is too large to plan")]
+    TooLarge {
+        /// The collective.
+        coll: Collective,
+        /// Elements per rank.
+        count: usize,
+        /// The world size.
+        world: usize,
+        /// The segment size.
+        segment: usize,
+    },
+    /// An algorithm name was not recognised.
+    #[error("unknown algorithm {0:?} (expected one of ring, recursive_doubling, tree)")]
+    UnknownAlgorithm(String),
+}
+
+/// Parameters of one rank's part in one collective call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Params {
+    /// Which collective.
+    pub coll: Collective,
+    /// This rank, `< world`.
+    pub rank: usize,
+    /// Number of ranks.
+    pub world: usize,
+    /// Elements per rank (see the buffer table in the [module docs](self)); ignored by barrier.
+    pub count: usize,
+    /// Root of broadcast and reduce; ignored by the other collectives.
+    pub root: usize,
+    /// Reduction operator; ignored by collectives that do not reduce.
+    pub op: ReduceOp,
+    /// Maximum elements per op (message, copy), at least 1.
+    pub segment: usize,
+    /// Whether `Input` and `Output` are the same memory.
+    pub in_place: bool,
+    /// Which algorithm to plan.
+    pub algorithm: Algorithm,
+}
+
+impl Params {
+    /// Checks the parameters without building a program.
+    pub fn validate(&self) -> Result<(), PlanError> {
+        if self.world == 0 {
+            return Err(PlanError::EmptyWorld);
+        }
+        if self.rank >= self.world {
+            return Err(PlanError::RankOutOfRange { rank: self.rank, world: self.world });
+        }
+        if matches!(self.coll, Collective::Broadcast | Collective::Reduce) && self.root >= self.world
+        {
+            return Err(PlanError::RootOutOfRange {
+                coll: self.coll,
+                root: self.root,
+                world: self.world,
+            });
+        }
+        if self.segment == 0 {
+            return Err(PlanError::ZeroSegment);
+        }
+        let too_large = PlanError::TooLarge {
+            coll: self.coll,
+            count: self.count,
+            world: self.world,
+            segment: self.segment,
+        };
+        if self.coll != Collective::Barrier {
+            // Buffers of count * world elements must be addressable, and the number of ops must
+            // fit an `OpId` with room to spare (a loose upper bound over every algorithm).
+            self.count.checked_mul(self.world).ok_or(too_large.clone())?;
+            let log = self.world.next_power_of_two().trailing_zeros() as usize;
+            let segs = self.count.div_ceil(self.segment) + self.world;
+            let bound = segs.checked_mul(8 * (log + 2)).ok_or(too_large.clone())?;
+            if bound > (u32::MAX / 2) as usize {
+                return Err(too_large);
+            }
+        }
+        Ok(())
+    }
+
+    /// Elements of this rank's logical input: the size of `Input` in an out-of-place call.
+    pub fn input_elems(&self) -> usize {
+        match self.coll {
+            Collective::ReduceScatter => self.count * self.world,
+            Collective::Barrier | Collective::SendRecv => 0,
+            _ => self.count,
+        }
+    }
+
+    /// Elements of `Output`. In place, the size of the one buffer that is both `Input` and
+    /// `Output`.
+    pub fn output_elems(&self) -> usize {
+        match self.coll {
+            Collective::AllGather => self.count * self.world,
+            Collective::ReduceScatter if self.in_place => self.count * self.world,
+            Collective::Barrier | Collective::SendRecv => 0,
+            _ => self.count,
+        }
+    }
+
+    /// Where this rank's logical input lies in `Output` in an in-place call (`rank * count` for
+    /// all-gather, 0 otherwise). Meaningless out of place, where the input is all of `Input`.
+    pub fn input_offset(&self) -> usize {
+        match self.coll {
+            Collective::AllGather if self.in_place => self.rank * self.count,
+            _ => 0,
+        }
+    }
+
+    /// The part of `Output` that holds this rank's result after the call. Elements of `Output`
+    /// outside it keep their contents. Empty for a non-root reduce and for barrier.
+    pub fn result_range(&self) -> Range<usize> {
+        match self.coll {
+            Collective::ReduceScatter if self.in_place => {
+                self.rank * self.count..(self.rank + 1) * self.count
+            }
+            Collective::Reduce if self.rank != self.root => 0..0,
+            _ => 0..self.output_elems(),
+        }
+    }
+}
+
+/// Builds the program of rank `p.rank` for the collective call described by `p`.
+pub fn build(p: &Params) -> Result<Program, PlanError> {
+    use Algorithm::*;
+    use Collective::*;
+    p.validate()?;
+    Ok(match (p.coll, p.algorithm) {
+        (AllReduce, Ring) => super::ring::all_reduce(p),
+        (AllReduce, RecursiveDoubling) => super::doubling::all_reduce(p),
+        (AllReduce, Tree) => super::tree::all_reduce(p),
+        (ReduceScatter, Ring) => super::ring::reduce_scatter(p),
+        (AllGather, Ring) => super::ring::all_gather(p),
+        (Broadcast, Tree) => super::tree::broadcast(p, super::tree::Shape::Binomial),
+        (Broadcast, Ring) => super::tree::broadcast(p, super::tree::Shape::Chain),
+        (Reduce, Tree) => super::tree::reduce(p, super::tree::Shape::Binomial),
+        (Reduce, Ring) => super::tree::reduce(p, super::tree::Shape::Chain),
+        (Barrier, _) => super::doubling::barrier(p),
+        (coll, algorithm) => return Err(PlanError::Unsupported { coll, algorithm }),
+    })
+}
+
+/// Whether [`build`] has a schedule for `coll` with `algorithm`.
+pub fn supports(coll: Collective, algorithm: Algorithm) -> bool {
+    use Algorithm::*;
+    use Collective::*;
+    matches!(
+        (coll, algorithm),
+        (AllReduce, _)
+            | (ReduceScatter | AllGather, Ring)
+            | (Broadcast | Reduce, Ring | Tree)
+            | (Barrier, _)
+    )
+}
+
+/// Bytes up to which [`default_algorithm`] picks recursive doubling for an all-reduce.
+pub const SMALL_ALL_REDUCE_BYTES: usize = 64 * 1024;
+
+/// The algorithm used when the caller does not choose one, for `bytes` bytes per rank.
+///
+/// A first rule of thumb, not yet a calibrated cost model: all-reduce uses recursive doubling up
+/// to [`SMALL_ALL_REDUCE_BYTES`] (latency dominates: `log2 n` message latencies instead of
+/// `2 (n - 1)`) and the ring above (bandwidth dominates); broadcast and reduce use the binomial
+/// tree; everything else the ring. `world` is part of the signature for the cost model to come.
+pub fn default_algorithm(coll: Collective, world: usize, bytes: usize) -> Algorithm {
+    let _ = world;
+    match coll {
+        Collective::AllReduce if bytes <= SMALL_ALL_REDUCE_BYTES => Algorithm::RecursiveDoubling,
+        Collective::Broadcast | Collective::Reduce => Algorithm::Tree,
+        _ => Algorithm::Ring,
+    }
+}
+
+/// The nccl-tests "bus bandwidth" factor: `busbw = algbw * factor`, where `algbw` is bytes per
+/// rank over time. `2 (n - 1) / n` for all-reduce, `(n - 1) / n` for reduce-scatter and
+/// all-gather (with bytes counted as the full `count * world` buffer), 1 for broadcast, reduce
+/// and send/recv, 0 for barrier.
+///
+/// The factor makes numbers comparable with the link speed: a bandwidth-optimal all-reduce moves
+/// `2 (n - 1) / n` times the buffer over each rank's link, so a busbw equal to the link speed
+/// means the algorithm saturates the hardware.
+pub fn bus_bandwidth_factor(coll: Collective, world: usize) -> f64 {
+    let n = world.max(1) as f64;
+    match coll {
+        Collective::AllReduce => 2.0 * (n - 1.0) / n,
+        Collective::ReduceScatter | Collective::AllGather => (n - 1.0) / n,
+        Collective::Broadcast | Collective::Reduce | Collective::SendRecv => 1.0,
+        Collective::Barrier => 0.0,
+    }
+}
+
+// ---- helpers shared by the generators ----------------------------------------------------------
+
+/// The range of block `b` when `count` elements are split into `world` blocks whose sizes differ
+/// by at most one (the first `count % world` blocks are one longer).
+pub fn block_range(count: usize, world: usize, b: usize) -> Range<usize> {
+    let base = count / world;
+    let rem = count % world;
+    let start = b * base + b.min(rem);
+    start..start + base + usize::from(b < rem)
+}
+
+/// Segments of a run of `len` elements: `(offset, length)` pairs of at most `segment` elements,
+/// all full except possibly the last. Empty when `len == 0`.
+pub(crate) fn segments(len: usize, segment: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..len.div_ceil(segment)).map(move |j| {
+        let off = j * segment;
+        (off, segment.min(len - off))
+    })
+}
+
+/// `loc` moved `off` elements further.
+pub(crate) fn at(loc: Loc, off: usize) -> Loc {
+    Loc::new(loc.buf, loc.start + off)
+}
+
+/// Whether the collective's `Avg` needs a `Finalize` (more than one rank contributed).
+pub(crate) fn finalizes(p: &Params) -> bool {
+    p.op == ReduceOp::Avg && p.world > 1
+}
+
+/// Appends local copies of `len` elements from `src` to `dst`, segment by segment, each after
+/// `deps(j)`. Returns the copy of each segment.
+pub(crate) fn copy_segments(
+    prog: &mut Program,
+    src: Loc,
+    dst: Loc,
+    len: usize,
+    segment: usize,
+    deps: impl Fn(usize) -> Option<OpId>,
+) -> Vec<OpId> {
+    segments(len, segment)
+        .enumerate()
+        .map(|(j, (off, l))| {
+            let d: Vec<OpId> = deps(j).into_iter().collect();
+            prog.push(Op::Copy { src: at(src, off), dst: at(dst, off), len: l }, &d)
+        })
+        .collect()
+}
+
+/// Read/write hazards per (buffer, segment) for generators that segment a whole buffer uniformly
+/// (recursive doubling, trees): an op that writes a segment waits for its last writer and for
+/// every reader since; an op that reads it waits for its last writer.
+pub(crate) struct Hazards {
+    segs: usize,
+    writer: Vec<Option<OpId>>,
+    readers: Vec<Vec<OpId>>,
+}
+
+impl Hazards {
+    pub(crate) fn new(segs: usize) -> Self {
+        Hazards { segs, writer: vec![None; 3 * segs], readers: vec![Vec::new(); 3 * segs] }
+    }
+
+    fn idx(&self, buf: Buf, j: usize) -> usize {
+        let b = match buf {
+            Buf::Input => 0,
+            Buf::Output => 1,
+            Buf::Scratch => 2,
+        };
+        b * self.segs + j
+    }
+
+    /// Appends `op` (on segment `j`) reading `reads` and writing `writes`, after `extra` and the
+    /// hazards on those buffers.
+    pub(crate) fn push(
+        &mut self,
+        prog: &mut Program,
+        op: Op,
+        j: usize,
+        reads: &[Buf],
+        writes: &[Buf],
+        extra: &[OpId],
+    ) -> OpId {
+        let mut deps: Vec<OpId> = extra.to_vec();
+        for &b in reads.iter().chain(writes) {
+            deps.extend(self.writer[self.idx(b, j)]);
+        }
+        for &b in writes {
+            deps.extend_from_slice(&self.readers[self.idx(b, j)]);
+        }
+        deps.sort_unstable();
+        deps.dedup();
+        let id = prog.push(op, &deps);
+        for &b in reads {
+            if !writes.contains(&b) {
+                let i = self.idx(b, j);
+                self.readers[i].push(id);
+            }
+        }
+        for &b in writes {
+            let i = self.idx(b, j);
+            self.writer[i] = Some(id);
+            self.readers[i].clear();
+        }
+        id
+    }
+}

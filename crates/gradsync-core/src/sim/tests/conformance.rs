@@ -1,0 +1,250 @@
+//! The conformance sweep: every collective and algorithm, worlds 1..=8 and 16, counts
+//! {0, 1, 3, world - 1, 1000, 10007}, every dtype x op, in place and out of place, segments
+//! {1, 7, unlimited}, several seeds (one of them with rendezvous sends). Every run checks that ranks
+//! agree bit for bit, that exact inputs give exactly the reference, and that random floats are
+//! within tolerance. The full cross product runs on the small counts; larger counts rotate
+//! through it.
+
+use super::*;
+
+const WORLDS: [usize; 9] = [1, 2, 3, 4, 5, 6, 7, 8, 16];
+const SEGMENTS: [usize; 3] = [1, 7, usize::MAX];
+const SEEDS: usize = 3;
+
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    coll: Collective,
+    algorithm: Algorithm,
+    world: usize,
+    count: usize,
+    root: usize,
+    dtype: DataType,
+    op: ReduceOp,
+    segment: usize,
+    in_place: bool,
+    /// Index of the seed; also picks the input kind and the send protocol.
+    seed: usize,
+}
+
+fn reduces(coll: Collective) -> bool {
+    matches!(coll, Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce)
+}
+
+impl Case {
+    fn kind(&self) -> InputKind {
+        if !reduces(self.coll) {
+            InputKind::Bits
+        } else if self.seed % 2 == 1 {
+            InputKind::Random
+        } else {
+            InputKind::Exact
+        }
+    }
+
+    fn run(&self) -> Result<(), String> {
+        let ps: Vec<Params> = (0..self.world)
+            .map(|rank| Params {
+                coll: self.coll,
+                rank,
+                world: self.world,
+                count: self.count,
+                root: self.root,
+                op: self.op,
+                segment: self.segment,
+                in_place: self.in_place,
+                algorithm: self.algorithm,
+            })
+            .collect();
+        let kind = self.kind();
+        let base = (self.seed as u64) << 32 ^ (self.count as u64) << 8;
+        let inputs: Vec<Vec<u8>> = ps
+            .iter()
+            .map(|p| gen_input(self.dtype, self.op, kind, p.input_elems(), base + p.rank as u64))
+            .collect();
+        let opts = SimOptions { rendezvous: self.seed == 2, ..SimOptions::new(base ^ 0xc0ffee) };
+        let res = run_with(ps, self.dtype, inputs.clone(), &opts).map_err(|e| e.to_string())?;
+        let tol = default_tolerance(self.dtype, self.op, self.world, kind);
+        check(self.coll, self.dtype, self.op, self.world, self.root, &inputs, &res.outputs, tol)
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// Runs every case and fails with the first few failures.
+fn sweep(cases: impl IntoIterator<Item = Case>) -> usize {
+    let mut runs = 0;
+    let mut failures = Vec::new();
+    for case in cases {
+        runs += 1;
+        if let Err(e) = case.run() {
+            failures.push(format!("{case:?}: {e}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {runs} runs failed:\n{}",
+        failures.len(),
+        failures.iter().take(10).cloned().collect::<Vec<_>>().join("\n")
+    );
+    assert!(runs > 0);
+    runs
+}
+
+fn dtype_ops(coll: Collective) -> Vec<(DataType, ReduceOp)> {
+    let ops: &[ReduceOp] = if reduces(coll) { &ReduceOp::ALL } else { &[ReduceOp::Sum] };
+    DataType::ALL.iter().flat_map(|&d| ops.iter().map(move |&o| (d, o))).collect()
+}
+
+fn small_counts(world: usize) -> Vec<usize> {
+    let mut c = vec![0, 1, 3, world - 1];
+    c.sort_unstable();
+    c.dedup();
+    c
+}
+
+/// The full cross product over the small counts.
+fn small(coll: Collective, algorithm: Algorithm) -> usize {
+    let mut cases = Vec::new();
+    for world in WORLDS {
+        for count in small_counts(world) {
+            for (dtype, op) in dtype_ops(coll) {
+                for segment in SEGMENTS {
+                    for in_place in [false, true] {
+                        for seed in 0..SEEDS {
+                            let root = (seed * 3 + count + 1) % world;
+                            cases.push(Case {
+                                coll,
+                                algorithm,
+                                world,
+                                count,
+                                root,
+                                dtype,
+                                op,
+                                segment,
+                                in_place,
+                                seed,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+    sweep(cases)
+}
+
+/// `count` elements: every dtype x op, world, in-place choice and segment, with one seed per
+/// combination in rotation; segment 1 only for every `seg1_every`-th combination.
+fn large(coll: Collective, algorithm: Algorithm, count: usize, ops_every: usize, seg1_every: usize) -> usize {
+    let mut cases = Vec::new();
+    let mut i = 0usize;
+    for world in WORLDS {
+        for (k, (dtype, op)) in dtype_ops(coll).into_iter().enumerate() {
+            if (k + world) % ops_every != 0 {
+                continue;
+            }
+            for segment in SEGMENTS {
+                for in_place in [false, true] {
+                    i += 1;
+                    if segment == 1 && i % seg1_every != 0 {
+                        continue;
+                    }
+                    let seed = i % SEEDS;
+                    let root = i % world;
+                    cases.push(Case { coll, algorithm, world, count, root, dtype, op, segment, in_place, seed });
+                }
+            }
+        }
+    }
+    sweep(cases)
+}
+
+macro_rules! conformance {
+    ($($name:ident: $coll:ident $alg:ident;)*) => {
+        mod small_counts {
+            use super::*;
+            $(#[test] fn $name() {
+                assert!(supports(Collective::$coll, Algorithm::$alg));
+                small(Collective::$coll, Algorithm::$alg);
+            })*
+        }
+        mod count_1000 {
+            use super::*;
+            $(#[test] fn $name() { large(Collective::$coll, Algorithm::$alg, 1000, 1, 5); })*
+        }
+        mod count_10007 {
+            use super::*;
+            $(#[test] fn $name() { large(Collective::$coll, Algorithm::$alg, 10007, 6, 12); })*
+        }
+    };
+}
+
+conformance! {
+    all_reduce_ring: AllReduce Ring;
+    all_reduce_doubling: AllReduce RecursiveDoubling;
+    all_reduce_tree: AllReduce Tree;
+    reduce_scatter_ring: ReduceScatter Ring;
+    all_gather_ring: AllGather Ring;
+    broadcast_tree: Broadcast Tree;
+    broadcast_chain: Broadcast Ring;
+    reduce_tree: Reduce Tree;
+    reduce_chain: Reduce Ring;
+}
+
+#[test]
+fn barrier_every_world_and_algorithm() {
+    let cases = (1..=17).flat_map(|world| {
+        Algorithm::ALL.into_iter().flat_map(move |algorithm| {
+            (0..SEEDS).map(move |seed| Case {
+                coll: Collective::Barrier,
+                algorithm,
+                world,
+                count: 0,
+                root: 0,
+                dtype: DataType::U8,
+                op: ReduceOp::Sum,
+                segment: 1,
+                in_place: seed == 1,
+                seed,
+            })
+        })
+    });
+    sweep(cases);
+}
+
+#[test]
+fn every_root() {
+    let mut cases = Vec::new();
+    for coll in [Collective::Broadcast, Collective::Reduce] {
+        for algorithm in [Algorithm::Tree, Algorithm::Ring] {
+            for world in [1, 2, 3, 4, 5, 6, 7, 8, 16] {
+                for root in 0..world {
+                    for (i, count) in [0, 1, 3, 1000].into_iter().enumerate() {
+                        for (dtype, op) in [
+                            (DataType::F32, ReduceOp::Sum),
+                            (DataType::Bf16, ReduceOp::Avg),
+                            (DataType::I64, ReduceOp::Max),
+                        ] {
+                            let seed = (root + i) % SEEDS;
+                            let segment = SEGMENTS[(root + i + world) % 3];
+                            for in_place in [false, true] {
+                                cases.push(Case {
+                                    coll,
+                                    algorithm,
+                                    world,
+                                    count,
+                                    root,
+                                    dtype,
+                                    op,
+                                    segment,
+                                    in_place,
+                                    seed,
+                                });
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    sweep(cases);
+}

@@ -1,0 +1,585 @@
+//! The store server: one accept thread, one thread per connection, one shared map.
+
+use std::collections::HashMap;
+use std::io::{self, Read};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use tracing::{debug, warn};
+
+use crate::StoreError;
+use crate::framed::{self, FrameReadError, ReadSome};
+use crate::wire::{self, Frame, MAX_BODY_LEN, MAX_WAIT_TIMEOUT_MS, Repr};
+
+/// How often the accept thread polls its non-blocking listener.
+const ACCEPT_POLL: Duration = Duration::from_millis(10);
+/// Back-off after an accept error other than "no connection pending" (e.g. out of descriptors).
+const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
+/// Socket read timeout of an idle connection: how often it checks for shutdown.
+const IDLE_POLL: Duration = Duration::from_millis(200);
+/// How long a refused connection gets to receive its error reply.
+const REJECT_WRITE_TIMEOUT: Duration = Duration::from_millis(100);
+/// After a protocol error: how long the server drains the peer's input before closing, so that
+/// the peer reads the error reply instead of a connection reset.
+const LINGER: Duration = Duration::from_millis(500);
+/// How long `shutdown` waits for connection threads to finish.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+/// Stack size of connection threads (they hold no large stack data).
+const CONN_STACK: usize = 512 << 10;
+/// A connection's receive buffer is released after a frame when it grew beyond this.
+const KEEP_BUFFER: usize = 1 << 20;
+
+/// Server limits and timeouts. Create with [`ServerConfig::default`] and change fields.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ServerConfig {
+    /// Most bytes of keys plus values held at once (default 1 GiB). A set or add that would
+    /// exceed it is refused with an error reply; the connection stays open.
+    pub max_total_bytes: u64,
+    /// Most connections served at once (default 8192). Further connections receive an error
+    /// reply and are closed.
+    pub max_connections: usize,
+    /// Deadline for a peer to complete a frame once its first byte arrived, and for the server
+    /// to write a reply (default 60 s). Idle connections between frames are not timed out.
+    pub io_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            max_total_bytes: 1 << 30,
+            max_connections: 8192,
+            io_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The rendezvous key-value server.
+///
+/// [`StoreServer::bind`] starts an accept thread; every accepted connection is served by its
+/// own thread. All connections share one map guarded by a mutex; a wait blocks on a condition
+/// variable that every set and add signals. Dropping the server shuts it down as
+/// [`StoreServer::shutdown`] does.
+#[derive(Debug)]
+pub struct StoreServer {
+    local_addr: SocketAddr,
+    shared: Arc<Shared>,
+    accept: Option<JoinHandle<()>>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    config: ServerConfig,
+    state: Mutex<State>,
+    changed: Condvar,
+    stopping: AtomicBool,
+    conns: Mutex<Conns>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    map: HashMap<String, Arc<[u8]>>,
+    /// Sum of key and value lengths over the map.
+    total_bytes: u64,
+}
+
+#[derive(Debug, Default)]
+struct Conns {
+    next_id: u64,
+    live: HashMap<u64, Conn>,
+}
+
+#[derive(Debug)]
+struct Conn {
+    /// A clone of the served stream, for shutting it down from outside.
+    stream: TcpStream,
+    thread: JoinHandle<()>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl StoreServer {
+    /// Binds `addr` and starts serving on background threads, with [`ServerConfig::default`].
+    /// Port 0 picks a free port; [`StoreServer::local_addr`] tells which.
+    pub fn bind(addr: SocketAddr) -> Result<StoreServer, StoreError> {
+        StoreServer::bind_with_config(addr, ServerConfig::default())
+    }
+
+    /// Binds `addr` and starts serving with the given limits and timeouts.
+    pub fn bind_with_config(
+        addr: SocketAddr,
+        config: ServerConfig,
+    ) -> Result<StoreServer, StoreError> {
+        let bind_err = |source| StoreError::Bind { addr, source };
+        let listener = TcpListener::bind(addr).map_err(bind_err)?;
+        let local_addr = listener.local_addr().map_err(bind_err)?;
+        listener.set_nonblocking(true).map_err(bind_err)?;
+        let shared = Arc::new(Shared {
+            config,
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+            stopping: AtomicBool::new(false),
+            conns: Mutex::new(Conns::default()),
+        });
+        let accept = {
+            let shared = Arc::clone(&shared);
+            thread::Builder::new()
+                .name("gradsync-store-accept".into())
+                .spawn(move || accept_loop(&listener, &shared))
+                .map_err(bind_err)?
+        };
+        debug!(target: "gradsync::bootstrap", %local_addr, "store server listening");
+        Ok(StoreServer {
+            local_addr,
+            shared,
+            accept: Some(accept),
+        })
+    }
+
+    /// The address the server listens on (with the actual port when bound to port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Stops accepting, wakes pending waits (they get an error reply), closes every
+    /// connection and waits up to about two seconds for the connection threads to end; threads
+    /// still running then are left to finish on their own. Also done on drop.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        let Some(accept) = self.accept.take() else {
+            return;
+        };
+        debug!(target: "gradsync::bootstrap", local_addr = %self.local_addr, "store server stopping");
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        {
+            // Taking the lock orders this notification after any waiter's check of `stopping`.
+            let _state = lock(&self.shared.state);
+            self.shared.changed.notify_all();
+        }
+        // Bounded: the accept loop polls `stopping` every ACCEPT_POLL.
+        let _ = accept.join();
+        let conns: Vec<Conn> = lock(&self.shared.conns)
+            .live
+            .drain()
+            .map(|(_, c)| c)
+            .collect();
+        for conn in &conns {
+            let _ = conn.stream.shutdown(Shutdown::Both);
+        }
+        let deadline = Instant::now() + SHUTDOWN_GRACE;
+        let mut stragglers = 0usize;
+        for conn in conns {
+            while !conn.thread.is_finished() && Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(5));
+            }
+            if conn.thread.is_finished() {
+                let _ = conn.thread.join();
+            } else {
+                stragglers += 1;
+            }
+        }
+        if stragglers > 0 {
+            warn!(target: "gradsync::bootstrap", local_addr = %self.local_addr, stragglers,
+                "store connection threads still running after shutdown grace period; detached");
+        }
+        debug!(target: "gradsync::bootstrap", local_addr = %self.local_addr, "store server stopped");
+    }
+}
+
+impl Drop for StoreServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
+    while !shared.stopping.load(Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((stream, peer)) => admit(stream, peer, shared),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => thread::sleep(ACCEPT_POLL),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                warn!(target: "gradsync::bootstrap", error = %e, "store server accept failed");
+                thread::sleep(ACCEPT_ERROR_BACKOFF);
+            }
+        }
+    }
+}
+
+/// Starts a thread for a new connection, or refuses it when at the connection limit.
+fn admit(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) {
+    if let Err(e) = stream.set_nonblocking(false) {
+        warn!(target: "gradsync::bootstrap", %peer, error = %e, "store connection setup failed");
+        return;
+    }
+    let mut conns = lock(&shared.conns);
+    if conns.live.len() >= shared.config.max_connections {
+        let live = conns.live.len();
+        drop(conns);
+        warn!(target: "gradsync::bootstrap", %peer, live, "store connection refused: too many connections");
+        let msg = format!("store server refuses connection: {live} connections open, the limit");
+        let bytes = Repr::Error { message: &msg }.to_bytes();
+        let _ = framed::write_all_by(&stream, &bytes, Instant::now() + REJECT_WRITE_TIMEOUT);
+        return;
+    }
+    let clone = match stream.try_clone() {
+        Ok(c) => c,
+        Err(e) => {
+            warn!(target: "gradsync::bootstrap", %peer, error = %e, "store connection setup failed");
+            return;
+        }
+    };
+    let id = conns.next_id;
+    conns.next_id += 1;
+    let thread_shared = Arc::clone(shared);
+    let spawned = thread::Builder::new()
+        .name(format!("gradsync-store-conn-{id}"))
+        .stack_size(CONN_STACK)
+        .spawn(move || {
+            serve(&stream, peer, &thread_shared);
+            let _ = stream.shutdown(Shutdown::Both);
+            lock(&thread_shared.conns).live.remove(&id);
+        });
+    match spawned {
+        Ok(thread) => {
+            conns.live.insert(
+                id,
+                Conn {
+                    stream: clone,
+                    thread,
+                },
+            );
+        }
+        Err(e) => {
+            warn!(target: "gradsync::bootstrap", %peer, error = %e, "store connection thread not started");
+        }
+    }
+}
+
+/// Reads from an idle-tolerant connection: no deadline before a frame's first byte (checking
+/// for shutdown every [`IDLE_POLL`]), then `timeout` to complete the frame.
+struct ConnReader<'a> {
+    stream: &'a TcpStream,
+    shared: &'a Shared,
+    frame_deadline: Option<Instant>,
+}
+
+impl ReadSome for ConnReader<'_> {
+    fn read_some(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            if self.shared.stopping.load(Ordering::SeqCst) {
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    "store server shutting down",
+                ));
+            }
+            let mut stream = self.stream;
+            match stream.read(buf) {
+                Ok(n) => {
+                    if n > 0 && self.frame_deadline.is_none() {
+                        self.frame_deadline = Some(Instant::now() + self.shared.config.io_timeout);
+                    }
+                    return Ok(n);
+                }
+                Err(e) if framed::is_timeout(&e) => {
+                    if self.frame_deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            format!(
+                                "frame not completed within {:?}",
+                                self.shared.config.io_timeout
+                            ),
+                        ));
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// Serves one connection until the peer closes it, sends something invalid, or the server stops.
+fn serve(stream: &TcpStream, peer: SocketAddr, shared: &Shared) {
+    debug!(target: "gradsync::bootstrap", %peer, "store connection opened");
+    let _ = stream.set_nodelay(true);
+    if let Err(e) = stream.set_read_timeout(Some(IDLE_POLL)) {
+        warn!(target: "gradsync::bootstrap", %peer, error = %e, "store connection setup failed");
+        return;
+    }
+    let mut buf = Vec::new();
+    loop {
+        let mut reader = ConnReader {
+            stream,
+            shared,
+            frame_deadline: None,
+        };
+        match framed::read_frame(&mut reader, &mut buf) {
+            Ok(()) => {}
+            Err(FrameReadError::Closed) => {
+                debug!(target: "gradsync::bootstrap", %peer, "store connection closed by peer");
+                return;
+            }
+            Err(FrameReadError::Io(e)) => {
+                if shared.stopping.load(Ordering::SeqCst) {
+                    debug!(target: "gradsync::bootstrap", %peer, "store connection closed by shutdown");
+                } else {
+                    warn!(target: "gradsync::bootstrap", %peer, error = %e, "store connection dropped");
+                }
+                return;
+            }
+            Err(FrameReadError::Header(e)) => {
+                warn!(target: "gradsync::bootstrap", %peer, error = %e, "invalid frame header; closing connection");
+                refuse(stream, &format!("invalid frame header: {e}"), shared);
+                return;
+            }
+        }
+        let frame = Frame::new_unchecked(&buf[..]);
+        let repr = match Repr::parse(&frame) {
+            Ok(repr) => repr,
+            Err(e) => {
+                warn!(target: "gradsync::bootstrap", %peer, error = %e, "invalid frame; closing connection");
+                refuse(stream, &format!("invalid frame: {e}"), shared);
+                return;
+            }
+        };
+        if !repr.kind().is_request() {
+            let kind = repr.kind();
+            warn!(target: "gradsync::bootstrap", %peer, %kind, "response frame sent to server; closing connection");
+            refuse(
+                stream,
+                &format!("unexpected {kind} frame: clients send requests"),
+                shared,
+            );
+            return;
+        }
+        let reply = handle(&repr, peer, shared);
+        let deadline = Instant::now() + shared.config.io_timeout;
+        if let Err(e) = framed::write_all_by(stream, &reply, deadline) {
+            if !shared.stopping.load(Ordering::SeqCst) {
+                warn!(target: "gradsync::bootstrap", %peer, error = %e, "store reply not sent; closing connection");
+            }
+            return;
+        }
+        if buf.capacity() > KEEP_BUFFER {
+            buf = Vec::new();
+        }
+    }
+}
+
+/// Sends an error reply, then closes the connection after draining the peer's input for a
+/// bounded time, so that the peer can read the reply.
+fn refuse(stream: &TcpStream, message: &str, shared: &Shared) {
+    let bytes = Repr::Error {
+        message: wire::truncate_message(message),
+    }
+    .to_bytes();
+    let deadline = Instant::now() + shared.config.io_timeout.min(LINGER);
+    if framed::write_all_by(stream, &bytes, deadline).is_err() {
+        return;
+    }
+    let _ = stream.shutdown(Shutdown::Write);
+    let mut sink = [0u8; 4096];
+    let mut stream = stream;
+    while Instant::now() < deadline && !shared.stopping.load(Ordering::SeqCst) {
+        match stream.read(&mut sink) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e) if framed::is_timeout(&e) || e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// Executes one request and returns the encoded reply.
+fn handle(repr: &Repr<'_>, peer: SocketAddr, shared: &Shared) -> Vec<u8> {
+    let max = shared.config.max_total_bytes;
+    match *repr {
+        Repr::Set { key, value } => {
+            debug!(target: "gradsync::bootstrap", %peer, key, len = value.len(), "store set");
+            let value: Arc<[u8]> = Arc::from(value);
+            let result = lock(&shared.state).set(key, value, max);
+            match result {
+                Ok(()) => {
+                    shared.changed.notify_all();
+                    Repr::Ok.to_bytes()
+                }
+                Err(msg) => error_reply(&msg, peer),
+            }
+        }
+        Repr::Get { key } => {
+            let value = lock(&shared.state).map.get(key).cloned();
+            debug!(target: "gradsync::bootstrap", %peer, key, found = value.is_some(), "store get");
+            match value {
+                Some(value) => Repr::Value { value: &value }.to_bytes(),
+                None => Repr::NotFound.to_bytes(),
+            }
+        }
+        Repr::Add { key, delta } => {
+            let result = lock(&shared.state).add(key, delta, max);
+            debug!(target: "gradsync::bootstrap", %peer, key, delta, ?result, "store add");
+            match result {
+                Ok(value) => {
+                    shared.changed.notify_all();
+                    Repr::Int { value }.to_bytes()
+                }
+                Err(msg) => error_reply(&msg, peer),
+            }
+        }
+        Repr::Delete { key } => {
+            let removed = lock(&shared.state).delete(key);
+            debug!(target: "gradsync::bootstrap", %peer, key, removed, "store delete");
+            if removed { Repr::Ok } else { Repr::NotFound }.to_bytes()
+        }
+        Repr::Wait {
+            ref keys,
+            timeout_ms,
+        } => {
+            debug!(target: "gradsync::bootstrap", %peer, keys = keys.len(), first = keys.first().copied(), timeout_ms, "store wait");
+            match wait(shared, keys, timeout_ms) {
+                WaitOutcome::Ready(values) => Repr::Values {
+                    values: values.iter().map(|v| &v[..]).collect(),
+                }
+                .to_bytes(),
+                WaitOutcome::Missing(missing) => {
+                    debug!(target: "gradsync::bootstrap", %peer, missing = missing.len(), timeout_ms, "store wait timed out");
+                    Repr::Timeout { missing }.to_bytes()
+                }
+                WaitOutcome::TooLarge(len) => error_reply(
+                    &format!(
+                        "values of {} keys total {len} bytes, more than the {MAX_BODY_LEN} bytes one reply holds",
+                        keys.len()
+                    ),
+                    peer,
+                ),
+                WaitOutcome::Stopping => error_reply("store server shutting down", peer),
+            }
+        }
+        // Responses are refused before `handle` is called.
+        Repr::Ok
+        | Repr::Value { .. }
+        | Repr::Values { .. }
+        | Repr::NotFound
+        | Repr::Int { .. }
+        | Repr::Timeout { .. }
+        | Repr::Error { .. } => error_reply("unexpected response frame", peer),
+    }
+}
+
+fn error_reply(message: &str, peer: SocketAddr) -> Vec<u8> {
+    debug!(target: "gradsync::bootstrap", %peer, message, "store request refused");
+    Repr::Error {
+        message: wire::truncate_message(message),
+    }
+    .to_bytes()
+}
+
+enum WaitOutcome<'k> {
+    Ready(Vec<Arc<[u8]>>),
+    Missing(Vec<&'k str>),
+    TooLarge(usize),
+    Stopping,
+}
+
+/// Blocks until every key exists or the (clamped) timeout passes.
+fn wait<'k>(shared: &Shared, keys: &[&'k str], timeout_ms: u64) -> WaitOutcome<'k> {
+    let timeout = Duration::from_millis(timeout_ms.min(MAX_WAIT_TIMEOUT_MS));
+    let deadline = Instant::now() + timeout;
+    let mut state = lock(&shared.state);
+    loop {
+        if keys.iter().all(|k| state.map.contains_key(*k)) {
+            let values: Vec<Arc<[u8]>> = keys
+                .iter()
+                .filter_map(|k| state.map.get(*k).cloned())
+                .collect();
+            let len = values
+                .iter()
+                .fold(4usize, |acc, v| acc.saturating_add(4 + v.len()));
+            if len > MAX_BODY_LEN {
+                return WaitOutcome::TooLarge(len);
+            }
+            return WaitOutcome::Ready(values);
+        }
+        if shared.stopping.load(Ordering::SeqCst) {
+            return WaitOutcome::Stopping;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            let missing = keys
+                .iter()
+                .copied()
+                .filter(|k| !state.map.contains_key(*k))
+                .collect();
+            return WaitOutcome::Missing(missing);
+        }
+        state = shared
+            .changed
+            .wait_timeout(state, deadline - now)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0;
+    }
+}
+
+impl State {
+    fn entry_bytes(key: &str, value: &[u8]) -> u64 {
+        key.len() as u64 + value.len() as u64
+    }
+
+    /// Replaces the value of `key`, keeping the total under `max`.
+    fn set(&mut self, key: &str, value: Arc<[u8]>, max: u64) -> Result<(), String> {
+        let old = self.map.get(key).map_or(0, |v| Self::entry_bytes(key, v));
+        let new = Self::entry_bytes(key, &value);
+        let total = self.total_bytes - old + new;
+        if total > max {
+            return Err(format!(
+                "store full: setting key {key:?} ({new} bytes) would hold {total} bytes, more than the limit of {max}"
+            ));
+        }
+        self.total_bytes = total;
+        if let Some(slot) = self.map.get_mut(key) {
+            *slot = value;
+        } else {
+            self.map.insert(key.to_owned(), value);
+        }
+        Ok(())
+    }
+
+    /// Adds `delta` to the decimal integer at `key` (missing counts as 0).
+    fn add(&mut self, key: &str, delta: i64, max: u64) -> Result<i64, String> {
+        let current = match self.map.get(key) {
+            None => 0,
+            Some(v) => core::str::from_utf8(v)
+                .ok()
+                .and_then(|s| s.parse::<i64>().ok())
+                .ok_or_else(|| {
+                    format!(
+                        "value of key {key:?} ({} bytes) is not a decimal integer",
+                        v.len()
+                    )
+                })?,
+        };
+        let value = current
+            .checked_add(delta)
+            .ok_or_else(|| format!("adding {delta} to {current} at key {key:?} overflows i64"))?;
+        self.set(key, Arc::from(value.to_string().as_bytes()), max)?;
+        Ok(value)
+    }
+
+    /// Removes `key`; whether it existed.
+    fn delete(&mut self, key: &str) -> bool {
+        match self.map.remove(key) {
+            Some(v) => {
+                self.total_bytes -= Self::entry_bytes(key, &v);
+                true
+            }
+            None => false,
+        }
+    }
+}

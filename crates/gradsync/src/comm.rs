@@ -1,0 +1,398 @@
+//! The communicator: bootstrap and the collective calls.
+
+use crate::config::Config;
+use crate::engine::{Engine, EngineOptions, RawBuf};
+use crate::error::Error;
+use crate::{Element, Result};
+use gradsync_core::schedule::plan::{self, Algorithm, Params};
+use gradsync_core::schedule::{Buf, Loc, Op, Program};
+use gradsync_core::wire::Signature;
+use gradsync_core::{Collective, ReduceOp};
+use gradsync_store::{StoreClient, StoreServer};
+use gradsync_transport::tcp::{self, TcpEndpoint, TcpOptions};
+use gradsync_transport::{Endpoint, RemoteRegion};
+use std::marker::PhantomData;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
+use std::time::{Duration, Instant, SystemTime};
+
+/// A group of ranks that run collectives together.
+///
+/// Every rank calls the same collectives in the same order with matching arguments; each
+/// message carries the call's signature, so a rank that does otherwise gets
+/// [`Error::Mismatch`] naming both sides. Calls take `&mut self`: one operation runs at a time
+/// per communicator.
+#[derive(Debug)]
+pub struct Communicator {
+    engine: Engine,
+    rank: usize,
+    world: usize,
+    seq: u64,
+    p2p_seq: Vec<u64>,
+    algorithm: Option<Algorithm>,
+    _store: Option<StoreServer>,
+}
+
+/// An operation in flight. It holds the borrow of its buffers until [`Pending::wait`] (or
+/// drop, which waits), so the buffers cannot be touched while the operation may use them.
+///
+/// Progress is made by the thread that calls [`Pending::test`] or [`Pending::wait`].
+#[derive(Debug)]
+#[must_use = "an operation completes only when it is waited for (or dropped, which waits)"]
+pub struct Pending<'a> {
+    comm: &'a mut Communicator,
+    done: bool,
+    _bufs: PhantomData<&'a mut [u8]>,
+}
+
+impl Pending<'_> {
+    /// Drives the operation without blocking; `true` once it has completed.
+    pub fn test(&mut self) -> Result<bool> {
+        if !self.done {
+            self.done = self.comm.engine.progress(false)?;
+        }
+        Ok(self.done)
+    }
+
+    /// Waits for completion (bounded by the communicator's timeout).
+    pub fn wait(mut self) -> Result<()> {
+        if !self.done {
+            self.done = true;
+            self.comm.engine.progress(true)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if !self.done
+            && let Err(e) = self.comm.engine.progress(true)
+        {
+            tracing::warn!(target: "gradsync::coll", "operation dropped without wait failed: {e}");
+        }
+    }
+}
+
+fn raw<T>(s: &[T]) -> RawBuf {
+    RawBuf { addr: s.as_ptr() as usize, len: std::mem::size_of_val(s) }
+}
+
+fn new_comm_id() -> u64 {
+    let t = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let mut x = (t as u64) ^ ((std::process::id() as u64) << 32) ^ 0x9e37_79b9_7f4a_7c15;
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x | 1
+}
+
+fn resolve(addr: &str) -> Result<SocketAddr> {
+    addr.to_socket_addrs()
+        .map_err(|e| Error::Config(format!("cannot resolve store address {addr:?}: {e}")))?
+        .next()
+        .ok_or_else(|| Error::Config(format!("store address {addr:?} resolves to nothing")))
+}
+
+/// The local address the kernel would use to reach `to` (no packet is sent).
+fn route_to(to: SocketAddr) -> Option<IpAddr> {
+    if to.ip().is_loopback() {
+        return Some(to.ip());
+    }
+    let any: SocketAddr = if to.is_ipv4() { "0.0.0.0:0".parse().ok()? } else { "[::]:0".parse().ok()? };
+    let s = UdpSocket::bind(any).ok()?;
+    s.connect(to).ok()?;
+    s.local_addr().ok().map(|a| a.ip())
+}
+
+impl Communicator {
+    /// Builds a communicator from the launcher's environment (torchrun / `gradsync launch`,
+    /// Slurm, Open MPI) and the `GRADSYNC_*` variables. See [`Config::from_env`].
+    pub fn from_env() -> Result<Self> {
+        crate::logging::init_from_env();
+        Self::init(Config::from_env()?)
+    }
+
+    /// Builds a communicator over TCP: rendezvous through the store at `config.store_addr`
+    /// (started by rank 0 when `config.host_store`), exchange of listening addresses and inbox
+    /// keys, then one connection of `config.nsocks` streams to every peer. Bounded by
+    /// `config.timeout`.
+    pub fn init(config: Config) -> Result<Self> {
+        let rank = config.rank;
+        let world = config.world;
+        if world == 0 || rank >= world {
+            return Err(Error::Config(format!("rank {rank} is not within world size {world}")));
+        }
+        crate::logging::set_rank(rank);
+        let t0 = Instant::now();
+        let store_sa = resolve(&config.store_addr)?;
+        let server = if config.host_store && rank == 0 {
+            Some(StoreServer::bind(store_sa).map_err(|source| Error::Store { rank, source })?)
+        } else {
+            None
+        };
+        let mut store = StoreClient::connect(&config.store_addr, config.timeout).map_err(|source| Error::Store { rank, source })?;
+        let st = |source| Error::Store { rank, source };
+        // A fresh id per communicator; every key of this communicator lives under it.
+        let comm_id = if rank == 0 {
+            let id = new_comm_id();
+            store.set("gradsync/comm_id", &id.to_le_bytes()).map_err(st)?;
+            id
+        } else {
+            let v = store.wait(&["gradsync/comm_id"], config.timeout).map_err(st)?;
+            u64::from_le_bytes(v[0].as_slice().try_into().map_err(|_| Error::Config("malformed communicator id in the store".into()))?)
+        };
+        let (ip, ifname) = match &config.socket_ifname {
+            Some(name) => (tcp::interface_addr(name).map_err(|e| Error::Config(format!("GRADSYNC_SOCKET_IFNAME: {e}")))?, name.clone()),
+            None => {
+                let ip = route_to(store_sa).ok_or_else(|| Error::Config(format!("no local route to the store at {store_sa}; set GRADSYNC_SOCKET_IFNAME")))?;
+                let name = tcp::interfaces().ok().and_then(|l| l.into_iter().find(|(_, a)| *a == ip).map(|(n, _)| n)).unwrap_or_else(|| "?".into());
+                (ip, name)
+            }
+        };
+        let listener = tcp::listen(ip).map_err(|e| Error::Config(format!("cannot listen on {ip}: {e}")))?;
+        let my_addr = listener.local_addr().map_err(|e| Error::Config(format!("listener address: {e}")))?;
+        let prefix = format!("gradsync/{comm_id:016x}");
+        store.set(&format!("{prefix}/addr/{rank}"), my_addr.to_string().as_bytes()).map_err(st)?;
+        let keys: Vec<String> = (0..world).map(|r| format!("{prefix}/addr/{r}")).collect();
+        let krefs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let vals = store.wait(&krefs, config.timeout).map_err(st)?;
+        let mut addrs = Vec::with_capacity(world);
+        for (r, v) in vals.iter().enumerate() {
+            let s = String::from_utf8_lossy(v);
+            addrs.push(s.parse::<SocketAddr>().map_err(|_| Error::Config(format!("rank {r} published a malformed address {s:?}")))?);
+        }
+        let topts = TcpOptions { nsocks: config.nsocks, sock_buf: config.socket_bufsize, timeout: config.timeout.saturating_sub(t0.elapsed()) };
+        let ep = TcpEndpoint::establish(rank, &addrs, listener, comm_id, &topts).map_err(|e| Error::transport(rank, "connect", e))?;
+        let (mut engine, inbox) = Engine::new(Box::new(ep), comm_id, engine_options(&config))?;
+        store.set(&format!("{prefix}/inbox/{rank}"), &inbox.to_bytes()).map_err(st)?;
+        let keys: Vec<String> = (0..world).map(|r| format!("{prefix}/inbox/{r}")).collect();
+        let krefs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let vals = store.wait(&krefs, config.timeout).map_err(st)?;
+        let mut inboxes = Vec::with_capacity(world);
+        for (r, v) in vals.iter().enumerate() {
+            inboxes.push(RemoteRegion::from_bytes(v).ok_or_else(|| Error::Config(format!("rank {r} published a malformed inbox descriptor")))?);
+        }
+        engine.connect_peers(&inboxes);
+        tracing::info!(
+            target: "gradsync::init",
+            "gradsync {} rank {rank}/{world} interface {ifname} {ip} transport tcp streams/peer {} chunk {} KiB x {} slots timeout {:?} (init {:.1} ms)",
+            crate::VERSION,
+            config.nsocks,
+            config.chunk_bytes / 1024,
+            config.nslots,
+            config.timeout,
+            t0.elapsed().as_secs_f64() * 1e3
+        );
+        // Everyone is connected before anyone may leave (rank 0 keeps the store up until then).
+        let mut c = Communicator { engine, rank, world, seq: 0, p2p_seq: vec![0; world], algorithm: config.algorithm, _store: server };
+        c.barrier()?;
+        Ok(c)
+    }
+
+    /// In-process communicators for `world` ranks joined by the in-memory transport: one per
+    /// rank, to be moved into one thread each. Tunables come from `config` (its rank, world and
+    /// store fields are ignored).
+    pub fn mem_group(world: usize, config: &Config) -> Result<Vec<Communicator>> {
+        let eps = gradsync_transport::mem::fabric(world);
+        let comm_id = new_comm_id();
+        let mut engines = Vec::with_capacity(world);
+        let mut inboxes = Vec::with_capacity(world);
+        for ep in eps {
+            let (e, inbox) = Engine::new(Box::new(ep) as Box<dyn Endpoint>, comm_id, engine_options(config))?;
+            engines.push(e);
+            inboxes.push(inbox);
+        }
+        Ok(engines
+            .into_iter()
+            .enumerate()
+            .map(|(rank, mut engine)| {
+                engine.connect_peers(&inboxes);
+                Communicator { engine, rank, world, seq: 0, p2p_seq: vec![0; world], algorithm: config.algorithm, _store: None }
+            })
+            .collect())
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.world
+    }
+
+    /// Name of the transport (`tcp`, `mem`).
+    pub fn transport(&self) -> &'static str {
+        self.engine.ep.name()
+    }
+
+    /// Forces an all-reduce algorithm (`None` = automatic), as `GRADSYNC_ALGO` does.
+    pub fn set_algorithm(&mut self, algorithm: Option<Algorithm>) {
+        self.algorithm = algorithm;
+    }
+
+    fn invalid(&self, op: &'static str, msg: String) -> Error {
+        Error::InvalidArgument { rank: self.rank, op, msg }
+    }
+
+    /// Plans and starts a collective.
+    ///
+    /// # Safety
+    ///
+    /// As [`Engine::start`]: the buffers stay valid and untouched until the operation ends.
+    unsafe fn start(&mut self, coll: Collective, dtype: gradsync_core::DataType, op: ReduceOp, root: usize, count: usize, input: RawBuf, output: RawBuf, in_place: bool) -> Result<()> {
+        self.engine.check_usable()?;
+        let bytes = count * dtype.size();
+        let algorithm = match (coll, self.algorithm) {
+            (Collective::AllReduce, Some(a)) => a,
+            _ => plan::default_algorithm(coll, self.world, bytes),
+        };
+        let params = Params { coll, rank: self.rank, world: self.world, count, root, op, segment: self.engine.segment_elems(dtype), in_place, algorithm };
+        let prog = plan::build(&params).map_err(|e| self.invalid(coll.name(), e.to_string()))?;
+        self.seq += 1;
+        let reduces = matches!(coll, Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce);
+        let sig = Signature {
+            comm_id: self.engine.comm_id,
+            seq: self.seq,
+            coll,
+            dtype,
+            op: if reduces { op } else { ReduceOp::Sum },
+            count: count as u64,
+            root: if matches!(coll, Collective::Broadcast | Collective::Reduce) { root as u32 } else { 0 },
+        };
+        tracing::trace!(target: "gradsync::coll", "rank {}: start {sig} algorithm {algorithm}", self.rank);
+        // SAFETY: forwarded from the caller.
+        unsafe { self.engine.start(sig, prog, input, output) }
+    }
+
+    fn check_root(&self, op: &'static str, root: usize) -> Result<()> {
+        if root >= self.world {
+            return Err(self.invalid(op, format!("root {root} is not a rank of a world of {}", self.world)));
+        }
+        Ok(())
+    }
+
+    /// All-reduce in place: every rank ends with `op` over all ranks' `buf`, bitwise identical on
+    /// every rank.
+    pub fn all_reduce<T: Element>(&mut self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        self.all_reduce_async(buf, op)?.wait()
+    }
+
+    /// All-reduce out of place: `output` gets `op` over all ranks' `input`.
+    pub fn all_reduce_into<T: Element>(&mut self, input: &[T], output: &mut [T], op: ReduceOp) -> Result<()> {
+        if input.len() != output.len() {
+            return Err(self.invalid("all_reduce", format!("input has {} elements but output has {}", input.len(), output.len())));
+        }
+        // SAFETY: both borrows outlive the call, which runs the operation to its end.
+        unsafe { self.start(Collective::AllReduce, T::DTYPE, op, 0, input.len(), raw(input), raw(output), false)? };
+        self.engine.progress(true).map(drop)
+    }
+
+    /// Starts an in-place all-reduce; the returned handle holds `buf` until it is waited for.
+    pub fn all_reduce_async<'a, T: Element>(&'a mut self, buf: &'a mut [T], op: ReduceOp) -> Result<Pending<'a>> {
+        let b = raw(buf);
+        // SAFETY: `buf` stays mutably borrowed by the returned Pending until it completes (its
+        // wait or drop); a leaked Pending poisons the communicator and its buffer is never
+        // touched again (no progress happens outside calls made through the handle).
+        unsafe { self.start(Collective::AllReduce, T::DTYPE, op, 0, buf.len(), b, b, true)? };
+        Ok(Pending { comm: self, done: false, _bufs: PhantomData })
+    }
+
+    /// Reduce-scatter: `input` holds `world * n` elements, `output` gets slice `rank` (n
+    /// elements) of `op` over all ranks' inputs.
+    pub fn reduce_scatter<T: Element>(&mut self, input: &[T], output: &mut [T], op: ReduceOp) -> Result<()> {
+        if Some(input.len()) != output.len().checked_mul(self.world) {
+            return Err(self.invalid("reduce_scatter", format!("input has {} elements but must have world {} x output {} = {}", input.len(), self.world, output.len(), output.len() * self.world)));
+        }
+        // SAFETY: both borrows outlive the call, which runs the operation to its end.
+        unsafe { self.start(Collective::ReduceScatter, T::DTYPE, op, 0, output.len(), raw(input), raw(output), false)? };
+        self.engine.progress(true).map(drop)
+    }
+
+    /// All-gather: `output` (`world * input.len()` elements) gets every rank's `input`, rank r's
+    /// at `r * input.len()`.
+    pub fn all_gather<T: Element>(&mut self, input: &[T], output: &mut [T]) -> Result<()> {
+        if Some(output.len()) != input.len().checked_mul(self.world) {
+            return Err(self.invalid("all_gather", format!("output has {} elements but must have world {} x input {} = {}", output.len(), self.world, input.len(), input.len() * self.world)));
+        }
+        // SAFETY: both borrows outlive the call, which runs the operation to its end.
+        unsafe { self.start(Collective::AllGather, T::DTYPE, ReduceOp::Sum, 0, input.len(), raw(input), raw(output), false)? };
+        self.engine.progress(true).map(drop)
+    }
+
+    /// Broadcast in place: every rank's `buf` gets the root's.
+    pub fn broadcast<T: Element>(&mut self, buf: &mut [T], root: usize) -> Result<()> {
+        self.check_root("broadcast", root)?;
+        let b = raw(buf);
+        // SAFETY: `buf` is borrowed for the whole call, which runs the operation to its end.
+        unsafe { self.start(Collective::Broadcast, T::DTYPE, ReduceOp::Sum, root, buf.len(), b, b, true)? };
+        self.engine.progress(true).map(drop)
+    }
+
+    /// Reduce: the root's `output` gets `op` over all ranks' `input`. Other ranks' `output` is
+    /// not touched and may be empty.
+    pub fn reduce<T: Element>(&mut self, input: &[T], output: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+        self.check_root("reduce", root)?;
+        if output.len() != input.len() && (self.rank == root || !output.is_empty()) {
+            return Err(self.invalid("reduce", format!("input has {} elements but output has {} (the root's output must match; others may pass an empty one)", input.len(), output.len())));
+        }
+        let out = if self.rank == root { raw(output) } else { RawBuf::default() };
+        // SAFETY: both borrows outlive the call, which runs the operation to its end.
+        unsafe { self.start(Collective::Reduce, T::DTYPE, op, root, input.len(), raw(input), out, false)? };
+        self.engine.progress(true).map(drop)
+    }
+
+    /// Barrier: returns once every rank has entered it.
+    pub fn barrier(&mut self) -> Result<()> {
+        // SAFETY: a barrier touches no caller memory.
+        unsafe { self.start(Collective::Barrier, gradsync_core::DataType::U8, ReduceOp::Sum, 0, 0, RawBuf::default(), RawBuf::default(), false)? };
+        self.engine.progress(true).map(drop)
+    }
+
+    fn p2p(&mut self, peer: usize, dtype: gradsync_core::DataType, count: usize, buf: RawBuf, send: bool) -> Result<()> {
+        let op_name = if send { "send" } else { "recv" };
+        if peer >= self.world || peer == self.rank {
+            return Err(self.invalid(op_name, format!("peer {peer} is not another rank of a world of {}", self.world)));
+        }
+        self.engine.check_usable()?;
+        let seg = self.engine.segment_elems(dtype);
+        let mut prog = Program::new();
+        let mut start = 0;
+        while start < count || (count == 0 && start == 0) {
+            let len = seg.min(count - start);
+            let op = if send { Op::Send { peer, src: Loc::new(Buf::Input, start), len } } else { Op::Recv { peer, dst: Loc::new(Buf::Output, start), reduce_with: None, len } };
+            prog.push(op, &[]);
+            start += len.max(1);
+        }
+        // Send/recv pairs are numbered per pair of ranks, apart from the collectives.
+        self.p2p_seq[peer] += 1;
+        let (lo, hi) = if send { (self.rank, peer) } else { (peer, self.rank) };
+        let sig = Signature { comm_id: self.engine.comm_id, seq: self.p2p_seq[peer], coll: Collective::SendRecv, dtype, op: ReduceOp::Sum, count: count as u64, root: ((lo as u32) << 16) | hi as u32 };
+        let (i, o) = if send { (buf, RawBuf::default()) } else { (RawBuf::default(), buf) };
+        // SAFETY: the buffer is borrowed by the caller for the whole call.
+        unsafe { self.engine.start(sig, prog, i, o)? };
+        self.engine.progress(true).map(drop)
+    }
+
+    /// Sends `buf` to `peer`, which must call [`recv`](Self::recv) with as many elements of the
+    /// same type.
+    pub fn send<T: Element>(&mut self, buf: &[T], peer: usize) -> Result<()> {
+        self.p2p(peer, T::DTYPE, buf.len(), raw(buf), true)
+    }
+
+    /// Receives into `buf` from `peer`.
+    pub fn recv<T: Element>(&mut self, buf: &mut [T], peer: usize) -> Result<()> {
+        self.p2p(peer, T::DTYPE, buf.len(), raw(buf), false)
+    }
+}
+
+fn engine_options(c: &Config) -> EngineOptions {
+    EngineOptions { slot_bytes: c.chunk_bytes, nslots: c.nslots, timeout: c.timeout, spin: c.spin }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        self.engine.ep.close(Duration::from_secs(2));
+    }
+}

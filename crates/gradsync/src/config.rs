@@ -1,0 +1,221 @@
+//! Configuration: launch conventions and `GRADSYNC_*` tunables.
+
+use crate::error::Error;
+use gradsync_core::schedule::plan::Algorithm;
+use std::time::Duration;
+
+/// How to build a [`Communicator`](crate::Communicator) explicitly.
+///
+/// [`Config::new`] fills the tunables with their defaults; [`Config::from_env`] reads the launch
+/// variables (torchrun, Slurm, Open MPI) and every `GRADSYNC_*` variable (see the README's
+/// table).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Config {
+    /// Address of the rendezvous store, `host:port`.
+    pub store_addr: String,
+    /// Whether rank 0 starts the store at `store_addr` (as torchrun's rank 0 does); `false` when
+    /// a launcher or the caller runs it.
+    pub host_store: bool,
+    /// This process's rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub world: usize,
+    /// Rank within this host, if known.
+    pub local_rank: Option<usize>,
+    /// Deadline of init and of every collective (`GRADSYNC_TIMEOUT`, seconds).
+    pub timeout: Duration,
+    /// TCP streams per peer (`GRADSYNC_NSOCKS`).
+    pub nsocks: usize,
+    /// Network interface for data connections (`GRADSYNC_SOCKET_IFNAME`).
+    pub socket_ifname: Option<String>,
+    /// Socket buffer size in bytes, 0 = kernel auto-tuning (`GRADSYNC_SOCKET_BUFSIZE`).
+    pub socket_bufsize: usize,
+    /// Message (slot) payload size in bytes (`GRADSYNC_CHUNK_SIZE`).
+    pub chunk_bytes: usize,
+    /// Slots (messages in flight) per peer (`GRADSYNC_NSLOTS`).
+    pub nslots: usize,
+    /// How long a waiting rank spins before it sleeps (`GRADSYNC_SPIN_US`).
+    pub spin: Duration,
+    /// Forced all-reduce algorithm (`GRADSYNC_ALGO`), `None` = automatic.
+    pub algorithm: Option<Algorithm>,
+}
+
+/// Default `GRADSYNC_NSOCKS`.
+pub const DEFAULT_NSOCKS: usize = 2;
+/// Default `GRADSYNC_CHUNK_SIZE`.
+pub const DEFAULT_CHUNK: usize = 512 * 1024;
+/// Default `GRADSYNC_NSLOTS`.
+pub const DEFAULT_NSLOTS: usize = 8;
+/// Default `GRADSYNC_TIMEOUT`.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+/// Default `GRADSYNC_SPIN_US`.
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(100);
+/// Default `MASTER_PORT`, as torchrun's.
+pub const DEFAULT_MASTER_PORT: u16 = 29500;
+
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+fn parse_var<T: std::str::FromStr>(name: &str) -> Result<Option<T>, Error> {
+    match var(name) {
+        None => Ok(None),
+        Some(v) => v.trim().parse().map(Some).map_err(|_| Error::Config(format!("{name}={v:?} is not a valid value"))),
+    }
+}
+
+/// Parses a size with an optional K/M/G suffix (powers of 1024).
+pub(crate) fn parse_size(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let (num, mul) = match s.chars().last()? {
+        'k' | 'K' => (&s[..s.len() - 1], 1 << 10),
+        'm' | 'M' => (&s[..s.len() - 1], 1 << 20),
+        'g' | 'G' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.trim().parse::<usize>().ok()?.checked_mul(mul)
+}
+
+/// Expands the first host of a Slurm node list (`node[01-04,07],other` -> `node01`).
+pub(crate) fn first_slurm_host(list: &str) -> Option<String> {
+    let list = list.trim();
+    let end = list.find([',', '[']).unwrap_or(list.len());
+    let prefix = &list[..end];
+    if list[end..].starts_with('[') {
+        let inner = &list[end + 1..list[end..].find(']').map(|i| end + i)?];
+        let first = inner.split(',').next()?.split('-').next()?;
+        Some(format!("{prefix}{first}"))
+    } else if prefix.is_empty() {
+        None
+    } else {
+        Some(prefix.to_string())
+    }
+}
+
+impl Config {
+    /// A configuration with default tunables for `rank` of `world`, meeting at `store_addr`.
+    pub fn new(store_addr: impl Into<String>, rank: usize, world: usize) -> Self {
+        Config {
+            store_addr: store_addr.into(),
+            host_store: true,
+            rank,
+            world,
+            local_rank: None,
+            timeout: DEFAULT_TIMEOUT,
+            nsocks: DEFAULT_NSOCKS,
+            socket_ifname: None,
+            socket_bufsize: 0,
+            chunk_bytes: DEFAULT_CHUNK,
+            nslots: DEFAULT_NSLOTS,
+            spin: DEFAULT_SPIN,
+            algorithm: None,
+        }
+    }
+
+    /// Reads rank, world and store address from the launcher's environment, then the
+    /// `GRADSYNC_*` tunables.
+    ///
+    /// Launchers recognised, in this order: torchrun / `gradsync launch` (`RANK`, `WORLD_SIZE`,
+    /// `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`), Open MPI (`OMPI_COMM_WORLD_RANK`,
+    /// `OMPI_COMM_WORLD_SIZE`, `OMPI_COMM_WORLD_LOCAL_RANK`) and Slurm (`SLURM_PROCID`,
+    /// `SLURM_NTASKS`, `SLURM_LOCALID`, `SLURM_NODELIST`). `MASTER_ADDR` defaults to the first
+    /// Slurm node, or to 127.0.0.1 when all ranks are on one host; `MASTER_PORT` to 29500.
+    pub fn from_env() -> Result<Self, Error> {
+        let (rank, world, local, local_world, single_host, launcher) = if let (Some(r), Some(w)) = (parse_var::<usize>("RANK")?, parse_var::<usize>("WORLD_SIZE")?) {
+            let lw = parse_var::<usize>("LOCAL_WORLD_SIZE")?;
+            (r, w, parse_var("LOCAL_RANK")?, lw, lw == Some(w), "torchrun")
+        } else if let (Some(r), Some(w)) = (parse_var::<usize>("OMPI_COMM_WORLD_RANK")?, parse_var::<usize>("OMPI_COMM_WORLD_SIZE")?) {
+            let lw = parse_var::<usize>("OMPI_COMM_WORLD_LOCAL_SIZE")?;
+            (r, w, parse_var("OMPI_COMM_WORLD_LOCAL_RANK")?, lw, lw == Some(w), "openmpi")
+        } else if let (Some(r), Some(w)) = (parse_var::<usize>("SLURM_PROCID")?, parse_var::<usize>("SLURM_NTASKS")?) {
+            let nodes = parse_var::<usize>("SLURM_NNODES")?;
+            (r, w, parse_var("SLURM_LOCALID")?, None, nodes == Some(1), "slurm")
+        } else {
+            return Err(Error::Config(
+                "no launcher environment found: set RANK and WORLD_SIZE (torchrun, `gradsync launch`), or run under Slurm (SLURM_PROCID) or Open MPI (OMPI_COMM_WORLD_RANK)".into(),
+            ));
+        };
+        let _ = local_world;
+        if world == 0 || rank >= world {
+            return Err(Error::Config(format!("rank {rank} is not within world size {world} (from {launcher} variables)")));
+        }
+        let addr = match var("MASTER_ADDR") {
+            Some(a) => a,
+            None => match var("SLURM_NODELIST").or_else(|| var("SLURM_JOB_NODELIST")).and_then(|l| first_slurm_host(&l)) {
+                Some(h) if !single_host => h,
+                _ if single_host || world == 1 => "127.0.0.1".to_string(),
+                _ => return Err(Error::Config(format!("MASTER_ADDR is not set and the {launcher} ranks span several hosts: set MASTER_ADDR to rank 0's host"))),
+            },
+        };
+        let port = parse_var::<u16>("MASTER_PORT")?.unwrap_or(DEFAULT_MASTER_PORT);
+        let host = if addr.contains(':') && !addr.starts_with('[') { format!("[{addr}]") } else { addr };
+        let mut c = Config::new(format!("{host}:{port}"), rank, world);
+        c.local_rank = local;
+        if let Some(v) = parse_var::<u8>("GRADSYNC_STORE_HOSTED")? {
+            c.host_store = v == 0;
+        }
+        c.apply_env()?;
+        Ok(c)
+    }
+
+    /// Applies the `GRADSYNC_*` tunables found in the environment.
+    pub fn apply_env(&mut self) -> Result<(), Error> {
+        if let Some(t) = parse_var::<f64>("GRADSYNC_TIMEOUT")? {
+            if !(t > 0.0 && t.is_finite()) {
+                return Err(Error::Config(format!("GRADSYNC_TIMEOUT={t} must be a positive number of seconds")));
+            }
+            self.timeout = Duration::from_secs_f64(t);
+        }
+        if let Some(n) = parse_var::<usize>("GRADSYNC_NSOCKS")? {
+            if !(1..=16).contains(&n) {
+                return Err(Error::Config(format!("GRADSYNC_NSOCKS={n} must be between 1 and 16")));
+            }
+            self.nsocks = n;
+        }
+        if let Some(i) = var("GRADSYNC_SOCKET_IFNAME") {
+            self.socket_ifname = Some(i);
+        }
+        if let Some(v) = var("GRADSYNC_SOCKET_BUFSIZE") {
+            self.socket_bufsize = parse_size(&v).ok_or_else(|| Error::Config(format!("GRADSYNC_SOCKET_BUFSIZE={v:?} is not a size")))?;
+        }
+        if let Some(v) = var("GRADSYNC_CHUNK_SIZE") {
+            let b = parse_size(&v).filter(|&b| (8..=(64 << 20)).contains(&b)).ok_or_else(|| Error::Config(format!("GRADSYNC_CHUNK_SIZE={v:?} must be a size between 8 bytes and 64M")))?;
+            self.chunk_bytes = b;
+        }
+        if let Some(n) = parse_var::<usize>("GRADSYNC_NSLOTS")? {
+            if !(1..=1024).contains(&n) {
+                return Err(Error::Config(format!("GRADSYNC_NSLOTS={n} must be between 1 and 1024")));
+            }
+            self.nslots = n;
+        }
+        if let Some(us) = parse_var::<u64>("GRADSYNC_SPIN_US")? {
+            self.spin = Duration::from_micros(us);
+        }
+        if let Some(a) = var("GRADSYNC_ALGO") {
+            self.algorithm = if a.eq_ignore_ascii_case("auto") { None } else { Some(Algorithm::parse(&a).map_err(|e| Error::Config(format!("GRADSYNC_ALGO: {e}")))?) };
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("512K"), Some(512 << 10));
+        assert_eq!(parse_size("4m"), Some(4 << 20));
+        assert_eq!(parse_size("17"), Some(17));
+        assert_eq!(parse_size("x"), None);
+    }
+
+    #[test]
+    fn slurm_nodelist() {
+        assert_eq!(first_slurm_host("node[01-04,07]").as_deref(), Some("node01"));
+        assert_eq!(first_slurm_host("a,b").as_deref(), Some("a"));
+        assert_eq!(first_slurm_host("gpu7").as_deref(), Some("gpu7"));
+        assert_eq!(first_slurm_host(""), None);
+    }
+}

@@ -1,0 +1,670 @@
+//! The progress engine: runs one schedule at a time over a transport endpoint.
+//!
+//! # Data path
+//!
+//! Every rank registers one *inbox* region at init and advertises it through the rendezvous
+//! store. The inbox holds `nslots` slots per sender; a slot is a 64-byte
+//! [`DataHeader`](gradsync_core::wire::DataHeader) followed by up to `slot_bytes` of payload.
+//! A sender owns `nslots` credits per peer: it writes message k into slot `k % nslots` of the
+//! peer's inbox with one write-with-immediate (gather list: header, then payload straight from
+//! the user buffer) and spends a credit; the receiver reduces or copies the payload out of the
+//! slot into its destination and returns the credit with a small two-sided send. This is the
+//! clear-to-send scheme an RDMA backend needs, and over TCP the payload is read by the
+//! transport straight into the slot.
+//!
+//! Messages are consumed in the order they were sent (slot counters), whatever stream they came
+//! on, so the k-th send to a peer meets that peer's k-th receive, as the schedules require. The
+//! header of every message carries the collective's signature, checked on arrival.
+//!
+//! # Progress
+//!
+//! The engine is driven by the calling thread: blocking calls run it to completion, an async
+//! handle runs it from `test()`/`wait()`. When nothing moves it spins for a short while
+//! (`GRADSYNC_SPIN_US`) and then sleeps in the transport until data arrives, so an idle rank
+//! leaves its core to the others. Every wait has a deadline.
+
+use crate::error::Error;
+use gradsync_core::schedule::{Buf, Loc, Op, OpId, Program, Schedule};
+use gradsync_core::wire::{DATA_HEADER_LEN, DataHeader, DataHeaderRepr, Signature};
+use gradsync_core::{DataType, ReduceOp};
+use gradsync_transport::{Access, Completion, Endpoint, MemoryRegion, RemoteRegion, Sge};
+use std::alloc::Layout;
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+const CTRL_CREDIT: u8 = 1;
+const CTRL_ABORT: u8 = 2;
+
+/// Tunables of the engine.
+#[derive(Clone, Debug)]
+pub(crate) struct EngineOptions {
+    /// Payload bytes per slot (message size).
+    pub slot_bytes: usize,
+    /// Slots per peer.
+    pub nslots: usize,
+    /// Deadline of every collective.
+    pub timeout: Duration,
+    /// Spin this long before sleeping.
+    pub spin: Duration,
+}
+
+/// A 64-byte aligned heap buffer.
+#[derive(Debug)]
+pub(crate) struct AlignedBuf {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: AlignedBuf exclusively owns its allocation, like a Vec<u8>.
+unsafe impl Send for AlignedBuf {}
+
+impl AlignedBuf {
+    pub(crate) fn zeroed(len: usize) -> Self {
+        let layout = Layout::from_size_align(len.max(64), 64).expect("layout");
+        // SAFETY: the layout has non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        AlignedBuf { ptr, len }
+    }
+    pub(crate) fn addr(&self) -> usize {
+        self.ptr as usize
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        let layout = Layout::from_size_align(self.len.max(64), 64).expect("layout");
+        // SAFETY: allocated in `zeroed` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr, layout) };
+    }
+}
+
+/// Raw view of a caller buffer for the duration of one operation.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct RawBuf {
+    pub addr: usize,
+    pub len: usize,
+}
+
+#[derive(Debug)]
+struct PeerState {
+    remote_inbox: RemoteRegion,
+    credits: usize,
+    tx_ctr: u64,
+    rx_ctr: u64,
+    arrived: Vec<bool>,
+    hdr_busy: Vec<bool>,
+    unreturned: u32,
+    last_heard: Option<(Instant, u64)>,
+}
+
+/// One operation in flight.
+#[derive(Debug)]
+struct Running {
+    sig: Signature,
+    sched: Schedule,
+    bufs: [RawBuf; 3],
+    mrs: Vec<MemoryRegion>,
+    lkeys: [u32; 3],
+    _scratch: Option<AlignedBuf>,
+    sendq: Vec<VecDeque<(OpId, usize, Loc)>>,
+    recvq: Vec<VecDeque<(OpId, usize, Loc, Option<Loc>)>>,
+    send_msg: Vec<u32>,
+    recv_msg: Vec<u32>,
+    inflight: HashMap<u64, (OpId, usize, usize)>,
+    started: Instant,
+}
+
+/// The engine of one communicator.
+#[derive(Debug)]
+pub(crate) struct Engine {
+    pub(crate) ep: Box<dyn Endpoint>,
+    pub(crate) rank: usize,
+    pub(crate) world: usize,
+    pub(crate) comm_id: u64,
+    pub(crate) opts: EngineOptions,
+    stride: usize,
+    inbox: AlignedBuf,
+    inbox_mr: MemoryRegion,
+    hdrs: AlignedBuf,
+    hdr_mr: MemoryRegion,
+    peers: Vec<PeerState>,
+    comps: Vec<Completion>,
+    next_wr: u64,
+    running: Option<Running>,
+    poisoned: Option<String>,
+}
+
+/// Size of a slot (header + payload) rounded to 64 bytes.
+fn slot_stride(slot_bytes: usize) -> usize {
+    (DATA_HEADER_LEN + slot_bytes).div_ceil(64) * 64
+}
+
+impl Engine {
+    /// Allocates and registers the inbox; returns the engine and the inbox descriptor to
+    /// advertise. Call [`connect_peers`](Self::connect_peers) with every rank's descriptor.
+    pub(crate) fn new(mut ep: Box<dyn Endpoint>, comm_id: u64, opts: EngineOptions) -> Result<(Engine, RemoteRegion), Error> {
+        let rank = ep.rank();
+        let world = ep.world();
+        let stride = slot_stride(opts.slot_bytes);
+        let inbox = AlignedBuf::zeroed(stride * opts.nslots * world);
+        // SAFETY: the inbox is owned by the engine, outlives its registration (deregistered in
+        // Drop before it is freed) and is read only after a write's completion arrived.
+        let inbox_mr = unsafe { ep.register(inbox.ptr, inbox.len, Access::REMOTE_WRITE.union(Access::LOCAL_READ)) }
+            .map_err(|e| Error::transport(rank, "register inbox", e))?;
+        let hdrs = AlignedBuf::zeroed(DATA_HEADER_LEN * opts.nslots * world);
+        // SAFETY: owned by the engine and deregistered before it is freed.
+        let hdr_mr = unsafe { ep.register(hdrs.ptr, hdrs.len, Access::LOCAL_READ) }.map_err(|e| Error::transport(rank, "register headers", e))?;
+        let remote = inbox_mr.remote();
+        let peers = (0..world)
+            .map(|_| PeerState {
+                remote_inbox: RemoteRegion { rkey: 0, len: 0 },
+                credits: opts.nslots,
+                tx_ctr: 0,
+                rx_ctr: 0,
+                arrived: vec![false; opts.nslots],
+                hdr_busy: vec![false; opts.nslots],
+                unreturned: 0,
+                last_heard: None,
+            })
+            .collect();
+        Ok((
+            Engine {
+                ep,
+                rank,
+                world,
+                comm_id,
+                opts,
+                stride,
+                inbox,
+                inbox_mr,
+                hdrs,
+                hdr_mr,
+                peers,
+                comps: Vec::new(),
+                next_wr: 1,
+                running: None,
+                poisoned: None,
+            },
+            remote,
+        ))
+    }
+
+    /// Records every rank's inbox descriptor (index = rank).
+    pub(crate) fn connect_peers(&mut self, inboxes: &[RemoteRegion]) {
+        for (p, r) in inboxes.iter().enumerate() {
+            self.peers[p].remote_inbox = *r;
+        }
+    }
+
+    pub(crate) fn segment_elems(&self, dtype: DataType) -> usize {
+        (self.opts.slot_bytes / dtype.size()).max(1)
+    }
+
+    pub(crate) fn check_usable(&self) -> Result<(), Error> {
+        if let Some(why) = &self.poisoned {
+            return Err(Error::Poisoned { rank: self.rank, reason: why.clone() });
+        }
+        if let Some(r) = &self.running {
+            return Err(Error::Poisoned {
+                rank: self.rank,
+                reason: format!("{} was still in flight when a new call was made (its handle was leaked)", r.sig),
+            });
+        }
+        Ok(())
+    }
+
+    /// Starts an operation. `bufs` are Input, Output, and the scratch size comes from `prog`.
+    ///
+    /// # Safety
+    ///
+    /// `input` must be readable and `output` writable for their lengths, and neither may be
+    /// accessed otherwise until the operation has completed (`progress` returned `true`) or
+    /// the engine is poisoned.
+    pub(crate) unsafe fn start(&mut self, sig: Signature, prog: Program, input: RawBuf, output: RawBuf) -> Result<(), Error> {
+        self.check_usable()?;
+        let dsize = sig.dtype.size();
+        let scratch_len = prog.scratch_elems() * dsize;
+        let scratch = (scratch_len > 0).then(|| AlignedBuf::zeroed(scratch_len));
+        let sbuf = scratch.as_ref().map(|s| RawBuf { addr: s.addr(), len: scratch_len }).unwrap_or_default();
+        let bufs = [input, output, sbuf];
+        let mut mrs = Vec::new();
+        let mut lkeys = [0u32; 3];
+        for (i, b) in bufs.iter().enumerate() {
+            if b.len == 0 {
+                continue;
+            }
+            // SAFETY: the caller keeps these buffers valid for the operation; regions are
+            // deregistered when the operation ends.
+            let mr = unsafe { self.ep.register(b.addr as *mut u8, b.len, Access::LOCAL_READ) }.map_err(|e| Error::transport(self.rank, "register buffer", e))?;
+            lkeys[i] = mr.lkey;
+            mrs.push(mr);
+        }
+        // Bounds of every op against the buffers, so no peer or generator bug can reach
+        // outside them.
+        for op in prog.ops() {
+            let locs: &[Loc] = match op {
+                Op::Send { src, .. } => &[*src],
+                Op::Recv { dst, reduce_with: Some(w), .. } => &[*dst, *w],
+                Op::Recv { dst, .. } => &[*dst],
+                Op::Copy { src, dst, .. } => &[*src, *dst],
+                Op::Finalize { loc, .. } => &[*loc],
+            };
+            for l in locs {
+                let b = bufs[buf_index(l.buf)];
+                if (l.start + op.len()) * dsize > b.len {
+                    for mr in &mrs {
+                        self.ep.deregister(mr);
+                    }
+                    return Err(Error::Internal {
+                        rank: self.rank,
+                        msg: format!("{sig}: schedule op {op:?} reaches past the {:?} buffer of {} bytes", l.buf, b.len),
+                    });
+                }
+            }
+        }
+        let w = self.world;
+        self.running = Some(Running {
+            sig,
+            sched: Schedule::new(prog, w),
+            bufs,
+            mrs,
+            lkeys,
+            _scratch: scratch,
+            sendq: (0..w).map(|_| VecDeque::new()).collect(),
+            recvq: (0..w).map(|_| VecDeque::new()).collect(),
+            send_msg: vec![0; w],
+            recv_msg: vec![0; w],
+            inflight: HashMap::new(),
+            started: Instant::now(),
+        });
+        Ok(())
+    }
+
+    /// Drives the running operation. With `block`, returns only when it is done (or failed);
+    /// otherwise makes one round of progress. Returns whether it is done. On error the
+    /// communicator is poisoned and peers are told.
+    pub(crate) fn progress(&mut self, block: bool) -> Result<bool, Error> {
+        if self.running.is_none() {
+            return Ok(true);
+        }
+        match self.progress_inner(block) {
+            Ok(done) => {
+                if done {
+                    self.finish();
+                }
+                Ok(done)
+            }
+            Err(e) => {
+                self.fail(&e);
+                Err(e)
+            }
+        }
+    }
+
+    fn finish(&mut self) {
+        if let Some(r) = self.running.take() {
+            for mr in &r.mrs {
+                self.ep.deregister(mr);
+            }
+        }
+    }
+
+    /// Poisons the communicator and tells every peer why (best effort).
+    pub(crate) fn fail(&mut self, e: &Error) {
+        if self.poisoned.is_some() {
+            return;
+        }
+        let msg = e.to_string();
+        self.poisoned = Some(msg.clone());
+        if !matches!(e, Error::PeerAborted { .. }) {
+            let mut data = vec![CTRL_ABORT];
+            data.extend_from_slice(&msg.as_bytes()[..msg.len().min(gradsync_transport::MAX_SEND - 1)]);
+            for p in (0..self.world).filter(|&p| p != self.rank) {
+                let _ = self.ep.post_send(p, &data, 0);
+            }
+            let mut sink = Vec::new();
+            let _ = self.ep.poll(&mut sink);
+        }
+        // Buffers of a failed operation are never touched again.
+        self.finish();
+    }
+
+    fn progress_inner(&mut self, block: bool) -> Result<bool, Error> {
+        let deadline = self.running.as_ref().map(|r| r.started + self.opts.timeout).expect("running");
+        let mut idle_since: Option<Instant> = None;
+        loop {
+            let moved = self.step()?;
+            if self.running.as_ref().is_some_and(|r| r.sched.is_done()) {
+                self.return_credits(true)?;
+                return Ok(true);
+            }
+            if !block {
+                return Ok(false);
+            }
+            if moved {
+                idle_since = None;
+                continue;
+            }
+            let now = Instant::now();
+            let since = *idle_since.get_or_insert(now);
+            if now >= deadline {
+                return Err(self.timeout_error());
+            }
+            self.check_peers_alive()?;
+            if now - since >= self.opts.spin {
+                self.return_credits(true)?;
+                let left = deadline - now;
+                self.ep.wait(left.min(Duration::from_millis(200))).map_err(|e| Error::transport(self.rank, "wait", e))?;
+            } else {
+                // Yield rather than spin: with more ranks than cores the peer we wait on may
+                // need this core; with a free core the yield returns at once.
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// One round: issue ready ops, post sends, poll, consume arrivals. Returns whether anything
+    /// moved.
+    fn step(&mut self) -> Result<bool, Error> {
+        let mut moved = self.issue()?;
+        moved |= self.post_sends()?;
+        self.comps.clear();
+        let rank = self.rank;
+        self.ep.poll(&mut self.comps).map_err(|e| Error::transport(rank, "poll", e))?;
+        if !self.comps.is_empty() {
+            moved = true;
+            let comps = std::mem::take(&mut self.comps);
+            for c in &comps {
+                self.handle_completion(c)?;
+            }
+            self.comps = comps;
+        }
+        moved |= self.consume()?;
+        self.return_credits(false)?;
+        Ok(moved)
+    }
+
+    fn issue(&mut self) -> Result<bool, Error> {
+        let mut moved = false;
+        let Some(r) = self.running.as_mut() else { return Ok(false) };
+        let dt = r.sig.dtype;
+        while let Some((id, op)) = r.sched.poll_action() {
+            moved = true;
+            match op {
+                Op::Send { peer, src, len } => r.sendq[peer].push_back((id, len, src)),
+                Op::Recv { peer, dst, reduce_with, len } => r.recvq[peer].push_back((id, len, dst, reduce_with)),
+                Op::Copy { src, dst, len } => {
+                    let (s, d) = (slice(&r.bufs, src, len, dt), slice(&r.bufs, dst, len, dt));
+                    if s.addr != d.addr && len > 0 {
+                        // SAFETY: both spans were bounds-checked in `start`; distinct buffers
+                        // (or distinct positions) of one operation never overlap partially in
+                        // generated programs, and `copy` tolerates overlap anyway.
+                        unsafe { std::ptr::copy(s.addr as *const u8, d.addr as *mut u8, s.len) };
+                    }
+                    r.sched.handle_complete(id);
+                }
+                Op::Finalize { loc, len } => {
+                    let d = slice(&r.bufs, loc, len, dt);
+                    if len > 0 {
+                        // SAFETY: bounds-checked in `start`; the engine has exclusive access.
+                        let b = unsafe { std::slice::from_raw_parts_mut(d.addr as *mut u8, d.len) };
+                        gradsync_reduce::finalize_avg(dt, b, self.world);
+                    }
+                    r.sched.handle_complete(id);
+                }
+            }
+        }
+        Ok(moved)
+    }
+
+    fn post_sends(&mut self) -> Result<bool, Error> {
+        let mut moved = false;
+        let Some(r) = self.running.as_mut() else { return Ok(false) };
+        let dsize = r.sig.dtype.size();
+        for peer in 0..self.world {
+            while let Some(&(id, len, src)) = r.sendq[peer].front() {
+                let ps = &mut self.peers[peer];
+                let k = (ps.tx_ctr % self.opts.nslots as u64) as usize;
+                if ps.credits == 0 || ps.hdr_busy[k] {
+                    break;
+                }
+                r.sendq[peer].pop_front();
+                let bytes = len * dsize;
+                let hdr_off = (peer * self.opts.nslots + k) * DATA_HEADER_LEN;
+                // SAFETY: the header staging area is owned by the engine; slot (peer, k) is not
+                // in flight (hdr_busy is false).
+                let hb = unsafe { std::slice::from_raw_parts_mut(self.hdrs.ptr.add(hdr_off), DATA_HEADER_LEN) };
+                DataHeaderRepr { sig: r.sig, msg: r.send_msg[peer], payload_len: bytes as u32, sender: self.rank as u32 }
+                    .emit(&mut DataHeader::new_unchecked(hb));
+                r.send_msg[peer] += 1;
+                let mut sges = [Sge { addr: self.hdrs.addr() + hdr_off, len: DATA_HEADER_LEN, lkey: self.hdr_mr.lkey }, Sge { addr: 0, len: 0, lkey: 0 }];
+                let n = if bytes > 0 {
+                    sges[1] = Sge { addr: slice(&r.bufs, src, len, r.sig.dtype).addr, len: bytes, lkey: r.lkeys[buf_index(src.buf)] };
+                    2
+                } else {
+                    1
+                };
+                let offset = ((self.rank * self.opts.nslots + k) * self.stride) as u64;
+                let wr = self.next_wr;
+                self.next_wr += 1;
+                // SAFETY: the header slot stays untouched until WriteDone (hdr_busy); the
+                // payload lies in a buffer the caller keeps valid and unmodified for the
+                // operation, and the schedule does not overwrite it before this send completes.
+                unsafe { self.ep.post_write(peer, &sges[..n], ps.remote_inbox, offset, Some(ps.tx_ctr as u32), wr) }
+                    .map_err(|e| Error::transport(self.rank, "post_write", e))?;
+                ps.credits -= 1;
+                ps.hdr_busy[k] = true;
+                ps.tx_ctr += 1;
+                r.inflight.insert(wr, (id, peer, k));
+                moved = true;
+            }
+        }
+        Ok(moved)
+    }
+
+    fn handle_completion(&mut self, c: &Completion) -> Result<(), Error> {
+        match c {
+            Completion::WriteDone { wr_id } => {
+                if let Some(r) = self.running.as_mut()
+                    && let Some((id, peer, k)) = r.inflight.remove(wr_id)
+                {
+                    self.peers[peer].hdr_busy[k] = false;
+                    r.sched.handle_complete(id);
+                }
+            }
+            Completion::SendDone { .. } => {}
+            Completion::WriteImm { peer, imm, len } => {
+                let ps = &mut self.peers[*peer];
+                let k = (*imm as usize) % self.opts.nslots;
+                let expect_lo = ps.rx_ctr as u32;
+                if imm.wrapping_sub(expect_lo) as usize >= self.opts.nslots || ps.arrived[k] || *len as usize > self.stride {
+                    return Err(Error::Protocol {
+                        rank: self.rank,
+                        peer: *peer,
+                        msg: format!("unexpected write notification {imm} ({len} bytes); expected one of the next {} after {expect_lo}", self.opts.nslots),
+                    });
+                }
+                ps.arrived[k] = true;
+                ps.last_heard = Some((Instant::now(), ps.last_heard.map_or(0, |l| l.1)));
+            }
+            Completion::Recv { peer, data } => match data.first() {
+                Some(&CTRL_CREDIT) if data.len() == 8 => {
+                    let n = u32::from_le_bytes(data[4..8].try_into().expect("4")) as usize;
+                    let ps = &mut self.peers[*peer];
+                    if ps.credits + n > self.opts.nslots {
+                        return Err(Error::Protocol { rank: self.rank, peer: *peer, msg: format!("returned {n} credits while {} of {} were free", ps.credits, self.opts.nslots) });
+                    }
+                    ps.credits += n;
+                }
+                Some(&CTRL_ABORT) => {
+                    let why = String::from_utf8_lossy(&data[1..]).into_owned();
+                    return Err(Error::PeerAborted { rank: self.rank, peer: *peer, reason: why });
+                }
+                _ => {
+                    return Err(Error::Protocol { rank: self.rank, peer: *peer, msg: format!("unknown control message of {} bytes", data.len()) });
+                }
+            },
+        }
+        Ok(())
+    }
+
+    /// Consumes arrived messages that match posted receives, in order per peer.
+    fn consume(&mut self) -> Result<bool, Error> {
+        let mut moved = false;
+        let Some(r) = self.running.as_mut() else { return Ok(false) };
+        let dt = r.sig.dtype;
+        let op = if r.sig.op == ReduceOp::Avg { ReduceOp::Sum } else { r.sig.op };
+        for peer in 0..self.world {
+            while let Some(&(id, len, dst, with)) = r.recvq[peer].front() {
+                let ps = &mut self.peers[peer];
+                let k = (ps.rx_ctr % self.opts.nslots as u64) as usize;
+                if !ps.arrived[k] {
+                    break;
+                }
+                let base = (peer * self.opts.nslots + k) * self.stride;
+                // SAFETY: the slot's write has completed (its notification arrived) and the
+                // sender writes it again only after we return its credit below.
+                let slot = unsafe { std::slice::from_raw_parts(self.inbox.ptr.add(base), self.stride) };
+                let h = DataHeaderRepr::parse(&DataHeader::new_unchecked(&slot[..DATA_HEADER_LEN]))
+                    .map_err(|e| Error::Protocol { rank: self.rank, peer, msg: format!("bad data header: {e}") })?;
+                let bytes = len * dt.size();
+                if h.sig != r.sig || h.msg != r.recv_msg[peer] || h.payload_len as usize != bytes || h.sender as usize != peer {
+                    return Err(Error::Mismatch {
+                        rank: self.rank,
+                        peer,
+                        ours: r.sig,
+                        theirs: h.sig,
+                        detail: if h.sig == r.sig {
+                            format!("message {} of {} bytes where message {} of {bytes} bytes was expected", h.msg, h.payload_len, r.recv_msg[peer])
+                        } else {
+                            String::new()
+                        },
+                    });
+                }
+                ps.last_heard = Some((Instant::now(), h.sig.seq));
+                if bytes > 0 {
+                    let payload = &slot[DATA_HEADER_LEN..DATA_HEADER_LEN + bytes];
+                    let d = slice(&r.bufs, dst, len, dt);
+                    // SAFETY: bounds-checked in `start`; exclusive to the engine.
+                    let dbuf = unsafe { std::slice::from_raw_parts_mut(d.addr as *mut u8, d.len) };
+                    match with {
+                        None => dbuf.copy_from_slice(payload),
+                        Some(w) if w == dst => gradsync_reduce::reduce_in_place(dt, op, dbuf, payload),
+                        Some(w) => {
+                            let wv = slice(&r.bufs, w, len, dt);
+                            if ranges_overlap(wv, d) {
+                                return Err(Error::Internal { rank: self.rank, msg: format!("{}: schedule reduces between overlapping spans", r.sig) });
+                            }
+                            // SAFETY: bounds-checked in `start`, and not overlapping `d`.
+                            let wbuf = unsafe { std::slice::from_raw_parts(wv.addr as *const u8, wv.len) };
+                            gradsync_reduce::reduce_into(dt, op, dbuf, wbuf, payload);
+                        }
+                    }
+                }
+                ps.arrived[k] = false;
+                ps.rx_ctr += 1;
+                ps.unreturned += 1;
+                r.recv_msg[peer] += 1;
+                r.recvq[peer].pop_front();
+                r.sched.handle_complete(id);
+                moved = true;
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Returns consumed slots to their senders: at once when `all`, else once half the slots
+    /// of a peer are waiting.
+    fn return_credits(&mut self, all: bool) -> Result<(), Error> {
+        for peer in 0..self.world {
+            let n = self.peers[peer].unreturned;
+            if n == 0 || (!all && (n as usize) < self.opts.nslots.div_ceil(2)) {
+                continue;
+            }
+            let mut msg = [0u8; 8];
+            msg[0] = CTRL_CREDIT;
+            msg[4..8].copy_from_slice(&n.to_le_bytes());
+            match self.ep.post_send(peer, &msg, 0) {
+                Ok(()) => self.peers[peer].unreturned = 0,
+                // A peer that has gone needs no credits; waiting on it reports the loss.
+                Err(_) if !self.ep.peer_alive(peer) => self.peers[peer].unreturned = 0,
+                Err(e) => return Err(Error::transport(self.rank, "return credits", e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// The peers the running operation waits on.
+    fn waiting_on(&self) -> Vec<usize> {
+        let Some(r) = self.running.as_ref() else { return Vec::new() };
+        let mut v: Vec<usize> = (0..self.world)
+            .filter(|&p| !r.recvq[p].is_empty() || (!r.sendq[p].is_empty() && self.peers[p].credits == 0))
+            .collect();
+        if v.is_empty() {
+            v = r.inflight.values().map(|x| x.1).collect();
+            v.sort_unstable();
+            v.dedup();
+        }
+        v
+    }
+
+    fn check_peers_alive(&self) -> Result<(), Error> {
+        for p in self.waiting_on() {
+            if !self.ep.peer_alive(p) {
+                let r = self.running.as_ref().expect("running");
+                return Err(Error::PeerLost { rank: self.rank, peer: p, sig: r.sig });
+            }
+        }
+        Ok(())
+    }
+
+    fn timeout_error(&self) -> Error {
+        let r = self.running.as_ref().expect("running");
+        let now = Instant::now();
+        let waits = self
+            .waiting_on()
+            .into_iter()
+            .map(|p| {
+                let heard = match self.peers[p].last_heard {
+                    Some((t, seq)) => format!("last heard {:.1} s ago (seq {seq})", (now - t).as_secs_f64()),
+                    None => "never heard from".to_string(),
+                };
+                format!("rank {p} ({heard})")
+            })
+            .collect::<Vec<_>>();
+        Error::Timeout { rank: self.rank, sig: r.sig, timeout: self.opts.timeout, waiting: waits.join(", ") }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if self.running.is_some() {
+            // Never leave a peer's write landing in memory we no longer own: the inbox is ours,
+            // caller buffers are never written by the transport.
+            self.finish();
+        }
+        let (a, b) = (self.inbox_mr, self.hdr_mr);
+        self.ep.deregister(&a);
+        self.ep.deregister(&b);
+    }
+}
+
+fn buf_index(b: Buf) -> usize {
+    match b {
+        Buf::Input => 0,
+        Buf::Output => 1,
+        Buf::Scratch => 2,
+    }
+}
+
+fn slice(bufs: &[RawBuf; 3], loc: Loc, len: usize, dt: DataType) -> RawBuf {
+    let b = bufs[buf_index(loc.buf)];
+    RawBuf { addr: b.addr + loc.start * dt.size(), len: len * dt.size() }
+}
+
+fn ranges_overlap(a: RawBuf, b: RawBuf) -> bool {
+    a.addr < b.addr + b.len && b.addr < a.addr + a.len
+}
