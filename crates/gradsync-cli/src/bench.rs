@@ -195,6 +195,15 @@ fn plan(args: &BenchArgs) -> anyhow::Result<Plan> {
         args.stepbytes,
     );
     ensure!(args.nproc != Some(0), "--nproc must be at least 1");
+    if let Some(n) = args.nproc
+        && table::has_root(coll)
+    {
+        ensure!(
+            args.root < n,
+            "--root {} is out of range for {n} ranks",
+            args.root
+        );
+    }
     Ok(Plan {
         coll,
         dtypes,
@@ -214,6 +223,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<i32> {
         opts.prefix = false;
         return launch::launch(&opts, exe.as_os_str(), &strip_nproc(&argv));
     }
+    gradsync::logging::init_from_env();
     let mut comm = Communicator::from_env().context("cannot join the job")?;
     gradsync::logging::set_rank(comm.rank());
     run_rank(args, &plan, &mut comm)
@@ -571,6 +581,9 @@ mod tests {
         assert!(plan(&parse(&["-f", "1", "-i", "8"]).unwrap()).is_ok());
         assert!(plan(&parse(&["-b", "1M", "-e", "1K"]).unwrap()).is_err());
         assert!(plan(&parse(&["--nproc", "0"]).unwrap()).is_err());
+        assert!(plan(&parse(&["reduce", "-r", "2", "--nproc", "2"]).unwrap()).is_err());
+        assert!(plan(&parse(&["reduce", "-r", "1", "--nproc", "2"]).unwrap()).is_ok());
+        assert!(plan(&parse(&["all_reduce", "-r", "7", "--nproc", "2"]).unwrap()).is_ok());
     }
 
     #[test]

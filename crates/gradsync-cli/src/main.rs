@@ -5,10 +5,11 @@
 //!   (see [`launch`]).
 //! - `gradsync bench [all_reduce|reduce_scatter|all_gather|broadcast|reduce] [nccl-tests flags]
 //!   [--json FILE] [--nproc N]` measures a collective and prints the nccl-tests table (see
-//!   [`bench`]).
+//!   [`mod@bench`]).
 //!
-//! Logging follows `GRADSYNC_DEBUG`, `GRADSYNC_DEBUG_SUBSYS` and `GRADSYNC_DEBUG_FILE`
-//! (see `gradsync::logging`).
+//! The ranks of `gradsync bench` log as `GRADSYNC_DEBUG`, `GRADSYNC_DEBUG_SUBSYS` and
+//! `GRADSYNC_DEBUG_FILE` say (see `gradsync::logging`); the launcher itself only writes its own
+//! messages to stderr.
 
 mod bench;
 mod check;
@@ -92,7 +93,6 @@ fn run_launch(args: &LaunchArgs) -> anyhow::Result<i32> {
 }
 
 fn main() -> ExitCode {
-    gradsync::logging::init_from_env();
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Launch(args) => run_launch(args),

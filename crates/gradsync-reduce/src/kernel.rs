@@ -61,10 +61,6 @@ impl Backend for Portable {
     }
 }
 
-/// Elements per unrolled step of the typed loops: a multiple of every vector width in use (16
-/// `f32` fill one AVX-512 register, two AVX2 or four SSE registers).
-const LANES: usize = 16;
-
 /// Whether `bytes` can be viewed in place as a `[T]`: a little-endian host (the buffer's encoding
 /// is the native one) and an address aligned for `T`.
 #[inline(always)]
@@ -73,57 +69,27 @@ fn viewable<T: Elem>(bytes: &[u8]) -> bool {
 }
 
 /// `acc[i] = f(acc[i], inc[i])` over equally long typed slices.
-///
-/// Written as fixed-width steps of [`LANES`] elements plus a tail: the inner loop has a constant
-/// trip count, so LLVM vectorizes it whatever it concludes about the outer one.
 #[inline(always)]
 pub(crate) fn zip_in_place<T: Copy>(acc: &mut [T], inc: &[T], f: impl Fn(T, T) -> T + Copy) {
     debug_assert_eq!(acc.len(), inc.len());
-    let mut acc_steps = acc.chunks_exact_mut(LANES);
-    let mut inc_steps = inc.chunks_exact(LANES);
-    for (a, b) in acc_steps.by_ref().zip(inc_steps.by_ref()) {
-        for (x, y) in a.iter_mut().zip(b) {
-            *x = f(*x, *y);
-        }
-    }
-    let tail = acc_steps.into_remainder().iter_mut();
-    for (x, y) in tail.zip(inc_steps.remainder()) {
+    for (x, y) in acc.iter_mut().zip(inc) {
         *x = f(*x, *y);
     }
 }
 
-/// `dst[i] = f(a[i], b[i])` over equally long typed slices (see [`zip_in_place`]).
+/// `dst[i] = f(a[i], b[i])` over equally long typed slices.
 #[inline(always)]
 pub(crate) fn zip_into<T: Copy>(dst: &mut [T], a: &[T], b: &[T], f: impl Fn(T, T) -> T + Copy) {
     debug_assert!(dst.len() == a.len() && a.len() == b.len());
-    let mut dst_steps = dst.chunks_exact_mut(LANES);
-    let mut a_steps = a.chunks_exact(LANES);
-    let mut b_steps = b.chunks_exact(LANES);
-    for ((d, x), y) in dst_steps
-        .by_ref()
-        .zip(a_steps.by_ref())
-        .zip(b_steps.by_ref())
-    {
-        for ((d, x), y) in d.iter_mut().zip(x).zip(y) {
-            *d = f(*x, *y);
-        }
-    }
-    let tail = dst_steps.into_remainder().iter_mut();
-    for ((d, x), y) in tail.zip(a_steps.remainder()).zip(b_steps.remainder()) {
+    for ((d, x), y) in dst.iter_mut().zip(a).zip(b) {
         *d = f(*x, *y);
     }
 }
 
-/// `buf[i] = f(buf[i])` over a typed slice (see [`zip_in_place`]).
+/// `buf[i] = f(buf[i])` over a typed slice.
 #[inline(always)]
 pub(crate) fn map_in_place<T: Copy>(buf: &mut [T], f: impl Fn(T) -> T + Copy) {
-    let mut steps = buf.chunks_exact_mut(LANES);
-    for s in steps.by_ref() {
-        for x in s.iter_mut() {
-            *x = f(*x);
-        }
-    }
-    for x in steps.into_remainder() {
+    for x in buf {
         *x = f(*x);
     }
 }

@@ -45,8 +45,10 @@
 //! - **Typed views.** When the host is little-endian and a byte slice is aligned for its element
 //!   type, it is viewed in place as `&[f32]`, `&[i64]`, ... with `bytemuck` (a checked,
 //!   zero-cost cast). The loops then see plain typed slices with no per-element decoding.
-//! - **Fixed-width steps.** The loops walk 16-element `chunks_exact` steps with a scalar tail;
-//!   the inner loop has a constant trip count and no bounds checks.
+//! - **Plain zipped loops.** Each kernel is one `for` over zipped slice iterators: no indexing,
+//!   so no bounds checks, and a shape LLVM's loop vectorizer handles for every operator. (Nesting
+//!   the loop in fixed 16-element steps looked like a help but made LLVM vectorize the outer
+//!   loop with per-lane gathers for min/max, a quarter of the speed.)
 //! - **Selects, not branches.** The operators and conversions are written so that every `if` is
 //!   a select (float min/max compute both the ordered and the tie result and pick one), and they
 //!   are `#[inline(always)]` into generic loops that are monomorphized per dtype and operator,

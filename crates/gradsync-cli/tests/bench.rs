@@ -1,0 +1,192 @@
+//! `gradsync bench` end to end: real ranks over loopback, validated bit for bit.
+
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_gradsync");
+
+fn bench(args: &[&str], env: &[(&str, &str)]) -> Output {
+    Command::new(BIN)
+        .arg("bench")
+        .args(args)
+        .envs(env.iter().copied())
+        .env_remove("RANK")
+        .output()
+        .expect("run gradsync bench")
+}
+
+/// The table rows (lines not starting with `#`).
+fn rows(out: &Output) -> Vec<Vec<String>> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| l.split_whitespace().map(str::to_string).collect())
+        .collect()
+}
+
+#[test]
+fn every_collective_type_and_op_validates() {
+    for coll in [
+        "all_reduce",
+        "reduce_scatter",
+        "all_gather",
+        "broadcast",
+        "reduce",
+    ] {
+        let out = bench(
+            &[
+                coll, "--nproc", "3", "-b", "8", "-e", "8K", "-f", "32", "-n", "2", "-w", "1",
+                "-d", "all", "-o", "all", "-r", "1",
+            ],
+            &[],
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{coll}: {out:?}");
+        assert!(
+            text.contains("# Out of bounds values : 0 OK"),
+            "{coll}:\n{text}"
+        );
+        let rows = rows(&out);
+        let ops = if coll == "all_gather" || coll == "broadcast" {
+            1
+        } else {
+            5
+        };
+        assert_eq!(rows.len(), 7 * ops * 3, "{coll}:\n{text}");
+        for row in &rows {
+            assert_eq!(row.len(), 13, "{row:?}");
+            let root = if coll == "broadcast" || coll == "reduce" {
+                "1"
+            } else {
+                "-1"
+            };
+            assert_eq!(row[4], root);
+            if ops == 1 {
+                assert_eq!(row[3], "none");
+            }
+            // #wrong is 0 where a variant exists, N/A where the API has none.
+            assert!(row[8] == "0" || row[5] == "N/A", "{row:?}");
+            assert!(row[12] == "0" || row[9] == "N/A", "{row:?}");
+        }
+    }
+}
+
+#[test]
+fn table_shape_and_json() {
+    let dir = std::env::temp_dir().join(format!("gradsync-bench-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("rows.json");
+    let out = bench(
+        &[
+            "all_gather",
+            "--nproc",
+            "2",
+            "-b",
+            "1K",
+            "-e",
+            "4K",
+            "-i",
+            "1K",
+            "-n",
+            "1",
+            "-w",
+            "0",
+            "-d",
+            "int32",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong"));
+    assert!(text.contains("# nRanks 2 "), "{text}");
+    assert!(text.contains("#  Rank  1 Pid"), "{text}");
+    assert!(text.contains("# Avg bus bandwidth    : "));
+    let rows = rows(&out);
+    let sizes: Vec<&str> = rows.iter().map(|r| r[0].as_str()).collect();
+    assert_eq!(sizes, ["1024", "2048", "3072", "4096"]);
+    // all_gather: count is per rank, size is the total.
+    assert_eq!(rows[0][1], "128");
+    assert_eq!(rows[0][2], "int32");
+
+    let parsed: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let arr = parsed.as_array().unwrap();
+    assert_eq!(arr.len(), 4);
+    assert_eq!(arr[0]["collective"], "all_gather");
+    assert_eq!(arr[0]["world"], 2);
+    assert_eq!(arr[0]["dtype"], "int32");
+    assert_eq!(arr[0]["op"], "none");
+    assert_eq!(arr[0]["out_of_place"]["wrong"], 0);
+    assert!(arr[0]["in_place"].is_null());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_single_rank_runs_without_a_launcher_flag() {
+    let out = bench(
+        &["-b", "64", "-e", "64", "-n", "1", "-w", "0", "-c", "0"],
+        &[],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let rows = rows(&out);
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0][8], "N/A");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("# nRanks 1 "));
+}
+
+#[test]
+fn root_out_of_range_is_refused() {
+    let out = bench(&["reduce", "--nproc", "2", "-r", "2"], &[]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--root 2"));
+}
+
+#[test]
+fn logging_variables_reach_the_ranks() {
+    let out = bench(
+        &["--nproc", "2", "-b", "8", "-e", "8", "-n", "1", "-w", "0"],
+        &[("GRADSYNC_DEBUG", "VERSION")],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let version_lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains(" GRADSYNC INFO gradsync version "))
+        .collect();
+    assert_eq!(version_lines.len(), 2, "{err}");
+    // host:pid:tid [rank] GRADSYNC INFO ...
+    let head = version_lines[0].split(' ').next().unwrap();
+    assert_eq!(head.split(':').count(), 3, "{head}");
+
+    let dir = std::env::temp_dir().join(format!("gradsync-log-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let template = dir.join("log.%h.%p");
+    let out = bench(
+        &["--nproc", "2", "-b", "8", "-e", "8", "-n", "1", "-w", "0"],
+        &[
+            ("GRADSYNC_DEBUG", "INFO"),
+            ("GRADSYNC_DEBUG_FILE", template.to_str().unwrap()),
+            ("GRADSYNC_DEBUG_SUBSYS", "^COLL,BOGUS"),
+        ],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 2, "{files:?}");
+    for f in &files {
+        let name = f.file_name().unwrap().to_str().unwrap();
+        let pid = name.rsplit('.').next().unwrap();
+        let text = std::fs::read_to_string(f).unwrap();
+        assert!(
+            text.lines().all(|l| l.contains(&format!(":{pid}:"))),
+            "{text}"
+        );
+        assert!(text.contains("GRADSYNC INFO gradsync version"), "{text}");
+    }
+    // A bad value is reported on stderr, not only in the file.
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown subsystem \"BOGUS\""));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,124 @@
+//! Bad input gives clear errors naming ranks, operations and sizes, never a hang.
+
+use gradsync::{Communicator, Config, Error, ReduceOp};
+use gradsync_store::StoreServer;
+use std::time::{Duration, Instant};
+
+/// Runs `f(rank, comm)` on `world` TCP ranks in threads and returns their results.
+fn tcp_group<R: Send + 'static>(world: usize, timeout: Duration, f: impl Fn(usize, &mut Communicator) -> R + Send + Sync + 'static) -> Vec<R> {
+    let server = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = server.local_addr().to_string();
+    let f = std::sync::Arc::new(f);
+    let hs: Vec<_> = (0..world)
+        .map(|rank| {
+            let mut cfg = Config::new(addr.clone(), rank, world);
+            cfg.host_store = false;
+            cfg.timeout = timeout;
+            let f = f.clone();
+            std::thread::spawn(move || {
+                let mut c = Communicator::init(cfg).unwrap();
+                f(rank, &mut c)
+            })
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+#[test]
+fn count_mismatch_names_both_ranks_and_signatures() {
+    let t0 = Instant::now();
+    let res = tcp_group(2, Duration::from_secs(20), |rank, c| {
+        let mut buf = vec![1.0f32; if rank == 0 { 100 } else { 200 }];
+        c.all_reduce(&mut buf, ReduceOp::Sum).map_err(|e| e.to_string())
+    });
+    assert!(t0.elapsed() < Duration::from_secs(10), "mismatch took {:?} to surface", t0.elapsed());
+    let errs: Vec<String> = res.into_iter().map(|r| r.expect_err("a mismatched call must fail")).collect();
+    let mism = errs.iter().find(|e| e.contains(" runs ") && e.contains(" sent ")).unwrap_or_else(|| panic!("no mismatch error in {errs:?}"));
+    assert!(mism.contains("all_reduce seq 2 float sum count 100") && mism.contains("all_reduce seq 2 float sum count 200"), "{mism}");
+    assert!(mism.contains("rank 0") && mism.contains("rank 1"), "{mism}");
+}
+
+#[test]
+fn collective_mismatch_fails_every_rank() {
+    // Rank 2 broadcasts from rank 0 while ranks 0 and 1 all-reduce. With 3 ranks the
+    // all-reduce first needs rank 2's data and rank 2 waits for rank 0's: no message crosses
+    // between the mismatched sides, so it is the deadline that breaks the wait, and the rank
+    // that times out tells the others, which fail at once with its reason.
+    let t0 = Instant::now();
+    let res = tcp_group(3, Duration::from_secs(2), |rank, c| {
+        let mut buf = vec![1i32; 64];
+        if rank == 2 {
+            c.broadcast(&mut buf, 0).map_err(|e| e.to_string())
+        } else {
+            c.all_reduce(&mut buf, ReduceOp::Max).map_err(|e| e.to_string())
+        }
+    });
+    assert!(t0.elapsed() < Duration::from_secs(8), "took {:?}", t0.elapsed());
+    let all = format!("{res:?}");
+    assert!(res.iter().all(|r| r.is_err()), "every rank must fail: {all}");
+    assert!(all.contains("timed out after 2s waiting on rank"), "{all}");
+    // Where the sides do exchange messages, the first one carries the mismatch.
+    let res = tcp_group(2, Duration::from_secs(20), |rank, c| {
+        let mut buf = vec![1i32; 64];
+        let mut out = vec![0i32; 128];
+        if rank == 1 {
+            c.all_gather(&buf, &mut out).map_err(|e| e.to_string())
+        } else {
+            c.all_reduce(&mut buf, ReduceOp::Max).map_err(|e| e.to_string())
+        }
+    });
+    let all = format!("{res:?}");
+    assert!(res.iter().all(|r| r.is_err()), "every rank must fail: {all}");
+    assert!(all.contains("all_gather seq 2 int32 count 64") && all.contains("all_reduce seq 2 int32 max count 64"), "{all}");
+}
+
+#[test]
+fn bad_sizes_are_local_errors() {
+    let comms = Communicator::mem_group(2, &Config::new("unused:0", 0, 2)).unwrap();
+    let mut c = comms.into_iter().next().unwrap();
+    let e = c.reduce_scatter(&[0f32; 7], &mut [0f32; 3], ReduceOp::Sum).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { rank: 0, op: "reduce_scatter", .. }), "{e}");
+    assert!(e.to_string().contains("input has 7 elements") && e.to_string().contains("= 6"), "{e}");
+    let e = c.all_gather(&[0u8; 4], &mut [0u8; 7]).unwrap_err();
+    assert!(e.to_string().contains("output has 7 elements"), "{e}");
+    let e = c.broadcast(&mut [0i64; 4], 2).unwrap_err();
+    assert!(e.to_string().contains("root 2 is not a rank of a world of 2"), "{e}");
+    let e = c.all_reduce_into(&[0f64; 4], &mut [0f64; 5], ReduceOp::Sum).unwrap_err();
+    assert!(e.to_string().contains("input has 4 elements but output has 5"), "{e}");
+    let e = c.send(&[0f32; 1], 0).unwrap_err();
+    assert!(e.to_string().contains("peer 0 is not another rank"), "{e}");
+}
+
+#[test]
+fn absent_peer_times_out_naming_it() {
+    let t0 = Instant::now();
+    let res = tcp_group(2, Duration::from_millis(1500), |rank, c| {
+        if rank == 1 {
+            // Stay alive but never join the collective.
+            std::thread::sleep(Duration::from_secs(3));
+            return Ok(());
+        }
+        let mut buf = vec![0f64; 1000];
+        c.all_reduce(&mut buf, ReduceOp::Sum).map_err(|e| e.to_string())
+    });
+    let e = res[0].as_ref().unwrap_err();
+    assert!(e.contains("timed out after 1.5s waiting on rank 1"), "{e}");
+    assert!(e.contains("all_reduce seq 2"), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(8));
+}
+
+#[test]
+fn dead_peer_fails_the_waiting_rank_fast() {
+    let t0 = Instant::now();
+    let res = tcp_group(2, Duration::from_secs(60), |rank, c| {
+        if rank == 1 {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        let mut buf = vec![0f32; 1 << 20];
+        c.all_reduce(&mut buf, ReduceOp::Sum).map_err(|e| e.to_string())
+    });
+    let e = res[0].as_ref().unwrap_err();
+    assert!(e.contains("rank 1"), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(10), "took {:?}", t0.elapsed());
+}
