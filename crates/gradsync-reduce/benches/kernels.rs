@@ -180,7 +180,11 @@ fn main() {
     for bytes in sizes {
         let mut b = Buffers::new(bytes);
         b.fill(&0.5f32.to_le_bytes());
-        let label = format!("{} MiB", bytes / MIB);
+        let label = if bytes >= MIB {
+            format!("{} MiB", bytes / MIB)
+        } else {
+            format!("{} KiB", bytes >> 10)
+        };
         let row = |name: &str, gbps: f64, memcpy: f64, scalar: Option<f64>| {
             let vs_scalar = scalar.map_or(String::new(), |s| format!("{:.1}x", gbps / s));
             println!(

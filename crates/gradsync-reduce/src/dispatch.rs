@@ -3,7 +3,7 @@
 use gradsync_core::{DataType, ReduceOp};
 
 use crate::kernel::{Backend, Portable};
-use crate::ops::{Arith, Bf16, F16, Half};
+use crate::ops::{Arith, Bf16, F16, Half, canonical_f32, canonical_f64};
 
 /// The instruction set the kernels run on.
 #[derive(Clone, Copy, Debug)]
@@ -63,7 +63,7 @@ pub(crate) fn into(isa: Isa, dtype: DataType, op: ReduceOp, dst: &mut [u8], a: &
     }
 }
 
-/// `buf[i] /= world` on `isa`; length already checked, `world >= 2`.
+/// `buf[i] /= world` on `isa`; length already checked, `world >= 1`.
 pub(crate) fn divide(isa: Isa, dtype: DataType, buf: &mut [u8], world: usize) {
     match isa {
         Isa::Portable => divide_on(Portable, dtype, buf, world),
@@ -132,25 +132,25 @@ fn half_into<B: Backend, H: Half>(be: B, op: ReduceOp, dst: &mut [u8], a: &[u8],
     }
 }
 
-/// Floats divide by `world` as a float, a true division (no reciprocal); integers truncate,
-/// exactly for any `world`.
+/// Floats divide by `world` as a float, a true division (no reciprocal), NaN made canonical;
+/// integers truncate, exactly for any `world`.
 fn divide_on<B: Backend>(b: B, dtype: DataType, buf: &mut [u8], world: usize) {
     match dtype {
         DataType::F32 => {
             let w = world as f32;
-            b.map(buf, move |x: f32| x / w);
+            b.map(buf, move |x: f32| canonical_f32(x / w));
         }
         DataType::F64 => {
             let w = world as f64;
-            b.map(buf, move |x: f64| x / w);
+            b.map(buf, move |x: f64| canonical_f64(x / w));
         }
         DataType::F16 => {
             let w = world as f32;
-            b.half_map::<F16>(buf, move |x| x / w);
+            b.half_map::<F16>(buf, move |x| canonical_f32(x / w));
         }
         DataType::Bf16 => {
             let w = world as f32;
-            b.half_map::<Bf16>(buf, move |x| x / w);
+            b.half_map::<Bf16>(buf, move |x| canonical_f32(x / w));
         }
         DataType::I32 => match i32::try_from(world) {
             Ok(w) => b.map(buf, move |x: i32| x / w),

@@ -10,18 +10,33 @@
 //!   (the first step of a tree, or a send buffer that must stay intact);
 //! - [`finalize_avg`]: the single division by the world size that finishes [`ReduceOp::Avg`].
 //!
+//! ```
+//! use gradsync_core::{DataType, ReduceOp};
+//!
+//! let bytes = |xs: &[f32]| xs.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+//! let mut acc = bytes(&[1.0, 2.0, -0.0]);
+//! let incoming = bytes(&[0.5, -4.0, 0.0]);
+//! gradsync_reduce::reduce_in_place(DataType::F32, ReduceOp::Avg, &mut acc, &incoming);
+//! gradsync_reduce::finalize_avg(DataType::F32, &mut acc, 2);
+//! assert_eq!(acc, bytes(&[0.75, -1.0, 0.0]));
+//! ```
+//!
 //! # Semantics
 //!
 //! - `Avg` reduces exactly as `Sum`; the owner of each slice divides once at the end, so every
 //!   rank ends with the same bits.
 //! - Integers wrap on `Sum` and `Prod`; `finalize_avg` divides with truncation toward zero.
-//! - Float `Min`/`Max` return the canonical quiet NaN when either operand is NaN. For non-NaN
-//!   operands they return the smaller/larger one, and the signed-zero tie is settled by the sign
-//!   bit (`min(-0.0, +0.0) = -0.0`, `max(-0.0, +0.0) = +0.0`) rather than by operand order.
-//!   Together with IEEE addition and multiplication being commutative, this makes `a op b` and
-//!   `b op a` bit-identical for all four operators on every non-NaN input, whichever dtype. That
-//!   matters because different ranks fold contributions in different orders: ring and tree
-//!   schedules only agree to the bit if the kernel never depends on operand order.
+//! - Float `Min`/`Max` are NaN when either operand is NaN. Otherwise they return the
+//!   smaller/larger operand, and the signed-zero tie is settled by the sign bit
+//!   (`min(-0.0, +0.0) = -0.0`, `max(-0.0, +0.0) = +0.0`) rather than by operand order.
+//! - Every NaN a float kernel produces is the canonical quiet NaN (positive, payload only the
+//!   quiet bit): which NaN the FPU returns for `NaN + NaN` depends on operand order.
+//!
+//! Together with IEEE addition and multiplication being commutative, this makes `a op b` and
+//! `b op a` bit-identical for every operator, dtype and input, NaNs included. That matters
+//! because different ranks fold contributions in different orders: ring and tree schedules only
+//! agree to the bit if the kernel never depends on operand order. These are the semantics of
+//! `gradsync_core::reference`, which the tests check the kernels against bit for bit.
 //!
 //! # Why `f16` and `bf16` go through `f32`
 //!
@@ -34,9 +49,10 @@
 //! half arithmetic would produce. Min and max are exact.
 //!
 //! The conversions are written here rather than called per element from `half`: as branch-free
-//! integer code (bit-identical to `half`, NaN payloads included, which the tests check
-//! exhaustively for every 16-bit pattern) they inline into the reduction loop and vectorize, so
-//! widening, combining and rounding happen in registers in one pass over memory.
+//! integer code they inline into the reduction loop and vectorize, so widening, combining and
+//! rounding happen in registers in one pass over memory. They are bit-identical to
+//! `gradsync_core::reference` and to `half` (which also sets the quiet bit of a widened NaN),
+//! as the tests check for every 16-bit pattern and for every rounding boundary.
 //!
 //! # How vectorization is ensured
 //!
@@ -132,7 +148,8 @@ pub fn reduce_into(dtype: DataType, op: ReduceOp, dst: &mut [u8], a: &[u8], b: &
 /// Floats divide by `world` converted to the float type (`f16` and `bf16` through `f32`, then
 /// rounded to nearest-even). It is a true division, not a multiplication by the reciprocal,
 /// which would be off by one ulp for some inputs. Integers (`u8` included) divide with
-/// truncation toward zero, exactly, for any `world`. `world == 1` leaves `buf` untouched.
+/// truncation toward zero, exactly, for any `world`. A NaN result is the canonical NaN, so
+/// `world == 1` leaves `buf` unchanged except for NaN payloads.
 ///
 /// # Panics
 ///
@@ -144,7 +161,7 @@ pub fn finalize_avg(dtype: DataType, buf: &mut [u8], world: usize) {
         "gradsync-reduce: finalize_avg with a world size of zero"
     );
     check_multiple(dtype, "buf", buf.len());
-    if world > 1 {
+    if world > 1 || dtype.is_float() {
         dispatch::divide(Isa::best(), dtype, buf, world);
     }
 }

@@ -73,7 +73,14 @@ macro_rules! impl_int {
 impl_int!(i32, i64, u8);
 
 macro_rules! impl_float {
-    ($t:ty, $min:ident, $max:ident) => {
+    ($t:ty, $min:ident, $max:ident, $canonical:ident) => {
+        /// `x`, or the canonical quiet NaN if `x` is any NaN: which NaN the FPU returns depends on
+        /// operand order, and results must not.
+        #[inline(always)]
+        pub(crate) fn $canonical(x: $t) -> $t {
+            if x.is_nan() { <$t>::NAN } else { x }
+        }
+
         /// Minimum that is commutative to the bit: a NaN operand gives the canonical quiet NaN,
         /// and `-0.0` against `+0.0` gives `-0.0` (the tie takes the union of the sign bits).
         #[inline(always)]
@@ -107,12 +114,12 @@ macro_rules! impl_float {
         impl Arith for $t {
             #[inline(always)]
             fn sum(a: Self, b: Self) -> Self {
-                a + b
+                $canonical(a + b)
             }
 
             #[inline(always)]
             fn prod(a: Self, b: Self) -> Self {
-                a * b
+                $canonical(a * b)
             }
 
             #[inline(always)]
@@ -128,14 +135,14 @@ macro_rules! impl_float {
     };
 }
 
-impl_float!(f32, min_f32, max_f32);
-impl_float!(f64, min_f64, max_f64);
+impl_float!(f32, min_f32, max_f32, canonical_f32);
+impl_float!(f64, min_f64, max_f64, canonical_f64);
 
 /// A 16-bit float format, held as its bit pattern and computed through `f32`.
 pub(crate) trait Half {
     /// Whether this is IEEE binary16 (which has hardware conversions on x86, F16C).
     const BINARY16: bool;
-    /// The exact `f32` value of a bit pattern (a NaN is made quiet).
+    /// The exact `f32` value of a bit pattern (a NaN stays a NaN, payload kept).
     fn widen(h: u16) -> f32;
     /// The bit pattern nearest to an `f32`, ties to even (a NaN stays a quiet NaN).
     fn narrow(x: f32) -> u16;
@@ -183,8 +190,9 @@ pub(crate) fn through_f32<H: Half>(
     move |a, b| H::narrow(f(H::widen(a), H::widen(b)))
 }
 
-/// Widens a binary16 bit pattern to `f32`, bit-identical to `half::f16::to_f32` (a NaN keeps its
-/// payload and is made quiet), without branches.
+/// Widens a binary16 bit pattern to `f32`, exactly (NaN payloads kept, as
+/// `gradsync_core::reference::f16_to_f32` does; every NaN result is made canonical later),
+/// without branches.
 ///
 /// The exponent and mantissa are shifted into `f32` position and rebiased; the three exponent
 /// classes are then handled as selects. All-ones (infinity, NaN) gets the rest of the exponent
@@ -198,8 +206,7 @@ pub(crate) fn f16_bits_to_f32(h: u16) -> f32 {
     let sign = (h & 0x8000) << 16;
     let shifted = (h & 0x7FFF) << 13;
     let normal = shifted + ((127 - 15) << 23);
-    let quiet = u32::from(h & 0x03FF != 0) << 22;
-    let special = (normal + ((128 - 16) << 23)) | quiet;
+    let special = normal + ((128 - 16) << 23);
     let tiny = (f32::from_bits(normal + (1 << 23)) - f32::from_bits(MAGIC)).to_bits();
     let exp = shifted & EXP;
     let bits = if exp == EXP {
@@ -250,12 +257,11 @@ pub(crate) fn f32_to_f16_bits(x: f32) -> u16 {
     (h | sign) as u16
 }
 
-/// Widens a bfloat16 bit pattern to `f32`, bit-identical to `half::bf16::to_f32` (a NaN is made
-/// quiet), written as a select so that slices of it vectorize.
+/// Widens a bfloat16 bit pattern to `f32`: bfloat16 is the top half of an `f32`, so this is
+/// exact, NaN payloads and signalling NaNs included (every NaN result is made canonical later).
 #[inline(always)]
 pub(crate) fn bf16_bits_to_f32(h: u16) -> f32 {
-    let quiet = if h & 0x7FFF > 0x7F80 { 0x0040 } else { 0 };
-    f32::from_bits(u32::from(h | quiet) << 16)
+    f32::from_bits(u32::from(h) << 16)
 }
 
 /// Rounds an `f32` to the nearest bfloat16, ties to even, bit-identical to

@@ -2,7 +2,7 @@
 //! buffers and on every instruction set the CPU has, plus commutativity, `finalize_avg` and the
 //! panics.
 
-use gradsync_core::{DataType, ReduceOp};
+use gradsync_core::{DataType, ReduceOp, reference};
 use half::{bf16, f16};
 
 use crate::dispatch::{self, Isa};
@@ -166,7 +166,7 @@ macro_rules! ref_float {
         /// The operator on one pair, written independently of the kernels.
         fn $name(op: ReduceOp, a: $t, b: $t) -> $t {
             let is_min = op == ReduceOp::Min;
-            match op {
+            let r = match op {
                 ReduceOp::Sum | ReduceOp::Avg => a + b,
                 ReduceOp::Prod => a * b,
                 ReduceOp::Min | ReduceOp::Max => {
@@ -185,7 +185,9 @@ macro_rules! ref_float {
                         b
                     }
                 }
-            }
+            };
+            // One NaN for every NaN result.
+            if r.is_nan() { <$t>::NAN } else { r }
         }
     };
 }
@@ -258,15 +260,11 @@ fn reference(dtype: DataType, op: ReduceOp, a: &[u8], b: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Asserts equal bits element by element, except that any NaN matches any NaN (payloads and
-/// quiet bits are not specified for sums and products).
+/// Asserts equal bits element by element (NaNs included: results are canonical).
 fn assert_same(dtype: DataType, got: &[u8], want: &[u8], ctx: &str) {
     assert_eq!(got.len(), want.len(), "{ctx}: length");
     let s = dtype.size();
     for (i, (g, w)) in got.chunks_exact(s).zip(want.chunks_exact(s)).enumerate() {
-        if is_nan(dtype, g) && is_nan(dtype, w) {
-            continue;
-        }
         assert_eq!(
             g, w,
             "{ctx}: element {i} differs (got {g:02x?}, want {w:02x?})"
@@ -356,6 +354,41 @@ fn reduce_into_matches_reference() {
     }
 }
 
+/// The kernels agree bit for bit with `gradsync_core::reference`, the definition the simulator
+/// and the conformance suites use, on every instruction set.
+#[test]
+fn agrees_with_core_reference() {
+    let mut rng = Rng::new(9);
+    for dtype in DataType::ALL {
+        for op in ReduceOp::ALL {
+            let (a, b) = pair(&mut rng, dtype, 10007, true);
+            let mut want = vec![0; a.len()];
+            reference::reduce_slices(dtype, op, &mut want, &a, &b);
+            for isa in Isa::all() {
+                let mut got = vec![0; a.len()];
+                dispatch::into(isa, dtype, op, &mut got, &a, &b);
+                assert_same(dtype, &got, &want, &format!("into {isa:?} {dtype} {op:?}"));
+                let mut acc = a.clone();
+                dispatch::in_place(isa, dtype, op, &mut acc, &b);
+                assert_same(
+                    dtype,
+                    &acc,
+                    &want,
+                    &format!("in place {isa:?} {dtype} {op:?}"),
+                );
+            }
+        }
+        let v = values(&mut rng, dtype, 10007, true);
+        for world in [1, 3, 8, 1000, 1 << 40] {
+            let mut want = v.clone();
+            reference::finalize_avg(dtype, &mut want, world);
+            let mut got = v.clone();
+            finalize_avg(dtype, &mut got, world);
+            assert_same(dtype, &got, &want, &format!("avg {dtype} world={world}"));
+        }
+    }
+}
+
 #[test]
 fn avg_reduces_as_sum() {
     let mut rng = Rng::new(3);
@@ -369,13 +402,15 @@ fn avg_reduces_as_sum() {
     }
 }
 
+/// `a op b` and `b op a` give the same bits for every operator and input, NaNs included, and
+/// so do in-place and three-buffer forms and every instruction set.
 #[test]
 fn operators_are_commutative_to_the_bit() {
     let mut rng = Rng::new(4);
     for dtype in DataType::ALL {
         for op in ReduceOp::ALL {
             for n in [17, 10007] {
-                let (a, b) = pair(&mut rng, dtype, n, false);
+                let (a, b) = pair(&mut rng, dtype, n, true);
                 let mut results = Vec::new();
                 for isa in Isa::all() {
                     let (mut ab, mut ba) = (vec![0; a.len()], vec![0; a.len()]);
@@ -392,7 +427,7 @@ fn operators_are_commutative_to_the_bit() {
                 let mut public = vec![0; a.len()];
                 reduce_into(dtype, op, &mut public, &a, &b);
                 results.push(public);
-                // Without NaN, every instruction set gives the same bits.
+                // Every instruction set gives the same bits.
                 assert!(
                     results.windows(2).all(|w| w[0] == w[1]),
                     "{dtype} {op:?} n={n}"
@@ -514,13 +549,23 @@ fn half_rounding() {
     assert_eq!(got, [256.0, 260.0]);
 }
 
-/// The branch-free bfloat16 conversions agree with `half` to the bit: every bf16 widened, and
-/// rounding of edge cases and of random f32 bit patterns.
+/// The branch-free bfloat16 conversions agree with the core reference and with `half`: every
+/// bf16 widened (bit for bit; `half` quiets NaNs, which the kernels never need), and rounding of
+/// edge cases and of random f32 bit patterns.
 #[test]
 fn bf16_conversions_match_half() {
     for h in 0..=u16::MAX {
-        let want = bf16::from_bits(h).to_f32().to_bits();
-        assert_eq!(bf16_bits_to_f32(h).to_bits(), want, "widen {h:#06x}");
+        let got = bf16_bits_to_f32(h);
+        assert_eq!(
+            got.to_bits(),
+            reference::bf16_to_f32(h).to_bits(),
+            "widen {h:#06x}"
+        );
+        let want = bf16::from_bits(h).to_f32();
+        assert!(
+            got.to_bits() == want.to_bits() || got.is_nan() && want.is_nan(),
+            "widen {h:#06x}"
+        );
     }
     let mut rng = Rng::new(5);
     let edges = [
@@ -551,14 +596,24 @@ fn bf16_conversions_match_half() {
     }
 }
 
-/// The branch-free binary16 conversions agree with `half` to the bit: every f16 widened; every
-/// f16 value, the midpoints between neighbours and one f32 ulp either side of them rounded;
-/// edge cases and random f32 bit patterns rounded.
+/// The branch-free binary16 conversions agree with the core reference and with `half`: every
+/// f16 widened (bit for bit; `half` quiets NaNs, which the kernels never need); every f16 value,
+/// the midpoints between neighbours and one f32 ulp either side of them rounded; edge cases and
+/// random f32 bit patterns rounded.
 #[test]
 fn f16_conversions_match_half() {
     for h in 0..=u16::MAX {
-        let want = f16::from_bits(h).to_f32().to_bits();
-        assert_eq!(f16_bits_to_f32(h).to_bits(), want, "widen {h:#06x}");
+        let got = f16_bits_to_f32(h);
+        assert_eq!(
+            got.to_bits(),
+            reference::f16_to_f32(h).to_bits(),
+            "widen {h:#06x}"
+        );
+        let want = f16::from_bits(h).to_f32();
+        assert!(
+            got.to_bits() == want.to_bits() || got.is_nan() && want.is_nan(),
+            "widen {h:#06x}"
+        );
     }
     let check = |x: f32| {
         let want = f16::from_f32(x).to_bits();
@@ -621,19 +676,29 @@ fn reference_avg(dtype: DataType, buf: &[u8], world: usize) -> Vec<u8> {
     buf.chunks_exact(s)
         .flat_map(|e| -> Vec<u8> {
             match dtype {
-                DataType::F32 => (f32::from_le_bytes(e.try_into().unwrap()) / world as f32)
-                    .to_le_bytes()
-                    .to_vec(),
-                DataType::F64 => (f64::from_le_bytes(e.try_into().unwrap()) / world as f64)
-                    .to_le_bytes()
-                    .to_vec(),
+                DataType::F32 => {
+                    let q = f32::from_le_bytes(e.try_into().unwrap()) / world as f32;
+                    (if q.is_nan() { f32::NAN } else { q })
+                        .to_le_bytes()
+                        .to_vec()
+                }
+                DataType::F64 => {
+                    let q = f64::from_le_bytes(e.try_into().unwrap()) / world as f64;
+                    (if q.is_nan() { f64::NAN } else { q })
+                        .to_le_bytes()
+                        .to_vec()
+                }
                 DataType::F16 => {
-                    let x = f16::from_le_bytes(e.try_into().unwrap()).to_f32();
-                    f16::from_f32(x / world as f32).to_le_bytes().to_vec()
+                    let q = f16::from_le_bytes(e.try_into().unwrap()).to_f32() / world as f32;
+                    f16::from_f32(if q.is_nan() { f32::NAN } else { q })
+                        .to_le_bytes()
+                        .to_vec()
                 }
                 DataType::Bf16 => {
-                    let x = bf16::from_le_bytes(e.try_into().unwrap()).to_f32();
-                    bf16::from_f32(x / world as f32).to_le_bytes().to_vec()
+                    let q = bf16::from_le_bytes(e.try_into().unwrap()).to_f32() / world as f32;
+                    bf16::from_f32(if q.is_nan() { f32::NAN } else { q })
+                        .to_le_bytes()
+                        .to_vec()
                 }
                 DataType::I32 => ((i128::from(i32::from_le_bytes(e.try_into().unwrap())) / w)
                     as i32)
@@ -676,11 +741,7 @@ fn finalize_avg_matches_reference() {
                     .flat_map(|o| Isa::all().into_iter().map(move |i| (o, i)))
                 {
                     let mut buf = Placed::new(&v, off);
-                    if world > 1 {
-                        dispatch::divide(isa, dtype, buf.bytes_mut(), world);
-                    } else {
-                        finalize_avg(dtype, buf.bytes_mut(), world);
-                    }
+                    dispatch::divide(isa, dtype, buf.bytes_mut(), world);
                     let ctx = format!("avg {isa:?} {dtype} n={n} world={world} offset={off}");
                     assert_same(dtype, buf.bytes(), &want, &ctx);
                 }

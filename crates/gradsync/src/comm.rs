@@ -11,6 +11,8 @@ use gradsync_core::{Collective, ReduceOp};
 use gradsync_store::{StoreClient, StoreServer};
 use gradsync_transport::tcp::{self, TcpEndpoint, TcpOptions};
 use gradsync_transport::{Endpoint, RemoteRegion};
+use std::any::Any;
+use std::collections::{HashMap, VecDeque};
 use std::marker::PhantomData;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
 use std::time::{Duration, Instant, SystemTime};
@@ -29,7 +31,34 @@ pub struct Communicator {
     seq: u64,
     p2p_seq: Vec<u64>,
     algorithm: Option<Algorithm>,
+    queue: VecDeque<Queued>,
+    current: Option<(u64, Box<dyn Any + Send>)>,
+    finished: HashMap<u64, Box<dyn Any + Send>>,
+    next_work: u64,
     _store: Option<StoreServer>,
+}
+
+/// An operation on an owned buffer, waiting for its turn.
+struct Queued {
+    id: u64,
+    sig: Signature,
+    prog: Program,
+    buf: RawBuf,
+    owner: Box<dyn Any + Send>,
+}
+
+impl std::fmt::Debug for Queued {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Queued({} {})", self.id, self.sig)
+    }
+}
+
+/// Handle of an operation on an owned buffer (see [`Communicator::all_reduce_owned`]).
+#[derive(Debug)]
+#[must_use = "the buffer comes back only through Communicator::wait"]
+pub struct Work<T> {
+    id: u64,
+    _t: PhantomData<fn() -> T>,
 }
 
 /// An operation in flight. It holds the borrow of its buffers until [`Pending::wait`] (or
@@ -184,7 +213,7 @@ impl Communicator {
             t0.elapsed().as_secs_f64() * 1e3
         );
         // Everyone is connected before anyone may leave (rank 0 keeps the store up until then).
-        let mut c = Communicator { engine, rank, world, seq: 0, p2p_seq: vec![0; world], algorithm: config.algorithm, _store: server };
+        let mut c = Communicator::assemble(engine, rank, world, config.algorithm, server);
         c.barrier()?;
         Ok(c)
     }
@@ -207,9 +236,98 @@ impl Communicator {
             .enumerate()
             .map(|(rank, mut engine)| {
                 engine.connect_peers(&inboxes);
-                Communicator { engine, rank, world, seq: 0, p2p_seq: vec![0; world], algorithm: config.algorithm, _store: None }
+                Communicator::assemble(engine, rank, world, config.algorithm, None)
             })
             .collect())
+    }
+
+    fn assemble(engine: Engine, rank: usize, world: usize, algorithm: Option<Algorithm>, store: Option<StoreServer>) -> Self {
+        Communicator {
+            engine,
+            rank,
+            world,
+            seq: 0,
+            p2p_seq: vec![0; world],
+            algorithm,
+            queue: VecDeque::new(),
+            current: None,
+            finished: HashMap::new(),
+            next_work: 1,
+            _store: store,
+        }
+    }
+
+    /// Drives the queue of owned-buffer operations: blocks until `until` has finished (or the
+    /// whole queue, with `None`) when `block`, else makes one round of progress.
+    fn drive(&mut self, block: bool, until: Option<u64>) -> Result<()> {
+        loop {
+            let target_done = |c: &Self| match until {
+                Some(id) => c.finished.contains_key(&id),
+                None => c.current.is_none() && c.queue.is_empty(),
+            };
+            if self.current.is_some() {
+                let done = match self.engine.progress(block) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        self.current = None;
+                        self.queue.clear();
+                        return Err(e);
+                    }
+                };
+                if !done {
+                    return Ok(());
+                }
+                let (id, owner) = self.current.take().expect("current");
+                self.finished.insert(id, owner);
+            }
+            if target_done(self) {
+                return Ok(());
+            }
+            let Some(q) = self.queue.pop_front() else { return Ok(()) };
+            // SAFETY: the buffer is owned by `q.owner`, which the communicator keeps (in
+            // `current`, then `finished`) until the operation has ended.
+            unsafe { self.engine.start(q.sig, q.prog, q.buf, q.buf)? };
+            self.current = Some((q.id, q.owner));
+            if !block {
+                self.engine.progress(false)?;
+            }
+        }
+    }
+
+    /// Queues an in-place all-reduce of an owned buffer and returns a handle for it.
+    ///
+    /// Queued operations run one after another in the order they were queued, and before any
+    /// later call on this communicator; they progress whenever the communicator is driven:
+    /// [`progress`](Self::progress), [`test`](Self::test), [`wait`](Self::wait), or any
+    /// blocking collective (which first completes the queue). Owning the buffer, the
+    /// communicator can never leave memory shared with an operation in flight.
+    pub fn all_reduce_owned<T: Element>(&mut self, buf: Vec<T>, op: ReduceOp) -> Result<Work<T>> {
+        self.engine.check_usable_or_running()?;
+        let raw_buf = raw(&buf);
+        let (sig, prog) = self.plan(Collective::AllReduce, T::DTYPE, op, 0, buf.len(), true)?;
+        let id = self.next_work;
+        self.next_work += 1;
+        self.queue.push_back(Queued { id, sig, prog, buf: raw_buf, owner: Box::new(buf) });
+        self.drive(false, Some(id))?;
+        Ok(Work { id, _t: PhantomData })
+    }
+
+    /// Drives queued operations without blocking; whether `w` has finished.
+    pub fn test<T: Element>(&mut self, w: &Work<T>) -> Result<bool> {
+        self.drive(false, Some(w.id))?;
+        Ok(self.finished.contains_key(&w.id))
+    }
+
+    /// Waits for `w` and returns its buffer.
+    pub fn wait<T: Element>(&mut self, w: Work<T>) -> Result<Vec<T>> {
+        self.drive(true, Some(w.id))?;
+        let b = self.finished.remove(&w.id).ok_or_else(|| Error::Internal { rank: self.rank, msg: format!("work {} is not known to this communicator", w.id) })?;
+        b.downcast::<Vec<T>>().map(|b| *b).map_err(|_| Error::Internal { rank: self.rank, msg: "work handle of another element type".into() })
+    }
+
+    /// Drives queued operations without blocking.
+    pub fn progress(&mut self) -> Result<()> {
+        self.drive(false, None)
     }
 
     /// This rank.
@@ -236,13 +354,8 @@ impl Communicator {
         Error::InvalidArgument { rank: self.rank, op, msg }
     }
 
-    /// Plans and starts a collective.
-    ///
-    /// # Safety
-    ///
-    /// As [`Engine::start`]: the buffers stay valid and untouched until the operation ends.
-    unsafe fn start(&mut self, coll: Collective, dtype: gradsync_core::DataType, op: ReduceOp, root: usize, count: usize, input: RawBuf, output: RawBuf, in_place: bool) -> Result<()> {
-        self.engine.check_usable()?;
+    /// Plans a collective and takes its sequence number.
+    fn plan(&mut self, coll: Collective, dtype: gradsync_core::DataType, op: ReduceOp, root: usize, count: usize, in_place: bool) -> Result<(Signature, Program)> {
         let bytes = count * dtype.size();
         let algorithm = match (coll, self.algorithm) {
             (Collective::AllReduce, Some(a)) => a,
@@ -261,7 +374,20 @@ impl Communicator {
             count: count as u64,
             root: if matches!(coll, Collective::Broadcast | Collective::Reduce) { root as u32 } else { 0 },
         };
-        tracing::trace!(target: "gradsync::coll", "rank {}: start {sig} algorithm {algorithm}", self.rank);
+        tracing::trace!(target: "gradsync::coll", "rank {}: plan {sig} algorithm {algorithm}", self.rank);
+        Ok((sig, prog))
+    }
+
+    /// Completes queued owned-buffer operations, then plans and starts a collective.
+    ///
+    /// # Safety
+    ///
+    /// As [`Engine::start`]: the buffers stay valid and untouched until the operation ends.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn start(&mut self, coll: Collective, dtype: gradsync_core::DataType, op: ReduceOp, root: usize, count: usize, input: RawBuf, output: RawBuf, in_place: bool) -> Result<()> {
+        self.drive(true, None)?;
+        self.engine.check_usable()?;
+        let (sig, prog) = self.plan(coll, dtype, op, root, count, in_place)?;
         // SAFETY: forwarded from the caller.
         unsafe { self.engine.start(sig, prog, input, output) }
     }
@@ -355,6 +481,7 @@ impl Communicator {
         if peer >= self.world || peer == self.rank {
             return Err(self.invalid(op_name, format!("peer {peer} is not another rank of a world of {}", self.world)));
         }
+        self.drive(true, None)?;
         self.engine.check_usable()?;
         let seg = self.engine.segment_elems(dtype);
         let mut prog = Program::new();

@@ -216,6 +216,14 @@ impl Engine {
         Ok(())
     }
 
+    /// Like [`check_usable`](Self::check_usable) but accepts an operation in flight.
+    pub(crate) fn check_usable_or_running(&self) -> Result<(), Error> {
+        match &self.poisoned {
+            Some(why) => Err(Error::Poisoned { rank: self.rank, reason: why.clone() }),
+            None => Ok(()),
+        }
+    }
+
     /// Starts an operation. `bufs` are Input, Output, and the scratch size comes from `prog`.
     ///
     /// # Safety
@@ -338,10 +346,14 @@ impl Engine {
         loop {
             let moved = self.step()?;
             if self.running.as_ref().is_some_and(|r| r.sched.is_done()) {
-                self.return_credits(true)?;
+                // Credits below the batch threshold are returned the next time this rank waits,
+                // off the critical path of small messages.
                 return Ok(true);
             }
             if !block {
+                if !moved {
+                    self.return_credits(true)?;
+                }
                 return Ok(false);
             }
             if moved {
@@ -349,13 +361,20 @@ impl Engine {
                 continue;
             }
             let now = Instant::now();
-            let since = *idle_since.get_or_insert(now);
+            let since = match idle_since {
+                Some(t) => t,
+                None => {
+                    // Nothing to do until a peer acts: a good moment to hand back slots, in case
+                    // the peer is the one waiting for them.
+                    self.return_credits(true)?;
+                    *idle_since.insert(now)
+                }
+            };
             if now >= deadline {
                 return Err(self.timeout_error());
             }
             self.check_peers_alive()?;
             if now - since >= self.opts.spin {
-                self.return_credits(true)?;
                 let left = deadline - now;
                 self.ep.wait(left.min(Duration::from_millis(200))).map_err(|e| Error::transport(self.rank, "wait", e))?;
             } else {

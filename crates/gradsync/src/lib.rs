@@ -9,7 +9,7 @@ mod element;
 mod error;
 pub mod logging;
 
-pub use comm::{Communicator, Pending};
+pub use comm::{Communicator, Pending, Work};
 pub use config::Config;
 pub use gradsync_core::schedule::plan::Algorithm;
 pub use element::Element;
