@@ -54,14 +54,37 @@ pub const DEFAULT_SPIN: Duration = Duration::from_micros(100);
 /// Default `MASTER_PORT`, as torchrun's.
 pub const DEFAULT_MASTER_PORT: u16 = 29500;
 
-fn var(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+/// A source of environment variables (the process environment, or a map in tests).
+trait Vars {
+    fn get(&self, name: &str) -> Option<String>;
 }
 
-fn parse_var<T: std::str::FromStr>(name: &str) -> Result<Option<T>, Error> {
-    match var(name) {
-        None => Ok(None),
-        Some(v) => v.trim().parse().map(Some).map_err(|_| Error::Config(format!("{name}={v:?} is not a valid value"))),
+struct ProcessEnv;
+
+impl Vars for ProcessEnv {
+    fn get(&self, name: &str) -> Option<String> {
+        std::env::var(name).ok()
+    }
+}
+
+impl<F: Fn(&str) -> Option<String>> Vars for F {
+    fn get(&self, name: &str) -> Option<String> {
+        self(name)
+    }
+}
+
+struct Env<'a>(&'a dyn Vars);
+
+impl Env<'_> {
+    fn var(&self, name: &str) -> Option<String> {
+        self.0.get(name).filter(|v| !v.trim().is_empty())
+    }
+
+    fn parse<T: std::str::FromStr>(&self, name: &str) -> Result<Option<T>, Error> {
+        match self.var(name) {
+            None => Ok(None),
+            Some(v) => v.trim().parse().map(Some).map_err(|_| Error::Config(format!("{name}={v:?} is not a valid value"))),
+        }
     }
 }
 
@@ -122,14 +145,20 @@ impl Config {
     /// `SLURM_NTASKS`, `SLURM_LOCALID`, `SLURM_NODELIST`). `MASTER_ADDR` defaults to the first
     /// Slurm node, or to 127.0.0.1 when all ranks are on one host; `MASTER_PORT` to 29500.
     pub fn from_env() -> Result<Self, Error> {
-        let (rank, world, local, local_world, single_host, launcher) = if let (Some(r), Some(w)) = (parse_var::<usize>("RANK")?, parse_var::<usize>("WORLD_SIZE")?) {
-            let lw = parse_var::<usize>("LOCAL_WORLD_SIZE")?;
+        Self::from_vars(&Env(&ProcessEnv))
+    }
+
+    fn from_vars(env: &Env<'_>) -> Result<Self, Error> {
+        let parse_var = |n: &str| env.parse::<usize>(n);
+        let var = |n: &str| env.var(n);
+        let (rank, world, local, local_world, single_host, launcher) = if let (Some(r), Some(w)) = (parse_var("RANK")?, parse_var("WORLD_SIZE")?) {
+            let lw = parse_var("LOCAL_WORLD_SIZE")?;
             (r, w, parse_var("LOCAL_RANK")?, lw, lw == Some(w), "torchrun")
-        } else if let (Some(r), Some(w)) = (parse_var::<usize>("OMPI_COMM_WORLD_RANK")?, parse_var::<usize>("OMPI_COMM_WORLD_SIZE")?) {
-            let lw = parse_var::<usize>("OMPI_COMM_WORLD_LOCAL_SIZE")?;
+        } else if let (Some(r), Some(w)) = (parse_var("OMPI_COMM_WORLD_RANK")?, parse_var("OMPI_COMM_WORLD_SIZE")?) {
+            let lw = parse_var("OMPI_COMM_WORLD_LOCAL_SIZE")?;
             (r, w, parse_var("OMPI_COMM_WORLD_LOCAL_RANK")?, lw, lw == Some(w), "openmpi")
-        } else if let (Some(r), Some(w)) = (parse_var::<usize>("SLURM_PROCID")?, parse_var::<usize>("SLURM_NTASKS")?) {
-            let nodes = parse_var::<usize>("SLURM_NNODES")?;
+        } else if let (Some(r), Some(w)) = (parse_var("SLURM_PROCID")?, parse_var("SLURM_NTASKS")?) {
+            let nodes = parse_var("SLURM_NNODES")?;
             (r, w, parse_var("SLURM_LOCALID")?, None, nodes == Some(1), "slurm")
         } else {
             return Err(Error::Config(
@@ -148,26 +177,31 @@ impl Config {
                 _ => return Err(Error::Config(format!("MASTER_ADDR is not set and the {launcher} ranks span several hosts: set MASTER_ADDR to rank 0's host"))),
             },
         };
-        let port = parse_var::<u16>("MASTER_PORT")?.unwrap_or(DEFAULT_MASTER_PORT);
+        let port = env.parse::<u16>("MASTER_PORT")?.unwrap_or(DEFAULT_MASTER_PORT);
         let host = if addr.contains(':') && !addr.starts_with('[') { format!("[{addr}]") } else { addr };
         let mut c = Config::new(format!("{host}:{port}"), rank, world);
         c.local_rank = local;
-        if let Some(v) = parse_var::<u8>("GRADSYNC_STORE_HOSTED")? {
+        if let Some(v) = env.parse::<u8>("GRADSYNC_STORE_EXTERNAL")? {
             c.host_store = v == 0;
         }
-        c.apply_env()?;
+        c.apply_vars(env)?;
         Ok(c)
     }
 
     /// Applies the `GRADSYNC_*` tunables found in the environment.
     pub fn apply_env(&mut self) -> Result<(), Error> {
-        if let Some(t) = parse_var::<f64>("GRADSYNC_TIMEOUT")? {
+        self.apply_vars(&Env(&ProcessEnv))
+    }
+
+    fn apply_vars(&mut self, env: &Env<'_>) -> Result<(), Error> {
+        let var = |n: &str| env.var(n);
+        if let Some(t) = env.parse::<f64>("GRADSYNC_TIMEOUT")? {
             if !(t > 0.0 && t.is_finite()) {
                 return Err(Error::Config(format!("GRADSYNC_TIMEOUT={t} must be a positive number of seconds")));
             }
             self.timeout = Duration::from_secs_f64(t);
         }
-        if let Some(n) = parse_var::<usize>("GRADSYNC_NSOCKS")? {
+        if let Some(n) = env.parse::<usize>("GRADSYNC_NSOCKS")? {
             if !(1..=16).contains(&n) {
                 return Err(Error::Config(format!("GRADSYNC_NSOCKS={n} must be between 1 and 16")));
             }
@@ -183,13 +217,13 @@ impl Config {
             let b = parse_size(&v).filter(|&b| (8..=(64 << 20)).contains(&b)).ok_or_else(|| Error::Config(format!("GRADSYNC_CHUNK_SIZE={v:?} must be a size between 8 bytes and 64M")))?;
             self.chunk_bytes = b;
         }
-        if let Some(n) = parse_var::<usize>("GRADSYNC_NSLOTS")? {
+        if let Some(n) = env.parse::<usize>("GRADSYNC_NSLOTS")? {
             if !(1..=1024).contains(&n) {
                 return Err(Error::Config(format!("GRADSYNC_NSLOTS={n} must be between 1 and 1024")));
             }
             self.nslots = n;
         }
-        if let Some(us) = parse_var::<u64>("GRADSYNC_SPIN_US")? {
+        if let Some(us) = env.parse::<u64>("GRADSYNC_SPIN_US")? {
             self.spin = Duration::from_micros(us);
         }
         if let Some(a) = var("GRADSYNC_ALGO") {
@@ -209,6 +243,31 @@ mod tests {
         assert_eq!(parse_size("4m"), Some(4 << 20));
         assert_eq!(parse_size("17"), Some(17));
         assert_eq!(parse_size("x"), None);
+    }
+
+    fn from(vars: &[(&str, &str)]) -> Result<Config, Error> {
+        let map: std::collections::HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let f = move |n: &str| map.get(n).cloned();
+        Config::from_vars(&Env(&f))
+    }
+
+    #[test]
+    fn launchers() {
+        let c = from(&[("RANK", "3"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "1"), ("MASTER_ADDR", "10.1.2.3"), ("MASTER_PORT", "1234")]).unwrap();
+        assert_eq!((c.rank, c.world, c.local_rank, c.store_addr.as_str()), (3, 4, Some(1), "10.1.2.3:1234"));
+        let c = from(&[("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "2"), ("OMPI_COMM_WORLD_LOCAL_SIZE", "2")]).unwrap();
+        assert_eq!((c.rank, c.world, c.store_addr.as_str()), (1, 2, "127.0.0.1:29500"));
+        let c = from(&[("SLURM_PROCID", "5"), ("SLURM_NTASKS", "8"), ("SLURM_NNODES", "2"), ("SLURM_NODELIST", "gpu[07-08]")]).unwrap();
+        assert_eq!((c.rank, c.world, c.store_addr.as_str()), (5, 8, "gpu07:29500"));
+        let e = from(&[("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "4")]).unwrap_err();
+        assert!(e.to_string().contains("MASTER_ADDR is not set"), "{e}");
+        assert!(from(&[]).unwrap_err().to_string().contains("no launcher environment"));
+        assert!(from(&[("RANK", "4"), ("WORLD_SIZE", "4")]).unwrap_err().to_string().contains("not within world size 4"));
+        let e = from(&[("RANK", "0"), ("WORLD_SIZE", "1"), ("GRADSYNC_NSOCKS", "99")]).unwrap_err();
+        assert!(e.to_string().contains("GRADSYNC_NSOCKS=99"), "{e}");
+        let c = from(&[("RANK", "0"), ("WORLD_SIZE", "1"), ("GRADSYNC_CHUNK_SIZE", "1M"), ("GRADSYNC_TIMEOUT", "2.5"), ("GRADSYNC_ALGO", "ring")]).unwrap();
+        assert_eq!((c.chunk_bytes, c.timeout, c.algorithm), (1 << 20, Duration::from_millis(2500), Some(Algorithm::Ring)));
+        assert!(from(&[("RANK", "x"), ("WORLD_SIZE", "1")]).unwrap_err().to_string().contains("RANK=\"x\""));
     }
 
     #[test]
