@@ -217,14 +217,10 @@ impl Schedule {
     /// If an op names a peer `>= world` (a generator bug, not user input).
     pub fn new(prog: Program, world: usize) -> Self {
         let n = prog.ops.len();
-        let mut pending_deps = vec![0u32; n];
+        let pending_deps: Vec<u32> = (0..n).map(|id| prog.deps(id as OpId).len() as u32).collect();
         let mut rev_count = vec![0u32; n + 1];
-        for id in 0..n {
-            let d = prog.deps(id as OpId);
-            pending_deps[id] = d.len() as u32;
-            for &p in d {
-                rev_count[p as usize + 1] += 1;
-            }
+        for &p in &prog.deps {
+            rev_count[p as usize + 1] += 1;
         }
         for i in 0..n {
             rev_count[i + 1] += rev_count[i];
