@@ -6,6 +6,8 @@
 //! - `gradsync bench [all_reduce|reduce_scatter|all_gather|broadcast|reduce] [nccl-tests flags]
 //!   [--json FILE] [--nproc N]` measures a collective and prints the nccl-tests table (see
 //!   [`mod@bench`]).
+//! - `gradsync train [--nproc N] [--accum K] [--steps S] [--batch B] [--bench-overlap] ...`
+//!   trains an MLP on Fashion-MNIST with data-parallel ranks (see [`mod@train`]).
 //!
 //! The ranks of `gradsync bench` log as `GRADSYNC_DEBUG`, `GRADSYNC_DEBUG_SUBSYS` and
 //! `GRADSYNC_DEBUG_FILE` say (see `gradsync::logging`); the launcher itself only writes its own
@@ -15,6 +17,7 @@ mod bench;
 mod check;
 mod launch;
 mod table;
+mod train;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -41,6 +44,8 @@ enum Command {
     Launch(LaunchArgs),
     /// Measure a collective as nccl-tests does.
     Bench(bench::BenchArgs),
+    /// Train an MLP classifier on Fashion-MNIST with data-parallel ranks.
+    Train(train::TrainArgs),
 }
 
 /// Options of `gradsync launch`.
@@ -97,6 +102,7 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Launch(args) => run_launch(args),
         Command::Bench(args) => bench::run(args),
+        Command::Train(args) => train::run(args),
     };
     match result {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),

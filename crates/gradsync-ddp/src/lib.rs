@@ -96,7 +96,8 @@ mod reducer;
 pub use error::Error;
 pub use hash::{gather_hashes, hash_f32};
 pub use reducer::{
-    DEFAULT_BUCKET_CAP_BYTES, Grads, Reducer, StepStats, assign_buckets, bucket_cap_from_env,
+    DEFAULT_BUCKET_CAP_BYTES, Grads, Reducer, StepStats, assign_buckets, bucket_cap_bytes,
+    bucket_cap_from_env,
 };
 
 /// Result type of this crate.

@@ -655,18 +655,40 @@ impl Endpoint for TcpEndpoint {
     fn poll(&mut self, out: &mut Vec<Completion>) -> Result<()> {
         let rank = self.rank;
         out.append(&mut self.done);
+        // With many streams, one poll(2) finds the readable ones instead of a failing read on
+        // every stream.
+        let nstreams: usize = self.peers.iter().flatten().map(|p| p.streams.len()).sum();
+        let select = nstreams > 4;
+        if select {
+            self.pollfds.clear();
+            for p in self.peers.iter().flatten() {
+                for st in &p.streams {
+                    self.pollfds.push(libc::pollfd { fd: st.fd, events: libc::POLLIN, revents: 0 });
+                }
+            }
+            // SAFETY: pollfds is a valid array of pollfd structs of the given length.
+            unsafe { libc::poll(self.pollfds.as_mut_ptr(), self.pollfds.len() as libc::nfds_t, 0) };
+        }
+        let mut idx = 0;
         for (peer, p) in self.peers.iter_mut().enumerate() {
             let Some(p) = p else { continue };
             if p.broken.is_some() {
+                idx += p.streams.len();
                 continue;
             }
+            let base = idx;
+            idx += p.streams.len();
             let mut done = Vec::new();
-            for st in p.streams.iter_mut() {
+            for (i, st) in p.streams.iter_mut().enumerate() {
+                let readable = !select || self.pollfds[base + i].revents != 0 || st.hi > st.lo;
                 if !st.txq.is_empty()
                     && let Err(e) = flush(st, &mut done)
                 {
                     p.broken = Some(format!("send failed: {e}"));
                     break;
+                }
+                if !readable {
+                    continue;
                 }
                 Self::rx_stream(rank, peer, st, &self.regions, out)?;
                 if st.eof {

@@ -373,8 +373,8 @@ impl Engine {
             if now >= deadline {
                 return Err(self.timeout_error());
             }
-            self.check_peers_alive()?;
             if now - since >= self.opts.spin {
+                self.check_peers_alive()?;
                 let left = deadline - now;
                 self.ep.wait(left.min(Duration::from_millis(200))).map_err(|e| Error::transport(self.rank, "wait", e))?;
             } else {

@@ -50,18 +50,34 @@ pub struct FashionMnist {
     pub test: Split,
 }
 
+/// The four files of the dataset.
+pub const FILES: [&str; 4] = [
+    "train-images-idx3-ubyte.gz",
+    "train-labels-idx1-ubyte.gz",
+    "t10k-images-idx3-ubyte.gz",
+    "t10k-labels-idx1-ubyte.gz",
+];
+
+/// The path of `name` in `dir`, or an error that says how to install the dataset.
+fn file(dir: &Path, name: &str) -> anyhow::Result<PathBuf> {
+    let p = dir.join(name);
+    if !p.is_file() {
+        bail!(
+            "Fashion-MNIST not found: {} is missing; install it with `apt-get install dataset-fashion-mnist` (or pass --data DIR)",
+            p.display()
+        );
+    }
+    Ok(p)
+}
+
+/// Checks that every file of the dataset is in `dir` (without reading them).
+pub fn check_files(dir: &Path) -> anyhow::Result<()> {
+    FILES.iter().try_for_each(|f| file(dir, f).map(drop))
+}
+
 /// Reads both splits from `dir`; a missing file yields an error that says how to install it.
 pub fn load(dir: &Path) -> anyhow::Result<FashionMnist> {
-    let file = |name: &str| -> anyhow::Result<PathBuf> {
-        let p = dir.join(name);
-        if !p.is_file() {
-            bail!(
-                "Fashion-MNIST not found: {} is missing; install it with `apt-get install dataset-fashion-mnist` (or pass --data DIR)",
-                p.display()
-            );
-        }
-        Ok(p)
-    };
+    let file = |name: &str| file(dir, name);
     let split = |prefix: &str| -> anyhow::Result<Split> {
         let images = read_idx(&file(&format!("{prefix}-images-idx3-ubyte.gz"))?, &[28, 28])?;
         let labels = read_idx(&file(&format!("{prefix}-labels-idx1-ubyte.gz"))?, &[])?;

@@ -294,3 +294,38 @@ fn predicts_large_worlds_on_paper() {
     assert_eq!(t.rank_time_s.len(), 256);
     assert!(t.time_s > 0.0);
 }
+
+#[test]
+#[ignore]
+fn stress_speed_probe() {
+    for (coll, alg, count, seg) in [
+        (Collective::AllReduce, Algorithm::Ring, 10007, 1),
+        (Collective::AllReduce, Algorithm::Ring, 10007, 7),
+        (Collective::ReduceScatter, Algorithm::Ring, 1000, 7),
+        (Collective::AllReduce, Algorithm::RecursiveDoubling, 1000, 1),
+        (Collective::AllReduce, Algorithm::Ring, 3, 1),
+    ] {
+        let ps: Vec<Params> =
+            params(coll, alg, 16, count).into_iter().map(|p| Params { segment: seg, ..p }).collect();
+        let inputs: Vec<Vec<u8>> = ps
+            .iter()
+            .map(|p| gen_input(DataType::F32, ReduceOp::Sum, InputKind::Exact, p.input_elems(), 1))
+            .collect();
+        let ops: usize = ps.iter().map(|p| plan::build(p).unwrap().len()).sum();
+        let t = std::time::Instant::now();
+        let n = if count < 10 { 1000 } else { 1 };
+        for _ in 0..n {
+            let r = run(ps.clone(), DataType::F32, inputs.clone(), 1).unwrap();
+            std::hint::black_box(r);
+        }
+        let dt = t.elapsed().as_secs_f64() / n as f64;
+        let steps = run(ps.clone(), DataType::F32, inputs.clone(), 1).unwrap().stats.steps;
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            std::hint::black_box(predict(&ps, DataType::F32, &LinkModel::default()).unwrap());
+        }
+        let tp = t.elapsed().as_secs_f64() / n as f64;
+        eprintln!("steps/op {:.2}, predict {:.3} s", steps as f64 / ops as f64, tp);
+        eprintln!("{coll} {alg} count {count} seg {seg}: {ops} ops, {:.3} s, {:.0} ns/op", dt, dt * 1e9 / ops as f64);
+    }
+}
