@@ -122,3 +122,13 @@ fn dead_peer_fails_the_waiting_rank_fast() {
     assert!(e.contains("rank 1"), "{e}");
     assert!(t0.elapsed() < Duration::from_secs(10), "took {:?}", t0.elapsed());
 }
+
+#[test]
+fn unknown_socket_interface_is_an_error_not_a_fallback() {
+    let server = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let mut cfg = Config::new(server.local_addr().to_string(), 0, 1);
+    cfg.host_store = false;
+    cfg.socket_ifname = Some("nosuchif9".into());
+    let e = Communicator::init(cfg).unwrap_err().to_string();
+    assert!(e.contains("GRADSYNC_SOCKET_IFNAME") && e.contains("nosuchif9") && e.contains("lo"), "{e}");
+}
