@@ -86,7 +86,8 @@ pub struct TrainArgs {
     /// Measure the step time with overlap on and off instead of training to the end.
     #[arg(long)]
     pub bench_overlap: bool,
-    /// Gradient bucket capacity in MiB (the model is under 1 MiB: see the module docs).
+    /// Gradient bucket capacity in MiB (the model is under 1 MiB: a 25 MiB bucket would hold all
+    /// of it and leave nothing to overlap).
     #[arg(long, env = "GRADSYNC_BUCKET_MB", default_value_t = 0.25)]
     pub bucket_mb: f64,
     /// Print a line every this many steps [default: steps / 10].
@@ -112,7 +113,10 @@ fn check(args: &TrainArgs) -> anyhow::Result<()> {
     ensure!(args.accum >= 1, "--accum must be at least 1");
     ensure!(args.steps >= 1, "--steps must be at least 1");
     ensure!(args.batch >= 1, "--batch must be at least 1");
-    ensure!(args.lr.is_finite() && args.lr > 0.0, "--lr must be a positive number");
+    ensure!(
+        args.lr.is_finite() && args.lr > 0.0,
+        "--lr must be a positive number"
+    );
     ensure!(
         args.momentum.is_finite() && (0.0..1.0).contains(&args.momentum),
         "--momentum must be in [0, 1)"
@@ -188,7 +192,7 @@ impl Trainer {
         let mut dims = vec![PIXELS];
         dims.extend_from_slice(&args.hidden);
         dims.push(data::CLASSES);
-        let model = Mlp::new(&dims, std::env::var("PIECE").ok().and_then(|v| v.parse().ok()).unwrap_or(GRAD_BLOCK_ELEMS));
+        let model = Mlp::new(&dims, GRAD_BLOCK_ELEMS);
         // Every rank starts from rank 0's parameters, as DDP's constructor does.
         let mut params = model.init(args.seed);
         comm.broadcast(&mut params, 0)
@@ -224,12 +228,15 @@ impl Trainer {
     /// Loads micro-batch `k` of this rank for the current step into `x`, `y`.
     fn load_micro_batch(&mut self, k: usize) {
         let b = self.args.batch;
-        let start = self.step as u64 * self.global_batch() + ((k * self.world + self.rank) * b) as u64;
+        let start =
+            self.step as u64 * self.global_batch() + ((k * self.world + self.rank) * b) as u64;
         self.x.resize(b * PIXELS, 0.0);
         self.y.clear();
         for s in 0..b {
             let i = self.sampler.at(start + s as u64);
-            self.data.train.pixels_into(i, &mut self.x[s * PIXELS..(s + 1) * PIXELS]);
+            self.data
+                .train
+                .pixels_into(i, &mut self.x[s * PIXELS..(s + 1) * PIXELS]);
             self.y.push(self.data.train.labels[i]);
         }
     }
@@ -245,13 +252,20 @@ impl Trainer {
             self.load_micro_batch(k);
             let reducer = &mut self.reducer;
             let mut failed = None;
-            loss += self.model.forward_backward(&self.params, &self.x, &self.y, &mut self.ws, &mut self.grad, |p, g| {
-                if failed.is_none()
-                    && let Err(e) = reducer.mark_ready(comm, p, g)
-                {
-                    failed = Some(e);
-                }
-            });
+            loss += self.model.forward_backward(
+                &self.params,
+                &self.x,
+                &self.y,
+                &mut self.ws,
+                &mut self.grad,
+                |p, g| {
+                    if failed.is_none()
+                        && let Err(e) = reducer.mark_ready(comm, p, g)
+                    {
+                        failed = Some(e);
+                    }
+                },
+            );
             if let Some(e) = failed {
                 return Err(e).context(format!("step {}", self.step));
             }
@@ -299,7 +313,11 @@ impl Trainer {
             self.reducer.num_params(),
             self.reducer.num_buckets(),
             self.args.bucket_mb,
-            if self.reducer.overlap() { "on" } else { "off (buckets start after backward)" },
+            if self.reducer.overlap() {
+                "on"
+            } else {
+                "off (buckets start after backward)"
+            },
         )
     }
 
@@ -365,7 +383,7 @@ impl Trainer {
             ]) {
                 *w += v;
             }
-            if self.step % every == 0 || self.step == steps {
+            if self.step.is_multiple_of(every) || self.step == steps {
                 // Means over the window's steps and over all ranks.
                 comm.all_reduce(&mut window, ReduceOp::Sum)
                     .context("all-reduce of the step statistics")?;
@@ -398,10 +416,14 @@ impl Trainer {
             self.x.resize(chunk.len() * PIXELS, 0.0);
             self.y.clear();
             for (s, &i) in chunk.iter().enumerate() {
-                self.data.test.pixels_into(i, &mut self.x[s * PIXELS..(s + 1) * PIXELS]);
+                self.data
+                    .test
+                    .pixels_into(i, &mut self.x[s * PIXELS..(s + 1) * PIXELS]);
                 self.y.push(self.data.test.labels[i]);
             }
-            let (correct, loss) = self.model.evaluate(&self.params, &self.x, &self.y, &mut self.ws);
+            let (correct, loss) = self
+                .model
+                .evaluate(&self.params, &self.x, &self.y, &mut self.ws);
             counts[0] += correct as f64;
             counts[1] += chunk.len() as f64;
             counts[2] += loss;
@@ -432,10 +454,14 @@ impl Trainer {
             );
             println!(
                 "gradient all-reduce: {} buckets, {} bytes per step, bus bandwidth {:.3} GB/s \
-                 (bytes x 2(n-1)/n over the span from the first bucket's start to the last one's end)",
+                 (bytes x 2(n-1)/n / communication span)",
                 self.reducer.num_buckets(),
                 self.model.len() * 4,
-                if total[5] > 0.0 { total[4] / total[5] / 1e9 } else { 0.0 }
+                if total[5] > 0.0 {
+                    total[4] / total[5] / 1e9
+                } else {
+                    0.0
+                }
             );
             for (r, h) in hashes.iter().enumerate() {
                 println!("parameter hash rank {r}: {h:016x}");
@@ -450,60 +476,72 @@ impl Trainer {
     }
 
     /// `--bench-overlap`: alternating rounds of steps with overlap on and off.
+    ///
+    /// Each rank takes the median of its step, compute and blocked times per mode (robust to
+    /// the scheduling noise of ranks sharing cores), then the medians are averaged over ranks.
     fn bench_overlap(&mut self, comm: &mut Communicator) -> anyhow::Result<()> {
         if self.rank == 0 {
             println!("{}", self.header());
             println!(
-                "# overlap benchmark: {BENCH_WARMUP} warm-up steps, then {BENCH_ROUNDS} rounds of {BENCH_ROUND} steps with overlap on and {BENCH_ROUND} with it off; means over steps and ranks"
+                "# overlap benchmark: {BENCH_WARMUP} warm-up steps, then {BENCH_ROUNDS} rounds of {BENCH_ROUND} steps with overlap on and {BENCH_ROUND} with it off; medians over steps, means over ranks"
             );
         }
         self.reducer.set_overlap(true);
         for _ in 0..BENCH_WARMUP {
             self.train_step(comm)?;
         }
-        // Per mode: step s, compute s, blocked s, comm span s, overlap, steps.
-        let mut sums = [[0.0f64; 6]; 2];
+        let mut records: [Vec<StepRecord>; 2] = [Vec::new(), Vec::new()];
         for _ in 0..BENCH_ROUNDS {
             for (mode, on) in [(0, true), (1, false)] {
                 self.reducer.set_overlap(on);
                 comm.barrier().context("barrier")?;
                 for _ in 0..BENCH_ROUND {
-                    let r = self.train_step(comm)?;
-                    for (s, v) in sums[mode].iter_mut().zip([
-                        r.step.as_secs_f64(),
-                        r.compute.as_secs_f64(),
-                        r.sync.wait.as_secs_f64(),
-                        r.sync.comm.as_secs_f64(),
-                        r.sync.overlap_fraction(),
-                        1.0,
-                    ]) {
-                        *s += v;
-                    }
+                    records[mode].push(self.train_step(comm)?);
                 }
             }
         }
-        let mut flat: Vec<f64> = sums.iter().flatten().copied().collect();
+        // Per mode: median step, compute and blocked time; mean span and overlap.
+        let mut flat = Vec::new();
+        for recs in &records {
+            let median = |f: &dyn Fn(&StepRecord) -> Duration| {
+                let mut v: Vec<f64> = recs.iter().map(|r| f(r).as_secs_f64()).collect();
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            };
+            let n = recs.len() as f64;
+            flat.extend([
+                median(&|r| r.step),
+                median(&|r| r.compute),
+                median(&|r| r.sync.wait),
+                recs.iter().map(|r| r.sync.comm.as_secs_f64()).sum::<f64>() / n,
+                recs.iter().map(|r| r.sync.overlap_fraction()).sum::<f64>() / n,
+            ]);
+        }
         comm.all_reduce(&mut flat, ReduceOp::Sum)
-            .context("all-reduce of the benchmark sums")?;
+            .context("all-reduce of the benchmark figures")?;
         if self.rank == 0 {
-            let mean = |mode: usize, i: usize| flat[mode * 6 + i] / flat[mode * 6 + 5];
+            let get = |mode: usize, i: usize| flat[mode * 5 + i] / self.world as f64;
             for (mode, name) in [(0, "on "), (1, "off")] {
                 println!(
                     "overlap {name}: step {:7.2} ms  compute {:7.2} ms  comm blocked {:6.2} ms ({:4.1}% of the step)  comm span {:6.2} ms  overlap {:3.0}%",
-                    mean(mode, 0) * 1e3,
-                    mean(mode, 1) * 1e3,
-                    mean(mode, 2) * 1e3,
-                    100.0 * mean(mode, 2) / mean(mode, 0),
-                    mean(mode, 3) * 1e3,
-                    100.0 * mean(mode, 4),
+                    get(mode, 0) * 1e3,
+                    get(mode, 1) * 1e3,
+                    get(mode, 2) * 1e3,
+                    100.0 * get(mode, 2) / get(mode, 0),
+                    get(mode, 3) * 1e3,
+                    100.0 * get(mode, 4),
                 );
             }
-            let ratio = mean(1, 0) / mean(0, 0);
+            let ratio = get(1, 0) / get(0, 0);
             println!(
                 "step-time ratio off/on: {ratio:.3} (overlap {} the step by {:.1}%); communication share of the step with overlap off: {:.1}%",
-                if ratio >= 1.0 { "shortens" } else { "lengthens" },
+                if ratio >= 1.0 {
+                    "shortens"
+                } else {
+                    "lengthens"
+                },
                 100.0 * (1.0 - 1.0 / ratio).abs(),
-                100.0 * mean(1, 2) / mean(1, 0)
+                100.0 * get(1, 2) / get(1, 0)
             );
         }
         Ok(())

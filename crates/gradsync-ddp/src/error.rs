@@ -49,9 +49,8 @@ pub enum Error {
         rank: usize,
         /// What the reducer was doing (names the bucket where there is one).
         what: String,
-        /// The communicator's error.
+        /// The communicator's error (boxed: it is large, and this path is cold).
         #[source]
-        source: gradsync::Error,
+        source: Box<gradsync::Error>,
     },
 }
-

@@ -34,7 +34,7 @@ pub fn gather_hashes(comm: &mut Communicator, hash: u64) -> Result<Vec<u64>> {
         .map_err(|source| Error::Comm {
             rank,
             what: "all_gather of parameter hashes".into(),
-            source,
+            source: Box::new(source),
         })?;
     Ok(all.into_iter().map(|h| h as u64).collect())
 }
@@ -47,7 +47,10 @@ mod tests {
     fn hash_sees_every_bit_and_the_length() {
         let a = [1.0f32, 2.0, 3.0];
         assert_eq!(hash_f32(&a), hash_f32(&[1.0, 2.0, 3.0]));
-        assert_ne!(hash_f32(&a), hash_f32(&[1.0, 2.0, f32::from_bits(3.0f32.to_bits() ^ 1)]));
+        assert_ne!(
+            hash_f32(&a),
+            hash_f32(&[1.0, 2.0, f32::from_bits(3.0f32.to_bits() ^ 1)])
+        );
         assert_ne!(hash_f32(&[0.0]), hash_f32(&[-0.0]));
         assert_ne!(hash_f32(&[]), hash_f32(&[0.0]));
         assert_ne!(hash_f32(&[1.0, 2.0]), hash_f32(&[2.0, 1.0]));

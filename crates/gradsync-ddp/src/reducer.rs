@@ -97,9 +97,10 @@ pub struct StepStats {
 
 impl StepStats {
     /// Share of the communication span hidden behind backward, `hidden / comm`, in `[0, 1]`
-    /// (0 when nothing was communicated, or with overlap off).
+    /// (0 when nothing was communicated: a single rank, or an empty span; and with overlap
+    /// off).
     pub fn overlap_fraction(&self) -> f64 {
-        if self.comm.is_zero() {
+        if self.world < 2 || self.comm.is_zero() {
             0.0
         } else {
             (self.hidden.as_secs_f64() / self.comm.as_secs_f64()).clamp(0.0, 1.0)
@@ -297,7 +298,9 @@ impl Reducer {
     /// Begins a step of `k_micro` micro-batches (gradient accumulation; 1 = none).
     pub fn begin_step(&mut self, k_micro: usize) -> Result<()> {
         if k_micro == 0 {
-            return Err(Error::Config("a step needs at least one micro-batch".into()));
+            return Err(Error::Config(
+                "a step needs at least one micro-batch".into(),
+            ));
         }
         if self.phase == Phase::Accumulating {
             return Err(Error::State {
@@ -337,14 +340,22 @@ impl Reducer {
     /// its all-reduce at once (buckets start in bucket order; with overlap off they wait for
     /// `finish`), and the communicator is driven so that the buckets in flight advance while
     /// backward goes on.
-    pub fn mark_ready(&mut self, comm: &mut Communicator, param: usize, grad: &[f32]) -> Result<()> {
+    pub fn mark_ready(
+        &mut self,
+        comm: &mut Communicator,
+        param: usize,
+        grad: &[f32],
+    ) -> Result<()> {
         if self.phase != Phase::Accumulating {
             return Err(self.not_in_step("mark_ready"));
         }
         if self.micro >= self.k {
             return Err(Error::State {
                 op: "mark_ready",
-                msg: format!("all {} micro-batches of the step were reported; call finish", self.k),
+                msg: format!(
+                    "all {} micro-batches of the step were reported; call finish",
+                    self.k
+                ),
             });
         }
         let slot = *self.slots.get(param).ok_or(Error::UnknownParam {
@@ -365,7 +376,10 @@ impl Reducer {
             });
         }
         let bucket = &mut self.buckets[slot.bucket];
-        let acc = &mut bucket.buf.as_mut().expect("buckets are not in flight before the last report")
+        let acc = &mut bucket
+            .buf
+            .as_mut()
+            .expect("buckets are not in flight before the last report")
             [slot.offset..slot.offset + slot.len];
         if self.micro == 0 {
             acc.copy_from_slice(grad);
@@ -407,14 +421,21 @@ impl Reducer {
             return Err(self.not_in_step("finish"));
         }
         if self.micro < self.k {
-            let missing: Vec<usize> = (0..self.slots.len()).filter(|&p| !self.ready[p]).take(8).collect();
+            let missing: Vec<usize> = (0..self.slots.len())
+                .filter(|&p| !self.ready[p])
+                .take(8)
+                .collect();
             return Err(Error::State {
                 op: "finish",
                 msg: format!(
                     "micro-batch {} of {} is incomplete: parameters {missing:?}{} were not marked ready",
                     self.micro + 1,
                     self.k,
-                    if self.slots.len() - self.marked > missing.len() { "..." } else { "" }
+                    if self.slots.len() - self.marked > missing.len() {
+                        "..."
+                    } else {
+                        ""
+                    }
                 ),
             });
         }
@@ -438,7 +459,7 @@ impl Reducer {
                     return Err(Error::Comm {
                         rank,
                         what: format!("all-reduce of gradient bucket {b}"),
-                        source,
+                        source: Box::new(source),
                     });
                 }
             }
@@ -453,7 +474,12 @@ impl Reducer {
             }
         }
         let first = self.first_start.unwrap_or(entered);
-        let last = self.buckets.iter().filter_map(|b| b.done).max().unwrap_or(first);
+        let last = self
+            .buckets
+            .iter()
+            .filter_map(|b| b.done)
+            .max()
+            .unwrap_or(first);
         let comm_span = last.saturating_duration_since(first);
         let exposed = last.saturating_duration_since(entered.max(first));
         self.stats = StepStats {
@@ -490,7 +516,10 @@ impl Reducer {
     fn launch(&mut self, comm: &mut Communicator) -> Result<()> {
         let b = self.launched;
         let bucket = &mut self.buckets[b];
-        let buf = bucket.buf.take().expect("a bucket is launched once per step");
+        let buf = bucket
+            .buf
+            .take()
+            .expect("a bucket is launched once per step");
         let now = Instant::now();
         match comm.all_reduce_owned(buf, ReduceOp::Sum) {
             Ok(work) => {
@@ -505,7 +534,7 @@ impl Reducer {
                 Err(Error::Comm {
                     rank: comm.rank(),
                     what: format!("starting the all-reduce of gradient bucket {b}"),
-                    source,
+                    source: Box::new(source),
                 })
             }
         }
@@ -518,7 +547,7 @@ impl Reducer {
         let fail = |source| Error::Comm {
             rank,
             what: "progress of the gradient buckets".into(),
-            source,
+            source: Box::new(source),
         };
         let r = comm.progress().map_err(fail);
         if r.is_err() {
@@ -527,7 +556,10 @@ impl Reducer {
         }
         while self.seen_done < self.launched {
             let bucket = &mut self.buckets[self.seen_done];
-            let work = bucket.work.as_ref().expect("launched buckets hold their work");
+            let work = bucket
+                .work
+                .as_ref()
+                .expect("launched buckets hold their work");
             match comm.test(work) {
                 Ok(true) => {
                     bucket.done = Some(Instant::now());

@@ -124,7 +124,7 @@ fn forward_backward(p: &[f32], samples: Range<u64>, mut ready: impl FnMut(usize,
     let mut gw1 = vec![0.0; D_IN * H];
     let mut gb1 = vec![0.0; H];
     for s in 0..n {
-        let mut dz1 = vec![0.0; H];
+        let mut dz1 = [0.0; H];
         for i in 0..H {
             if a1[s * H + i] > 0.0 {
                 for j in 0..D_OUT {
@@ -181,7 +181,8 @@ fn train(run: Run) -> (Vec<f32>, f32, f32) {
                     let mut loss = 0.0;
                     for k in 0..run.accum {
                         // Micro-batch k of rank r: its own B samples of the step's global batch.
-                        let start = step as u64 * global + ((k * run.world + rank) as u64) * run.batch;
+                        let start =
+                            step as u64 * global + ((k * run.world + rank) as u64) * run.batch;
                         loss += forward_backward(&params, start..start + run.batch, |p, g| {
                             reducer.mark_ready(&mut comm, p, g).unwrap()
                         });
@@ -257,14 +258,26 @@ fn four_ranks_by_two_micro_batches_match_one_rank_with_the_full_batch() {
         bucket_bytes: 400,
         overlap: true,
     });
-    assert!(last1 < 0.8 * first1, "training should make progress: {first1} -> {last1}");
+    assert!(
+        last1 < 0.8 * first1,
+        "training should make progress: {first1} -> {last1}"
+    );
     let scale = one.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    let diff = one.iter().zip(&dp).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    let diff = one
+        .iter()
+        .zip(&dp)
+        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
     let rel = diff / scale;
     eprintln!(
         "1 rank x 64: loss {first1} -> {last1}; 4 ranks x 2 x 8: loss {first4} -> {last4}; \
          max |difference| {diff:e}, relative to max |parameter| {scale}: {rel:e}"
     );
-    assert!(rel < 1e-5, "parameters differ by {rel:e} relative after 20 steps");
-    assert!(((last1 - last4) / last1).abs() < 1e-4, "losses {last1} vs {last4}");
+    assert!(
+        rel < 1e-5,
+        "parameters differ by {rel:e} relative after 20 steps"
+    );
+    assert!(
+        ((last1 - last4) / last1).abs() < 1e-4,
+        "losses {last1} vs {last4}"
+    );
 }

@@ -35,7 +35,10 @@ impl Split {
 
     /// Writes image `i` as `f32` in [0, 1] into `out` (`PIXELS` elements).
     pub fn pixels_into(&self, i: usize, out: &mut [f32]) {
-        for (o, &p) in out.iter_mut().zip(&self.images[i * PIXELS..(i + 1) * PIXELS]) {
+        for (o, &p) in out
+            .iter_mut()
+            .zip(&self.images[i * PIXELS..(i + 1) * PIXELS])
+        {
             *o = f32::from(p) * (1.0 / 255.0);
         }
     }
@@ -116,8 +119,13 @@ pub fn read_idx(path: &Path, inner: &[u32]) -> anyhow::Result<(Vec<u8>, usize)> 
 pub fn parse_idx(raw: &[u8], inner: &[u32]) -> anyhow::Result<(Vec<u8>, usize)> {
     let ndim = inner.len() + 1;
     let header = 4 + 4 * ndim;
-    ensure!(raw.len() >= header, "{} bytes is shorter than its header", raw.len());
-    let word = |i: usize| u32::from_be_bytes([raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]]);
+    ensure!(
+        raw.len() >= header,
+        "{} bytes is shorter than its header",
+        raw.len()
+    );
+    let word =
+        |i: usize| u32::from_be_bytes([raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]]);
     let magic = word(0);
     ensure!(
         magic == 0x0800 | ndim as u32,
@@ -125,7 +133,10 @@ pub fn parse_idx(raw: &[u8], inner: &[u32]) -> anyhow::Result<(Vec<u8>, usize)> 
         0x0800 | ndim as u32
     );
     let dims: Vec<u32> = (1..=ndim).map(word).collect();
-    ensure!(dims[1..] == *inner, "dimensions {dims:?}, expected [n, {inner:?}]");
+    ensure!(
+        dims[1..] == *inner,
+        "dimensions {dims:?}, expected [n, {inner:?}]"
+    );
     let n = dims[0] as usize;
     let each: usize = inner.iter().map(|&d| d as usize).product();
     ensure!(

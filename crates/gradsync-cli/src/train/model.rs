@@ -56,7 +56,12 @@ pub struct Workspace {
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
     for (x, y) in ca.zip(cb) {
         for k in 0..8 {
             acc[k] += x[k] * y[k];
@@ -76,7 +81,10 @@ impl Mlp {
     /// A perceptron with layer widths `dims` (input, hidden..., classes), whose weight
     /// gradients are reported in row blocks of at most about `block_elems` elements.
     pub fn new(dims: &[usize], block_elems: usize) -> Self {
-        assert!(dims.len() >= 2 && dims.iter().all(|&d| d > 0), "bad layer widths {dims:?}");
+        assert!(
+            dims.len() >= 2 && dims.iter().all(|&d| d > 0),
+            "bad layer widths {dims:?}"
+        );
         let mut layers = Vec::new();
         let mut ranges = Vec::new();
         let mut off = 0;
@@ -206,15 +214,15 @@ impl Mlp {
         let scale = 1.0 / n as f32;
         let mut loss = 0.0f64;
         ws.delta.clear();
-        for s in 0..n {
-            let z = &ws.logits[s * classes..(s + 1) * classes];
+        for (z, &label) in ws.logits.chunks_exact(classes).zip(&y[..n]) {
             let m = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let sum: f32 = z.iter().map(|v| (v - m).exp()).sum();
-            let label = usize::from(y[s]);
+            let label = usize::from(label);
             loss += f64::from(sum.ln() + m - z[label]);
             for (j, v) in z.iter().enumerate() {
                 let softmax = (v - m).exp() / sum;
-                ws.delta.push((softmax - if j == label { 1.0 } else { 0.0 }) * scale);
+                ws.delta
+                    .push((softmax - if j == label { 1.0 } else { 0.0 }) * scale);
             }
         }
         for (li, l) in self.layers.iter().enumerate().rev() {
@@ -273,14 +281,15 @@ impl Mlp {
         let classes = *self.dims.last().expect("at least two widths");
         let mut correct = 0;
         let mut loss = 0.0;
-        for s in 0..n {
-            let z = &ws.logits[s * classes..(s + 1) * classes];
-            let (best, m) = z
-                .iter()
-                .copied()
-                .enumerate()
-                .fold((0, f32::NEG_INFINITY), |acc, (j, v)| if v > acc.1 { (j, v) } else { acc });
-            let label = usize::from(y[s]);
+        for (z, &label) in ws.logits.chunks_exact(classes).zip(&y[..n]) {
+            let mut best = 0;
+            for (j, &v) in z.iter().enumerate() {
+                if v > z[best] {
+                    best = j;
+                }
+            }
+            let m = z[best];
+            let label = usize::from(label);
             correct += usize::from(best == label);
             let sum: f32 = z.iter().map(|v| (v - m).exp()).sum();
             loss += f64::from(sum.ln() + m - z[label]);
@@ -315,7 +324,9 @@ mod tests {
         for (i, v) in p.iter_mut().enumerate() {
             *v += 0.01 * (i % 7) as f32; // non-zero biases too
         }
-        let x: Vec<f32> = (0..4 * 6).map(|i| ((i * 37 % 11) as f32 - 3.0) / 5.0).collect();
+        let x: Vec<f32> = (0..4 * 6)
+            .map(|i| ((i * 37 % 11) as f32 - 3.0) / 5.0)
+            .collect();
         let y = [0u8, 2, 1, 2];
         let mut ws = Workspace::default();
         let mut g = vec![0.0; m.len()];

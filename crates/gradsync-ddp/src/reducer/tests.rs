@@ -84,7 +84,10 @@ fn accumulation_sums_micro_batches_and_divides_once() {
     r.mark_ready(&mut c, 0, &[4.0, 4.0, 4.0]).unwrap();
     r.mark_ready(&mut c, 1, &[5.0, 6.0]).unwrap();
     let g = r.finish(&mut c).unwrap();
-    assert_eq!(g.iter().collect::<Vec<_>>(), vec![&[4.0f32, 4.0, 4.0][..], &[5.0, 6.0][..]]);
+    assert_eq!(
+        g.iter().collect::<Vec<_>>(),
+        vec![&[4.0f32, 4.0, 4.0][..], &[5.0, 6.0][..]]
+    );
 }
 
 #[test]
@@ -95,7 +98,8 @@ fn buckets_start_in_order_on_the_last_micro_batch_only() {
     assert_eq!(r.num_buckets(), 3);
     r.begin_step(2).unwrap();
     for p in [3, 2, 1, 0] {
-        r.mark_ready(&mut c, p, &vec![1.0; [1, 1, 2, 2][p]]).unwrap();
+        r.mark_ready(&mut c, p, &vec![1.0; [1, 1, 2, 2][p]])
+            .unwrap();
         assert_eq!(r.launched, 0, "no sync before the last micro-batch");
     }
     // Bucket 1 ([2]) completes before bucket 0 ([3]): it waits for bucket 0.
@@ -114,7 +118,8 @@ fn buckets_start_in_order_on_the_last_micro_batch_only() {
     r.set_overlap(false);
     r.begin_step(1).unwrap();
     for p in [3, 2, 1, 0] {
-        r.mark_ready(&mut c, p, &vec![2.0; [1, 1, 2, 2][p]]).unwrap();
+        r.mark_ready(&mut c, p, &vec![2.0; [1, 1, 2, 2][p]])
+            .unwrap();
     }
     assert_eq!(r.launched, 0);
     let g = r.finish(&mut c).unwrap();
@@ -127,24 +132,52 @@ fn buckets_start_in_order_on_the_last_micro_batch_only() {
 fn misuse_is_reported() {
     let mut c = comm1();
     let mut r = Reducer::new(&[2, 1], 1024).unwrap();
-    assert!(matches!(r.mark_ready(&mut c, 0, &[1.0, 1.0]), Err(Error::State { op: "mark_ready", .. })));
-    assert!(matches!(r.finish(&mut c), Err(Error::State { op: "finish", .. })));
+    assert!(matches!(
+        r.mark_ready(&mut c, 0, &[1.0, 1.0]),
+        Err(Error::State {
+            op: "mark_ready",
+            ..
+        })
+    ));
+    assert!(matches!(
+        r.finish(&mut c),
+        Err(Error::State { op: "finish", .. })
+    ));
     assert!(r.begin_step(0).is_err());
     r.begin_step(2).unwrap();
-    assert!(matches!(r.begin_step(2), Err(Error::State { op: "begin_step", .. })));
-    assert!(matches!(r.mark_ready(&mut c, 2, &[1.0]), Err(Error::UnknownParam { param: 2, count: 2 })));
+    assert!(matches!(
+        r.begin_step(2),
+        Err(Error::State {
+            op: "begin_step",
+            ..
+        })
+    ));
+    assert!(matches!(
+        r.mark_ready(&mut c, 2, &[1.0]),
+        Err(Error::UnknownParam { param: 2, count: 2 })
+    ));
     assert!(matches!(
         r.mark_ready(&mut c, 0, &[1.0]),
-        Err(Error::GradientLength { param: 0, expected: 2, got: 1 })
+        Err(Error::GradientLength {
+            param: 0,
+            expected: 2,
+            got: 1
+        })
     ));
     r.mark_ready(&mut c, 0, &[1.0, 1.0]).unwrap();
-    assert!(matches!(r.mark_ready(&mut c, 0, &[1.0, 1.0]), Err(Error::AlreadyReady { param: 0, micro: 0 })));
+    assert!(matches!(
+        r.mark_ready(&mut c, 0, &[1.0, 1.0]),
+        Err(Error::AlreadyReady { param: 0, micro: 0 })
+    ));
     let e = r.finish(&mut c).unwrap_err().to_string();
     assert!(e.contains("micro-batch 1 of 2") && e.contains("[1]"), "{e}");
     r.mark_ready(&mut c, 1, &[1.0]).unwrap();
     r.mark_ready(&mut c, 1, &[1.0]).unwrap();
     r.mark_ready(&mut c, 0, &[1.0, 1.0]).unwrap();
-    assert!(matches!(r.mark_ready(&mut c, 0, &[1.0, 1.0]), Err(Error::State { .. })));
+    assert!(matches!(
+        r.mark_ready(&mut c, 0, &[1.0, 1.0]),
+        Err(Error::State { .. })
+    ));
     assert_eq!(r.finish(&mut c).unwrap().get(1), &[1.0]);
 }
 
