@@ -13,11 +13,11 @@
 //!   checks the result bit for bit against a naive reference.
 #![forbid(unsafe_code)]
 
-mod types;
-pub mod schedule;
-pub mod sim;
-pub mod wire;
 pub mod reference;
 pub mod rng;
+pub mod schedule;
+pub mod sim;
+mod types;
+pub mod wire;
 
 pub use types::{Collective, DataType, ReduceOp, TypeError};

@@ -62,7 +62,11 @@ fn round_shift(m: u32, shift: u32) -> u32 {
     let q = m >> shift;
     let rem = m & ((1 << shift) - 1);
     let half = 1 << (shift - 1);
-    if rem > half || (rem == half && q & 1 == 1) { q + 1 } else { q }
+    if rem > half || (rem == half && q & 1 == 1) {
+        q + 1
+    } else {
+        q
+    }
 }
 
 /// Rounds an `f32` to IEEE binary16, to nearest with ties to even; overflow gives infinity,
@@ -73,7 +77,11 @@ pub fn f32_to_f16(f: f32) -> u16 {
     let exp = ((x >> 23) & 0xff) as i32;
     let mant = x & 0x7f_ffff;
     if exp == 0xff {
-        return if mant == 0 { sign | 0x7c00 } else { sign | 0x7e00 | (mant >> 13) as u16 };
+        return if mant == 0 {
+            sign | 0x7c00
+        } else {
+            sign | 0x7e00 | (mant >> 13) as u16
+        };
     }
     let e = exp - 127;
     if e > 15 {
@@ -246,7 +254,10 @@ macro_rules! dispatch {
 }
 
 fn reduce_t<T: Elem>(op: ReduceOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
-    for ((d, x), y) in dst.chunks_exact_mut(T::N).zip(a.chunks_exact(T::N)).zip(b.chunks_exact(T::N))
+    for ((d, x), y) in dst
+        .chunks_exact_mut(T::N)
+        .zip(a.chunks_exact(T::N))
+        .zip(b.chunks_exact(T::N))
     {
         T::combine(op, T::load(x), T::load(y)).store(d);
     }
@@ -267,7 +278,7 @@ fn finalize_t<T: Elem>(buf: &mut [u8], world: usize) {
 fn check_lens(dtype: DataType, lens: &[usize]) {
     let n = lens[0];
     assert!(
-        n % dtype.size() == 0 && lens.iter().all(|&l| l == n),
+        n.is_multiple_of(dtype.size()) && lens.iter().all(|&l| l == n),
         "byte lengths {lens:?} are not equal multiples of the {dtype} element size"
     );
 }
@@ -280,7 +291,10 @@ fn check_lens(dtype: DataType, lens: &[usize]) {
 /// If a slice is not exactly one element long.
 pub fn reduce_elem(dtype: DataType, op: ReduceOp, a: &[u8], b: &[u8], out: &mut [u8]) {
     let n = dtype.size();
-    assert!(a.len() == n && b.len() == n && out.len() == n, "not one {dtype} element");
+    assert!(
+        a.len() == n && b.len() == n && out.len() == n,
+        "not one {dtype} element"
+    );
     dispatch!(dtype, reduce_t(op, out, a, b));
 }
 
@@ -384,9 +398,14 @@ pub fn expected(
         Collective::AllReduce => vec![reduce_all(dtype, op, inputs); world],
         Collective::ReduceScatter => {
             let all = reduce_all(dtype, op, inputs);
-            assert!(all.len() % (world * dtype.size()) == 0, "input not divisible into slices");
+            assert!(
+                all.len().is_multiple_of(world * dtype.size()),
+                "input not divisible into slices"
+            );
             let slice = all.len() / world;
-            (0..world).map(|r| all[r * slice..(r + 1) * slice].to_vec()).collect()
+            (0..world)
+                .map(|r| all[r * slice..(r + 1) * slice].to_vec())
+                .collect()
         }
         Collective::AllGather => vec![inputs.concat(); world],
         Collective::Broadcast => vec![inputs[root].clone(); world],
@@ -435,7 +454,13 @@ fn tiny(dtype: DataType) -> Vec<u8> {
 }
 
 /// `elems` elements of `dtype` of the given kind for an `op` reduction, from `seed`.
-pub fn gen_input(dtype: DataType, op: ReduceOp, kind: InputKind, elems: usize, seed: u64) -> Vec<u8> {
+pub fn gen_input(
+    dtype: DataType,
+    op: ReduceOp,
+    kind: InputKind,
+    elems: usize,
+    seed: u64,
+) -> Vec<u8> {
     let mut rng = XorShift64::new(seed);
     let size = dtype.size();
     let mut out = Vec::with_capacity(elems * size);
@@ -457,7 +482,10 @@ pub fn gen_input(dtype: DataType, op: ReduceOp, kind: InputKind, elems: usize, s
                     }
                     t
                 }
-                _ => from_f64(dtype, (rng.next_f64() * 8.0 - 4.0) * 1.5f64.powi(rng.below(9) as i32)),
+                _ => from_f64(
+                    dtype,
+                    (rng.next_f64() * 8.0 - 4.0) * 1.5f64.powi(rng.below(9) as i32),
+                ),
             },
             (ReduceOp::Prod, InputKind::Exact) => {
                 let m = [0.5, 1.0, 1.0, 2.0][rng.below(4)];
@@ -512,7 +540,12 @@ pub fn order_independent(dtype: DataType, op: ReduceOp) -> bool {
 /// The comparison that fits inputs of `kind`: exact unless the reduction is a float sum or
 /// product of random values, then a relative error of `2 (world + 1)` unit roundoffs, the
 /// worst case of `world - 1` roundings in any order plus the final division of an average.
-pub fn default_tolerance(dtype: DataType, op: ReduceOp, world: usize, kind: InputKind) -> Tolerance {
+pub fn default_tolerance(
+    dtype: DataType,
+    op: ReduceOp,
+    world: usize,
+    kind: InputKind,
+) -> Tolerance {
     if kind != InputKind::Random || order_independent(dtype, op) {
         Tolerance::Exact
     } else {
@@ -589,7 +622,10 @@ impl fmt::Display for Tolerance {
 fn error_scale(dtype: DataType, op: ReduceOp, inputs: &[Vec<u8>], want: &[u8]) -> Vec<f64> {
     let n = dtype.size();
     match op {
-        ReduceOp::Prod => want.chunks_exact(n).map(|e| to_f64(dtype, e).abs()).collect(),
+        ReduceOp::Prod => want
+            .chunks_exact(n)
+            .map(|e| to_f64(dtype, e).abs())
+            .collect(),
         _ => {
             let mut s = vec![0.0; want.len() / n];
             for x in inputs {
@@ -621,14 +657,25 @@ pub fn check(
 ) -> Result<(), Mismatch> {
     let n = dtype.size();
     if outputs.len() != world {
-        return Err(Mismatch::Ranks { got: outputs.len(), want: world });
+        return Err(Mismatch::Ranks {
+            got: outputs.len(),
+            want: world,
+        });
     }
-    if matches!(coll, Collective::AllReduce | Collective::AllGather | Collective::Broadcast) {
+    if matches!(
+        coll,
+        Collective::AllReduce | Collective::AllGather | Collective::Broadcast
+    ) {
         for (rank, out) in outputs.iter().enumerate().skip(1) {
             if out.len() != outputs[0].len() {
-                return Err(Mismatch::Length { rank, got: out.len(), want: outputs[0].len() });
+                return Err(Mismatch::Length {
+                    rank,
+                    got: out.len(),
+                    want: outputs[0].len(),
+                });
             }
-            if let Some(i) = (0..out.len() / n).find(|&i| out[i * n..][..n] != outputs[0][i * n..][..n])
+            if let Some(i) =
+                (0..out.len() / n).find(|&i| out[i * n..][..n] != outputs[0][i * n..][..n])
             {
                 return Err(Mismatch::Divergent {
                     rank,
@@ -654,10 +701,18 @@ pub fn check(
     };
     for (rank, (got, want)) in outputs.iter().zip(&want).enumerate() {
         if got.len() != want.len() {
-            return Err(Mismatch::Length { rank, got: got.len(), want: want.len() });
+            return Err(Mismatch::Length {
+                rank,
+                got: got.len(),
+                want: want.len(),
+            });
         }
         // Index of this rank's first element in the full reduced buffer.
-        let base = if coll == Collective::ReduceScatter { rank * want.len() / n } else { 0 };
+        let base = if coll == Collective::ReduceScatter {
+            rank * want.len() / n
+        } else {
+            0
+        };
         for (i, (g, w)) in got.chunks_exact(n).zip(want.chunks_exact(n)).enumerate() {
             let ok = match tolerance {
                 Tolerance::Exact => g == w,

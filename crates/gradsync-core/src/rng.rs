@@ -19,7 +19,9 @@ impl XorShift64 {
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^= z >> 31;
-        XorShift64 { state: if z == 0 { 0x2545_f491_4f6c_dd1d } else { z } }
+        XorShift64 {
+            state: if z == 0 { 0x2545_f491_4f6c_dd1d } else { z },
+        }
     }
 
     /// The next 64 random bits.

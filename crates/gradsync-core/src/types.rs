@@ -7,7 +7,9 @@ use std::fmt;
 #[non_exhaustive]
 pub enum TypeError {
     /// The data type name or code is unknown.
-    #[error("unknown data type {0:?} (expected one of float, double, half, bfloat16, int32, int64, uint8)")]
+    #[error(
+        "unknown data type {0:?} (expected one of float, double, half, bfloat16, int32, int64, uint8)"
+    )]
     UnknownDataType(String),
     /// The reduction operator name or code is unknown.
     #[error("unknown reduction op {0:?} (expected one of sum, prod, min, max, avg)")]
@@ -77,7 +79,10 @@ impl DataType {
 
     /// Whether this is a floating-point type.
     pub const fn is_float(self) -> bool {
-        matches!(self, DataType::F32 | DataType::F64 | DataType::F16 | DataType::Bf16)
+        matches!(
+            self,
+            DataType::F32 | DataType::F64 | DataType::F16 | DataType::Bf16
+        )
     }
 
     /// Parses a name: the nccl-tests names and the usual aliases (`f32`, `fp16`, `bf16`, ...).

@@ -147,7 +147,10 @@ impl<T: AsRef<[u8]>> DataHeader<T> {
     pub fn check_len(&self) -> Result<(), WireError> {
         let got = self.buffer.as_ref().len();
         if got < DATA_HEADER_LEN {
-            Err(WireError::Truncated { got, need: DATA_HEADER_LEN })
+            Err(WireError::Truncated {
+                got,
+                need: DATA_HEADER_LEN,
+            })
         } else {
             Ok(())
         }
@@ -285,7 +288,8 @@ mod tests {
     use super::*;
 
     static BYTES: [u8; 64] = [
-        0x53, 0x47, 0x01, 0x00, 0x00, 0x02, 0x04, 0x00, // magic, version, flags, coll, dtype, op
+        0x53, 0x47, 0x01, 0x00, 0x00, 0x02, 0x04,
+        0x00, // magic, version, flags, coll, dtype, op
         0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01, // comm id
         0x2a, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // seq 42
         0xe8, 0x03, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // count 1000
@@ -333,11 +337,17 @@ mod tests {
         let mut b = BYTES;
         b[0] = 0;
         let h = DataHeader::new_unchecked(&b[..]);
-        assert!(matches!(DataHeaderRepr::parse(&h), Err(WireError::BadMagic(_))));
+        assert!(matches!(
+            DataHeaderRepr::parse(&h),
+            Err(WireError::BadMagic(_))
+        ));
         let mut b = BYTES;
         b[5] = 99;
         let h = DataHeader::new_unchecked(&b[..]);
-        assert!(matches!(DataHeaderRepr::parse(&h), Err(WireError::BadField(_))));
+        assert!(matches!(
+            DataHeaderRepr::parse(&h),
+            Err(WireError::BadField(_))
+        ));
     }
 
     #[test]

@@ -11,7 +11,11 @@ fn nearest(table: &[f64], overflow: f64, x: f64) -> Option<u16> {
         return Some(i as u16);
     }
     let (lo, hi) = (x - table[i], table[i + 1] - x);
-    Some(if lo < hi || (lo == hi && i % 2 == 0) { i as u16 } else { i as u16 + 1 })
+    Some(if lo < hi || (lo == hi && i % 2 == 0) {
+        i as u16
+    } else {
+        i as u16 + 1
+    })
 }
 
 fn check_narrowing(narrow: fn(f32) -> u16, widen: fn(u16) -> f32, max_bits: u16, inf: u16) {
@@ -20,7 +24,9 @@ fn check_narrowing(narrow: fn(f32) -> u16, widen: fn(u16) -> f32, max_bits: u16,
     let ulp = max - table[max_bits as usize - 1];
     let overflow = max + ulp / 2.0;
     let mut rng = XorShift64::new(3);
-    let mut samples: Vec<f32> = (0..200_000).map(|_| f32::from_bits(rng.next_u64() as u32)).collect();
+    let mut samples: Vec<f32> = (0..200_000)
+        .map(|_| f32::from_bits(rng.next_u64() as u32))
+        .collect();
     // Every f32 near the half-type values, including exact ties and subnormal boundaries.
     for b in (0..=max_bits).step_by(7) {
         let v = widen(b);
@@ -31,7 +37,13 @@ fn check_narrowing(narrow: fn(f32) -> u16, widen: fn(u16) -> f32, max_bits: u16,
             samples.push(((f64::from(v) + f64::from(widen(b + 1))) / 2.0) as f32);
         }
     }
-    samples.extend([overflow as f32, max as f32, f32::MAX, f32::MIN_POSITIVE, 1e-45]);
+    samples.extend([
+        overflow as f32,
+        max as f32,
+        f32::MAX,
+        f32::MIN_POSITIVE,
+        1e-45,
+    ]);
     for x in samples {
         if x.is_nan() {
             assert!(widen(narrow(x)).is_nan());
@@ -65,7 +77,11 @@ fn f16_round_trip_and_rounding() {
     assert_eq!(f32_to_f16(f32::NEG_INFINITY), 0xfc00);
     assert_eq!(f32_to_f16(f32::NAN), 0x7e00);
     assert_eq!(f32_to_f16(1.0 + 2f32.powi(-11)), 0x3c00, "tie to even");
-    assert_eq!(f32_to_f16(1.0 + 3.0 * 2f32.powi(-11)), 0x3c02, "tie to even, up");
+    assert_eq!(
+        f32_to_f16(1.0 + 3.0 * 2f32.powi(-11)),
+        0x3c02,
+        "tie to even, up"
+    );
     check_narrowing(f32_to_f16, f16_to_f32, 0x7bff, 0x7c00);
 }
 
@@ -95,16 +111,28 @@ fn element_semantics() {
     use ReduceOp::*;
     let f = |v: f32| v.to_le_bytes().to_vec();
     let nan_payload = f32::from_bits(0x7fa0_0001);
-    for (a, b) in [(nan_payload, 1.0), (1.0, nan_payload), (f32::NAN, -f32::NAN)] {
+    for (a, b) in [
+        (nan_payload, 1.0),
+        (1.0, nan_payload),
+        (f32::NAN, -f32::NAN),
+    ] {
         for op in [Min, Max, Sum, Prod] {
-            assert_eq!(elem(F32, op, &f(a), &f(b)), f(f32::NAN), "{op} canonical NaN");
+            assert_eq!(
+                elem(F32, op, &f(a), &f(b)),
+                f(f32::NAN),
+                "{op} canonical NaN"
+            );
         }
     }
     assert_eq!(elem(F32, Min, &f(0.0), &f(-0.0)), f(-0.0));
     assert_eq!(elem(F32, Min, &f(-0.0), &f(0.0)), f(-0.0));
     assert_eq!(elem(F32, Max, &f(0.0), &f(-0.0)), f(0.0));
     assert_eq!(elem(F32, Max, &f(-0.0), &f(0.0)), f(0.0));
-    assert_eq!(elem(F32, Avg, &f(1.5), &f(2.0)), f(3.5), "avg sums before finalize");
+    assert_eq!(
+        elem(F32, Avg, &f(1.5), &f(2.0)),
+        f(3.5),
+        "avg sums before finalize"
+    );
     assert_eq!(elem(U8, Sum, &[200], &[100]), vec![44]);
     assert_eq!(elem(U8, Prod, &[16], &[17]), vec![16]);
     let i = |v: i32| v.to_le_bytes().to_vec();
@@ -112,8 +140,15 @@ fn element_semantics() {
     assert_eq!(elem(I32, Prod, &i(1 << 16), &i(1 << 16)), i(0));
     assert_eq!(elem(I32, Min, &i(-3), &i(2)), i(-3));
     let h = |v: f32| f32_to_f16(v).to_le_bytes().to_vec();
-    assert_eq!(elem(F16, Sum, &h(1.0), &h(2f32.powi(-11))), h(1.0), "rounded back to even");
-    assert_eq!(elem(F16, Sum, &h(60000.0), &h(60000.0)), 0x7c00u16.to_le_bytes().to_vec());
+    assert_eq!(
+        elem(F16, Sum, &h(1.0), &h(2f32.powi(-11))),
+        h(1.0),
+        "rounded back to even"
+    );
+    assert_eq!(
+        elem(F16, Sum, &h(60000.0), &h(60000.0)),
+        0x7c00u16.to_le_bytes().to_vec()
+    );
     let bf = |v: f32| f32_to_bf16(v).to_le_bytes().to_vec();
     assert_eq!(elem(Bf16, Prod, &bf(3.0), &bf(0.5)), bf(1.5));
 
@@ -156,7 +191,10 @@ fn expected_shapes() {
     let enc = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
     let inputs = vec![enc(&[1, 2, 3, 4]), enc(&[10, 20, 30, 40])];
     let sum = enc(&[11, 22, 33, 44]);
-    assert_eq!(expected(AllReduce, d, ReduceOp::Sum, 2, 0, &inputs), vec![sum.clone(); 2]);
+    assert_eq!(
+        expected(AllReduce, d, ReduceOp::Sum, 2, 0, &inputs),
+        vec![sum.clone(); 2]
+    );
     assert_eq!(
         expected(ReduceScatter, d, ReduceOp::Sum, 2, 0, &inputs),
         vec![enc(&[11, 22]), enc(&[33, 44])]
@@ -165,11 +203,23 @@ fn expected_shapes() {
         expected(AllGather, d, ReduceOp::Sum, 2, 0, &inputs),
         vec![enc(&[1, 2, 3, 4, 10, 20, 30, 40]); 2]
     );
-    assert_eq!(expected(Broadcast, d, ReduceOp::Sum, 2, 1, &inputs), vec![inputs[1].clone(); 2]);
-    assert_eq!(expected(Reduce, d, ReduceOp::Avg, 2, 1, &inputs), vec![vec![], enc(&[5, 11, 16, 22])]);
-    assert_eq!(expected(Barrier, d, ReduceOp::Sum, 2, 0, &[vec![], vec![]]), vec![vec![], vec![]]);
+    assert_eq!(
+        expected(Broadcast, d, ReduceOp::Sum, 2, 1, &inputs),
+        vec![inputs[1].clone(); 2]
+    );
+    assert_eq!(
+        expected(Reduce, d, ReduceOp::Avg, 2, 1, &inputs),
+        vec![vec![], enc(&[5, 11, 16, 22])]
+    );
+    assert_eq!(
+        expected(Barrier, d, ReduceOp::Sum, 2, 0, &[vec![], vec![]]),
+        vec![vec![], vec![]]
+    );
     let empty = vec![vec![]; 3];
-    assert_eq!(expected(ReduceScatter, d, ReduceOp::Sum, 3, 0, &empty), vec![Vec::<u8>::new(); 3]);
+    assert_eq!(
+        expected(ReduceScatter, d, ReduceOp::Sum, 3, 0, &empty),
+        vec![Vec::<u8>::new(); 3]
+    );
 }
 
 #[test]
@@ -177,8 +227,9 @@ fn exact_inputs_are_exact_in_any_order() {
     for dtype in DataType::ALL {
         for op in ReduceOp::ALL {
             let world = 16;
-            let inputs: Vec<Vec<u8>> =
-                (0..world).map(|r| gen_input(dtype, op, InputKind::Exact, 500, r as u64)).collect();
+            let inputs: Vec<Vec<u8>> = (0..world)
+                .map(|r| gen_input(dtype, op, InputKind::Exact, 500, r as u64))
+                .collect();
             let mut reversed = inputs.clone();
             reversed.reverse();
             let a = expected(Collective::AllReduce, dtype, op, world, 0, &inputs);
@@ -194,8 +245,9 @@ fn check_accepts_reordering_within_tolerance_and_rejects_errors() {
     for dtype in [DataType::F32, DataType::F16, DataType::Bf16, DataType::F64] {
         for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Prod] {
             let world = 8;
-            let inputs: Vec<Vec<u8>> =
-                (0..world).map(|r| gen_input(dtype, op, InputKind::Random, 300, r as u64)).collect();
+            let inputs: Vec<Vec<u8>> = (0..world)
+                .map(|r| gen_input(dtype, op, InputKind::Random, 300, r as u64))
+                .collect();
             let mut reversed = inputs.clone();
             reversed.reverse();
             let got = expected(AllReduce, dtype, op, world, 0, &reversed);
@@ -204,18 +256,71 @@ fn check_accepts_reordering_within_tolerance_and_rejects_errors() {
             check(AllReduce, dtype, op, world, 0, &inputs, &got, tol).unwrap();
             // A missing contribution is far outside the tolerance.
             let partial = expected(AllReduce, dtype, op, world - 1, 0, &inputs[..world - 1]);
-            let err = check(AllReduce, dtype, op, world, 0, &inputs, &vec![partial[0].clone(); world], tol);
-            assert!(matches!(err, Err(Mismatch::Value { .. })), "{dtype} {op}: {err:?}");
+            let err = check(
+                AllReduce,
+                dtype,
+                op,
+                world,
+                0,
+                &inputs,
+                &vec![partial[0].clone(); world],
+                tol,
+            );
+            assert!(
+                matches!(err, Err(Mismatch::Value { .. })),
+                "{dtype} {op}: {err:?}"
+            );
         }
     }
     let d = DataType::U8;
     let inputs = vec![vec![1, 2], vec![3, 4]];
     let ok = vec![vec![4, 6], vec![4, 6]];
-    check(AllReduce, d, ReduceOp::Sum, 2, 0, &inputs, &ok, Tolerance::Exact).unwrap();
+    check(
+        AllReduce,
+        d,
+        ReduceOp::Sum,
+        2,
+        0,
+        &inputs,
+        &ok,
+        Tolerance::Exact,
+    )
+    .unwrap();
     let diverged = vec![vec![4, 6], vec![4, 7]];
-    let err = check(AllReduce, d, ReduceOp::Sum, 2, 0, &inputs, &diverged, Tolerance::Exact);
-    assert!(matches!(err, Err(Mismatch::Divergent { rank: 1, index: 1, .. })), "{err:?}");
+    let err = check(
+        AllReduce,
+        d,
+        ReduceOp::Sum,
+        2,
+        0,
+        &inputs,
+        &diverged,
+        Tolerance::Exact,
+    );
+    assert!(
+        matches!(
+            err,
+            Err(Mismatch::Divergent {
+                rank: 1,
+                index: 1,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
     let wrong = vec![vec![4, 7], vec![4, 7]];
-    let err = check(AllReduce, d, ReduceOp::Sum, 2, 0, &inputs, &wrong, Tolerance::Exact);
-    assert_eq!(err.unwrap_err().to_string(), "rank 0 element 1: got 7 (0x07), expected 6 (0x06) (exact)");
+    let err = check(
+        AllReduce,
+        d,
+        ReduceOp::Sum,
+        2,
+        0,
+        &inputs,
+        &wrong,
+        Tolerance::Exact,
+    );
+    assert_eq!(
+        err.unwrap_err().to_string(),
+        "rank 0 element 1: got 7 (0x07), expected 6 (0x06) (exact)"
+    );
 }

@@ -49,7 +49,11 @@ pub(crate) fn all_reduce(p: &Params) -> Program {
         }
         return prog;
     }
-    let pow = if n.is_power_of_two() { n } else { n.next_power_of_two() / 2 };
+    let pow = if n.is_power_of_two() {
+        n
+    } else {
+        n.next_power_of_two() / 2
+    };
     let rem = n - pow;
     let steps = pow.trailing_zeros() as usize;
     let segs: Vec<(usize, usize)> = segments(count, seg).collect();
@@ -60,11 +64,20 @@ pub(crate) fn all_reduce(p: &Params) -> Program {
         // Folded out: contribute to r + 1, get the result back from it.
         let partner = r + 1;
         for (j, &(off, len)) in segs.iter().enumerate() {
-            let op = Op::Send { peer: partner, src: loc(base, off), len };
+            let op = Op::Send {
+                peer: partner,
+                src: loc(base, off),
+                len,
+            };
             hz.push(&mut prog, op, j, &[base], &[], &[]);
         }
         for (j, &(off, len)) in segs.iter().enumerate() {
-            let op = Op::Recv { peer: partner, dst: loc(Buf::Output, off), reduce_with: None, len };
+            let op = Op::Recv {
+                peer: partner,
+                dst: loc(Buf::Output, off),
+                reduce_with: None,
+                len,
+            };
             hz.push(&mut prog, op, j, &[], &[Buf::Output], &[]);
         }
         return prog;
@@ -78,11 +91,23 @@ pub(crate) fn all_reduce(p: &Params) -> Program {
     // buffer it sends from; the fold's receive may reduce in place.
     let writes = usize::from(fold) + steps;
     let mut targets: Vec<Buf> = (0..writes)
-        .map(|i| if (writes - 1 - i) % 2 == 0 { Buf::Output } else { Buf::Scratch })
+        .map(|i| {
+            if (writes - 1 - i).is_multiple_of(2) {
+                Buf::Output
+            } else {
+                Buf::Scratch
+            }
+        })
         .collect();
     if p.in_place && !fold && targets.first() == Some(&Buf::Output) {
         targets = (0..writes)
-            .map(|i| if i % 2 == 0 { Buf::Scratch } else { Buf::Output })
+            .map(|i| {
+                if i % 2 == 0 {
+                    Buf::Scratch
+                } else {
+                    Buf::Output
+                }
+            })
             .collect();
     }
     if targets.contains(&Buf::Scratch) {
@@ -93,8 +118,12 @@ pub(crate) fn all_reduce(p: &Params) -> Program {
     if fold {
         let t = targets.next().expect("one target per write");
         for (j, &(off, len)) in segs.iter().enumerate() {
-            let op =
-                Op::Recv { peer: r - 1, dst: loc(t, off), reduce_with: Some(loc(cur, off)), len };
+            let op = Op::Recv {
+                peer: r - 1,
+                dst: loc(t, off),
+                reduce_with: Some(loc(cur, off)),
+                len,
+            };
             hz.push(&mut prog, op, j, &[cur], &[t], &[]);
         }
         cur = t;
@@ -104,25 +133,44 @@ pub(crate) fn all_reduce(p: &Params) -> Program {
         let t = targets.next().expect("one target per write");
         debug_assert_ne!(t, cur);
         for (j, &(off, len)) in segs.iter().enumerate() {
-            let send = Op::Send { peer: partner, src: loc(cur, off), len };
+            let send = Op::Send {
+                peer: partner,
+                src: loc(cur, off),
+                len,
+            };
             hz.push(&mut prog, send, j, &[cur], &[], &[]);
-            let recv =
-                Op::Recv { peer: partner, dst: loc(t, off), reduce_with: Some(loc(cur, off)), len };
+            let recv = Op::Recv {
+                peer: partner,
+                dst: loc(t, off),
+                reduce_with: Some(loc(cur, off)),
+                len,
+            };
             hz.push(&mut prog, recv, j, &[cur], &[t], &[]);
         }
         cur = t;
     }
     for (j, &(off, len)) in segs.iter().enumerate() {
         if cur != Buf::Output {
-            let op = Op::Copy { src: loc(cur, off), dst: loc(Buf::Output, off), len };
+            let op = Op::Copy {
+                src: loc(cur, off),
+                dst: loc(Buf::Output, off),
+                len,
+            };
             hz.push(&mut prog, op, j, &[cur], &[Buf::Output], &[]);
         }
         if finalizes(p) {
-            let op = Op::Finalize { loc: loc(Buf::Output, off), len };
+            let op = Op::Finalize {
+                loc: loc(Buf::Output, off),
+                len,
+            };
             hz.push(&mut prog, op, j, &[Buf::Output], &[Buf::Output], &[]);
         }
         if fold {
-            let op = Op::Send { peer: r - 1, src: loc(Buf::Output, off), len };
+            let op = Op::Send {
+                peer: r - 1,
+                src: loc(Buf::Output, off),
+                len,
+            };
             hz.push(&mut prog, op, j, &[Buf::Output], &[], &[]);
         }
     }
@@ -138,9 +186,24 @@ pub(crate) fn barrier(p: &Params) -> Program {
     let mut recvs: Vec<OpId> = Vec::with_capacity(rounds);
     for k in 0..rounds {
         let d = 1usize << k;
-        prog.push(Op::Send { peer: (r + d) % n, src: nowhere, len: 0 }, &recvs);
+        prog.push(
+            Op::Send {
+                peer: (r + d) % n,
+                src: nowhere,
+                len: 0,
+            },
+            &recvs,
+        );
         let from = (r + n - d % n) % n;
-        recvs.push(prog.push(Op::Recv { peer: from, dst: nowhere, reduce_with: None, len: 0 }, &[]));
+        recvs.push(prog.push(
+            Op::Recv {
+                peer: from,
+                dst: nowhere,
+                reduce_with: None,
+                len: 0,
+            },
+            &[],
+        ));
     }
     prog
 }

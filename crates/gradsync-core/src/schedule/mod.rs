@@ -25,10 +25,10 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-pub mod ring;
-pub mod tree;
 pub mod doubling;
 pub mod plan;
+pub mod ring;
+pub mod tree;
 
 pub use plan::{Algorithm, Params, PlanError, build, default_algorithm};
 
@@ -135,7 +135,12 @@ pub struct Program {
 impl Program {
     /// An empty program.
     pub fn new() -> Self {
-        Program { ops: Vec::new(), dep_start: vec![0], deps: Vec::new(), scratch_elems: 0 }
+        Program {
+            ops: Vec::new(),
+            dep_start: vec![0],
+            deps: Vec::new(),
+            scratch_elems: 0,
+        }
     }
 
     /// Appends `op`, which may start only after every op in `deps` has completed. Every id in
@@ -217,7 +222,9 @@ impl Schedule {
     /// If an op names a peer `>= world` (a generator bug, not user input).
     pub fn new(prog: Program, world: usize) -> Self {
         let n = prog.ops.len();
-        let pending_deps: Vec<u32> = (0..n).map(|id| prog.deps(id as OpId).len() as u32).collect();
+        let pending_deps: Vec<u32> = (0..n)
+            .map(|id| prog.deps(id as OpId).len() as u32)
+            .collect();
         let mut rev_count = vec![0u32; n + 1];
         for &p in &prog.deps {
             rev_count[p as usize + 1] += 1;
@@ -309,7 +316,11 @@ impl Schedule {
     /// If `id` was not issued or is completed twice (an executor bug).
     pub fn handle_complete(&mut self, id: OpId) {
         let i = id as usize;
-        assert_eq!(self.state[i], State::Issued, "op {id} completed while not issued");
+        assert_eq!(
+            self.state[i],
+            State::Issued,
+            "op {id} completed while not issued"
+        );
         self.state[i] = State::Complete;
         self.completed += 1;
         for k in self.rev_start[i]..self.rev_start[i + 1] {

@@ -7,14 +7,14 @@
 //!
 //! # Algorithms
 //!
-//! | collective       | [`Algorithm::Ring`]          | [`Algorithm::RecursiveDoubling`] | [`Algorithm::Tree`]              |
-//! |------------------|------------------------------|----------------------------------|----------------------------------|
-//! | `all_reduce`     | reduce-scatter + all-gather  | pairwise exchange, log2 n steps  | binomial reduce + broadcast      |
-//! | `reduce_scatter` | ring                         | —                                | —                                |
-//! | `all_gather`     | ring                         | —                                | —                                |
-//! | `broadcast`      | pipelined chain              | —                                | pipelined binomial tree          |
-//! | `reduce`         | pipelined chain              | —                                | pipelined binomial tree          |
-//! | `barrier`        | dissemination (any choice)   | dissemination                    | dissemination                    |
+//! | collective       | `Ring`                      | `RecursiveDoubling` | `Tree`             |
+//! |------------------|-----------------------------|---------------------|--------------------|
+//! | `all_reduce`     | reduce-scatter + all-gather | log2 n exchanges    | reduce + broadcast |
+//! | `reduce_scatter` | ring                        | -                   | -                  |
+//! | `all_gather`     | ring                        | -                   | -                  |
+//! | `broadcast`      | pipelined chain             | -                   | pipelined binomial |
+//! | `reduce`         | pipelined chain             | -                   | pipelined binomial |
+//! | `barrier`        | dissemination               | dissemination       | dissemination      |
 //!
 //! Under the alpha-beta model (a message of b bytes costs `alpha + b * beta`, see
 //! [`crate::sim::LinkModel`]) an all-reduce of `B` bytes over `n` ranks costs about
@@ -33,14 +33,16 @@
 //!
 //! Counts are per rank, in elements, as in NCCL. The buffers a program refers to:
 //!
-//! | collective       | `Input` (out of place) | `Output` (out of place) | result in `Output`              |
-//! |------------------|------------------------|-------------------------|---------------------------------|
-//! | `all_reduce`     | `count`                | `count`                 | all of it                       |
-//! | `reduce_scatter` | `count * world`        | `count`                 | all of it (slice `rank` of the reduction) |
-//! | `all_gather`     | `count`                | `count * world`         | all of it (rank r's input at `r * count`) |
-//! | `broadcast`      | `count` (root only)    | `count`                 | all of it                       |
-//! | `reduce`         | `count`                | `count`                 | root: all of it; others: nothing (never written) |
-//! | `barrier`        | 0                      | 0                       | nothing                         |
+//! | collective       | `Input`         | `Output`        | result in `Output`                    |
+//! |------------------|-----------------|-----------------|---------------------------------------|
+//! | `all_reduce`     | `count`         | `count`         | all of it                             |
+//! | `reduce_scatter` | `count * world` | `count`         | all of it: slice `rank` of the sum    |
+//! | `all_gather`     | `count`         | `count * world` | all; rank r's input at `r * count`    |
+//! | `broadcast`      | `count` (root)  | `count`         | all of it                             |
+//! | `reduce`         | `count`         | `count`         | root: all; others: never written      |
+//! | `barrier`        | 0               | 0               | nothing                               |
+//!
+//! (sizes out of place, in elements).
 //!
 //! **In place** (`in_place = true`), `Input` and `Output` are the same memory and programs refer
 //! only to [`Buf::Output`]. That one buffer has [`Params::output_elems`] elements: `count`, except
@@ -82,7 +84,11 @@ pub enum Algorithm {
 
 impl Algorithm {
     /// Every algorithm.
-    pub const ALL: [Algorithm; 3] = [Algorithm::Ring, Algorithm::RecursiveDoubling, Algorithm::Tree];
+    pub const ALL: [Algorithm; 3] = [
+        Algorithm::Ring,
+        Algorithm::RecursiveDoubling,
+        Algorithm::Tree,
+    ];
 
     /// Name in snake case (`ring`, `recursive_doubling`, `tree`).
     pub const fn name(self) -> &'static str {
@@ -147,7 +153,9 @@ pub enum PlanError {
         algorithm: Algorithm,
     },
     /// The buffers or the program would not fit the index types.
-    #[error("{coll} of {count} elements over {world} ranks with segment {segment} is too large to plan")]
+    #[error(
+        "{coll} of {count} elements over {world} ranks with segment {segment} is too large to plan"
+    )]
     TooLarge {
         /// The collective.
         coll: Collective,
@@ -193,9 +201,13 @@ impl Params {
             return Err(PlanError::EmptyWorld);
         }
         if self.rank >= self.world {
-            return Err(PlanError::RankOutOfRange { rank: self.rank, world: self.world });
+            return Err(PlanError::RankOutOfRange {
+                rank: self.rank,
+                world: self.world,
+            });
         }
-        if matches!(self.coll, Collective::Broadcast | Collective::Reduce) && self.root >= self.world
+        if matches!(self.coll, Collective::Broadcast | Collective::Reduce)
+            && self.root >= self.world
         {
             return Err(PlanError::RootOutOfRange {
                 coll: self.coll,
@@ -215,7 +227,9 @@ impl Params {
         if self.coll != Collective::Barrier {
             // Buffers of count * world elements must be addressable, and the number of ops must
             // fit an `OpId` with room to spare (a loose upper bound over every algorithm).
-            self.count.checked_mul(self.world).ok_or(too_large.clone())?;
+            self.count
+                .checked_mul(self.world)
+                .ok_or(too_large.clone())?;
             let log = self.world.next_power_of_two().trailing_zeros() as usize;
             let segs = self.count.div_ceil(self.segment) + self.world;
             let bound = segs.checked_mul(8 * (log + 2)).ok_or(too_large.clone())?;
@@ -381,7 +395,14 @@ pub(crate) fn copy_segments(
         .enumerate()
         .map(|(j, (off, l))| {
             let d: Vec<OpId> = deps(j).into_iter().collect();
-            prog.push(Op::Copy { src: at(src, off), dst: at(dst, off), len: l }, &d)
+            prog.push(
+                Op::Copy {
+                    src: at(src, off),
+                    dst: at(dst, off),
+                    len: l,
+                },
+                &d,
+            )
         })
         .collect()
 }
@@ -397,7 +418,11 @@ pub(crate) struct Hazards {
 
 impl Hazards {
     pub(crate) fn new(segs: usize) -> Self {
-        Hazards { segs, writer: vec![None; 3 * segs], readers: vec![Vec::new(); 3 * segs] }
+        Hazards {
+            segs,
+            writer: vec![None; 3 * segs],
+            readers: vec![Vec::new(); 3 * segs],
+        }
     }
 
     fn idx(&self, buf: Buf, j: usize) -> usize {

@@ -86,12 +86,23 @@ where
             } else {
                 ((lay.partial)(sb, s - 1), vec![recvs[s - 1][j]])
             };
-            ss.push(prog.push(Op::Send { peer: right, src: at(src, off), len }, &deps));
+            ss.push(prog.push(
+                Op::Send {
+                    peer: right,
+                    src: at(src, off),
+                    len,
+                },
+                &deps,
+            ));
         }
         let mut rs = Vec::new();
         for (j, (off, len)) in segments((lay.len)(rb), seg).enumerate() {
             let last_step = s == n - 2;
-            let dst = if last_step { lay.final_loc } else { (lay.partial)(rb, s) };
+            let dst = if last_step {
+                lay.final_loc
+            } else {
+                (lay.partial)(rb, s)
+            };
             // The slot written now held the partial received two steps ago, which the previous
             // step's send read.
             let deps: Vec<OpId> = if lay.double_buffered && !last_step && s >= 2 {
@@ -113,7 +124,13 @@ where
     let mut last = recvs.pop().unwrap_or_default();
     if finalizes(p) {
         for (j, (off, len)) in segments((lay.len)(r), seg).enumerate() {
-            last[j] = prog.push(Op::Finalize { loc: at(lay.final_loc, off), len }, &[last[j]]);
+            last[j] = prog.push(
+                Op::Finalize {
+                    loc: at(lay.final_loc, off),
+                    len,
+                },
+                &[last[j]],
+            );
         }
     }
     RsPhase { sends, last }
@@ -144,12 +161,24 @@ fn ag_phase(
             } else {
                 (loc(sb), vec![prev[j]])
             };
-            prog.push(Op::Send { peer: right, src: at(src, off), len: l }, &deps);
+            prog.push(
+                Op::Send {
+                    peer: right,
+                    src: at(src, off),
+                    len: l,
+                },
+                &deps,
+            );
         }
         let mut cur = Vec::new();
         for (j, (off, l)) in segments(len(rb), seg).enumerate() {
             let deps: Vec<OpId> = recv_dep(t, j).into_iter().collect();
-            let op = Op::Recv { peer: left, dst: at(loc(rb), off), reduce_with: None, len: l };
+            let op = Op::Recv {
+                peer: left,
+                dst: at(loc(rb), off),
+                reduce_with: None,
+                len: l,
+            };
             cur.push(prog.push(op, &deps));
         }
         prev = cur;
@@ -183,8 +212,11 @@ pub(crate) fn all_reduce(p: &Params) -> Program {
     // `Output` (a hazard) except at step 0 out of place, where it came from `Input`.
     let in_place = p.in_place;
     let rs_sends = &rs.sends;
-    let recv_dep =
-        |t: usize, j: usize| (in_place || t > 0).then(|| rs_sends[t].get(j).copied()).flatten();
+    let recv_dep = |t: usize, j: usize| {
+        (in_place || t > 0)
+            .then(|| rs_sends[t].get(j).copied())
+            .flatten()
+    };
     ag_phase(&mut prog, p, len, out, out(p.rank), &rs.last, recv_dep);
     prog
 }
@@ -224,7 +256,14 @@ pub(crate) fn all_gather(p: &Params) -> Program {
     let first_src = if p.in_place {
         own
     } else {
-        copy_segments(&mut prog, Loc::new(Buf::Input, 0), own, count, p.segment, |_| None);
+        copy_segments(
+            &mut prog,
+            Loc::new(Buf::Input, 0),
+            own,
+            count,
+            p.segment,
+            |_| None,
+        );
         Loc::new(Buf::Input, 0)
     };
     if n == 1 {

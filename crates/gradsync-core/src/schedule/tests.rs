@@ -4,9 +4,31 @@ use super::*;
 fn deps_and_fifo_order() {
     let mut p = Program::new();
     let l = |s| Loc::new(Buf::Output, s);
-    let r0 = p.push(Op::Recv { peer: 1, dst: l(0), reduce_with: None, len: 1 }, &[]);
-    let s0 = p.push(Op::Send { peer: 1, src: l(0), len: 1 }, &[r0]);
-    let s1 = p.push(Op::Send { peer: 1, src: l(1), len: 1 }, &[]);
+    let r0 = p.push(
+        Op::Recv {
+            peer: 1,
+            dst: l(0),
+            reduce_with: None,
+            len: 1,
+        },
+        &[],
+    );
+    let s0 = p.push(
+        Op::Send {
+            peer: 1,
+            src: l(0),
+            len: 1,
+        },
+        &[r0],
+    );
+    let s1 = p.push(
+        Op::Send {
+            peer: 1,
+            src: l(1),
+            len: 1,
+        },
+        &[],
+    );
     let mut s = Schedule::new(p, 2);
     // s1 has no deps but must wait behind s0 in the send queue to peer 1.
     assert_eq!(s.poll_action().map(|x| x.0), Some(r0));
@@ -18,4 +40,470 @@ fn deps_and_fifo_order() {
     assert!(!s.is_done());
     s.handle_complete(s0);
     assert!(s.is_done());
+}
+
+mod plan_tests {
+    use super::super::plan::{
+        Algorithm, Params, PlanError, SMALL_ALL_REDUCE_BYTES, block_range, build,
+        bus_bandwidth_factor, default_algorithm, supports,
+    };
+    use super::*;
+    use crate::{Collective, ReduceOp};
+
+    fn p(
+        coll: Collective,
+        algorithm: Algorithm,
+        rank: usize,
+        world: usize,
+        count: usize,
+    ) -> Params {
+        Params {
+            coll,
+            rank,
+            world,
+            count,
+            root: 0,
+            op: ReduceOp::Sum,
+            segment: usize::MAX,
+            in_place: false,
+            algorithm,
+        }
+    }
+
+    const PLANNED: [Collective; 6] = [
+        Collective::AllReduce,
+        Collective::ReduceScatter,
+        Collective::AllGather,
+        Collective::Broadcast,
+        Collective::Reduce,
+        Collective::Barrier,
+    ];
+
+    #[test]
+    fn errors() {
+        use Algorithm::*;
+        use Collective::*;
+        for alg in [Ring, Tree] {
+            for coll in [Broadcast, Reduce] {
+                for root in [4, 5, usize::MAX] {
+                    let err = build(&Params {
+                        root,
+                        ..p(coll, alg, 0, 4, 8)
+                    })
+                    .unwrap_err();
+                    assert_eq!(
+                        err,
+                        PlanError::RootOutOfRange {
+                            coll,
+                            root,
+                            world: 4
+                        }
+                    );
+                }
+                build(&Params {
+                    root: 3,
+                    ..p(coll, alg, 0, 4, 8)
+                })
+                .unwrap();
+            }
+        }
+        // Collectives without a root ignore it.
+        build(&Params {
+            root: 9,
+            ..p(AllReduce, Ring, 0, 4, 8)
+        })
+        .unwrap();
+        assert_eq!(
+            build(&p(AllReduce, Ring, 0, 0, 8)).unwrap_err(),
+            PlanError::EmptyWorld
+        );
+        assert_eq!(
+            build(&p(AllReduce, Ring, 4, 4, 8)).unwrap_err(),
+            PlanError::RankOutOfRange { rank: 4, world: 4 }
+        );
+        let zero = Params {
+            segment: 0,
+            ..p(AllReduce, Ring, 0, 4, 8)
+        };
+        assert_eq!(build(&zero).unwrap_err(), PlanError::ZeroSegment);
+        for (coll, alg) in [
+            (ReduceScatter, RecursiveDoubling),
+            (ReduceScatter, Tree),
+            (AllGather, RecursiveDoubling),
+            (AllGather, Tree),
+            (Broadcast, RecursiveDoubling),
+            (Reduce, RecursiveDoubling),
+            (SendRecv, Ring),
+        ] {
+            let err = build(&p(coll, alg, 0, 4, 8)).unwrap_err();
+            assert_eq!(
+                err,
+                PlanError::Unsupported {
+                    coll,
+                    algorithm: alg
+                }
+            );
+        }
+        let huge = Params {
+            segment: 1,
+            ..p(AllReduce, Ring, 0, 4, usize::MAX / 2)
+        };
+        assert!(matches!(build(&huge), Err(PlanError::TooLarge { .. })));
+        let huge = p(AllGather, Ring, 0, 1 << 20, usize::MAX >> 10);
+        assert!(matches!(build(&huge), Err(PlanError::TooLarge { .. })));
+        assert_eq!(
+            PlanError::RootOutOfRange {
+                coll: Broadcast,
+                root: 4,
+                world: 4
+            }
+            .to_string(),
+            "root 4 of broadcast is out of range for world size 4"
+        );
+        assert_eq!(
+            PlanError::Unsupported {
+                coll: AllGather,
+                algorithm: Tree
+            }
+            .to_string(),
+            "all_gather has no tree schedule"
+        );
+    }
+
+    #[test]
+    fn supports_agrees_with_build() {
+        for coll in Collective::ALL {
+            for alg in Algorithm::ALL {
+                assert_eq!(
+                    supports(coll, alg),
+                    build(&p(coll, alg, 1, 3, 5)).is_ok(),
+                    "{coll} {alg}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn algorithm_names() {
+        for alg in Algorithm::ALL {
+            assert_eq!(Algorithm::parse(alg.name()), Ok(alg));
+            assert_eq!(alg.to_string(), alg.name());
+        }
+        assert_eq!(Algorithm::parse("RD"), Ok(Algorithm::RecursiveDoubling));
+        assert_eq!(
+            Algorithm::parse("star"),
+            Err(PlanError::UnknownAlgorithm("star".into()))
+        );
+    }
+
+    #[test]
+    fn default_rule() {
+        use Collective::*;
+        assert_eq!(
+            default_algorithm(AllReduce, 8, 0),
+            Algorithm::RecursiveDoubling
+        );
+        assert_eq!(
+            default_algorithm(AllReduce, 8, SMALL_ALL_REDUCE_BYTES),
+            Algorithm::RecursiveDoubling
+        );
+        assert_eq!(
+            default_algorithm(AllReduce, 8, SMALL_ALL_REDUCE_BYTES + 1),
+            Algorithm::Ring
+        );
+        assert_eq!(default_algorithm(Broadcast, 8, 1 << 30), Algorithm::Tree);
+        assert_eq!(default_algorithm(Reduce, 8, 4), Algorithm::Tree);
+        for coll in [ReduceScatter, AllGather, Barrier] {
+            assert_eq!(default_algorithm(coll, 8, 4), Algorithm::Ring);
+        }
+        for coll in PLANNED {
+            assert!(supports(coll, default_algorithm(coll, 8, 4)));
+        }
+    }
+
+    #[test]
+    fn bus_bandwidth_factors() {
+        assert_eq!(bus_bandwidth_factor(Collective::AllReduce, 4), 1.5);
+        assert_eq!(bus_bandwidth_factor(Collective::AllGather, 4), 0.75);
+        assert_eq!(bus_bandwidth_factor(Collective::ReduceScatter, 1), 0.0);
+        assert_eq!(bus_bandwidth_factor(Collective::Broadcast, 8), 1.0);
+    }
+
+    #[test]
+    fn blocks_partition_the_buffer() {
+        for world in 1..=17 {
+            for count in [0, 1, 3, world - 1, world, world + 1, 1000, 10007] {
+                let mut next = 0;
+                for b in 0..world {
+                    let r = block_range(count, world, b);
+                    assert_eq!(r.start, next);
+                    assert!(r.len() == count / world || r.len() == count / world + 1);
+                    next = r.end;
+                }
+                assert_eq!(next, count);
+            }
+        }
+    }
+
+    #[test]
+    fn buffer_conventions() {
+        use Collective::*;
+        let q = |coll, in_place, rank| Params {
+            in_place,
+            root: 1,
+            ..p(coll, Algorithm::Ring, rank, 4, 5)
+        };
+        let sizes = |x: Params| {
+            (
+                x.input_elems(),
+                x.output_elems(),
+                x.result_range(),
+                x.input_offset(),
+            )
+        };
+        assert_eq!(sizes(q(AllReduce, false, 2)), (5, 5, 0..5, 0));
+        assert_eq!(sizes(q(ReduceScatter, false, 2)), (20, 5, 0..5, 0));
+        assert_eq!(sizes(q(ReduceScatter, true, 2)), (20, 20, 10..15, 0));
+        assert_eq!(sizes(q(AllGather, false, 2)), (5, 20, 0..20, 0));
+        assert_eq!(sizes(q(AllGather, true, 2)), (5, 20, 0..20, 10));
+        assert_eq!(sizes(q(Broadcast, true, 2)), (5, 5, 0..5, 0));
+        assert_eq!(sizes(q(Reduce, false, 2)), (5, 5, 0..0, 0));
+        assert_eq!(sizes(q(Reduce, true, 1)), (5, 5, 0..5, 0));
+        assert_eq!(sizes(q(Barrier, false, 2)), (0, 0, 0..0, 0));
+    }
+
+    /// Every supported program over a grid of parameters, with its parameters.
+    fn programs() -> impl Iterator<Item = (Params, Program)> {
+        let mut out = Vec::new();
+        for coll in PLANNED {
+            for alg in Algorithm::ALL {
+                if !supports(coll, alg) {
+                    continue;
+                }
+                for world in [1, 2, 3, 5, 8] {
+                    for count in [0, 1, 3, 10, 37] {
+                        for segment in [1, 4, usize::MAX] {
+                            for in_place in [false, true] {
+                                for op in [ReduceOp::Sum, ReduceOp::Avg] {
+                                    for rank in 0..world {
+                                        let params = Params {
+                                            root: (count + 1) % world,
+                                            op,
+                                            segment,
+                                            in_place,
+                                            ..p(coll, alg, rank, world, count)
+                                        };
+                                        out.push((params, build(&params).unwrap()));
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        out.into_iter()
+    }
+
+    type Ranges = Vec<(Loc, usize)>;
+
+    fn locs(op: &Op) -> (Ranges, Ranges) {
+        match *op {
+            Op::Send { src, len, .. } => (vec![(src, len)], vec![]),
+            Op::Recv {
+                dst,
+                reduce_with,
+                len,
+                ..
+            } => (
+                reduce_with.map(|w| (w, len)).into_iter().collect(),
+                vec![(dst, len)],
+            ),
+            Op::Copy { src, dst, len } => (vec![(src, len)], vec![(dst, len)]),
+            Op::Finalize { loc, len } => (vec![(loc, len)], vec![(loc, len)]),
+        }
+    }
+
+    #[test]
+    fn programs_respect_the_conventions() {
+        for (params, prog) in programs() {
+            let ctx = format!("{params:?}");
+            for (id, op) in prog.ops().iter().enumerate() {
+                assert!(
+                    op.len() <= params.segment,
+                    "{ctx}: op {id} longer than a segment"
+                );
+                if params.coll != Collective::Barrier {
+                    assert!(!op.is_empty(), "{ctx}: op {id} is empty");
+                }
+                let (reads, writes) = locs(op);
+                for &(l, len) in reads.iter().chain(&writes) {
+                    let size = match l.buf {
+                        Buf::Input => params.input_elems(),
+                        Buf::Output => params.output_elems(),
+                        Buf::Scratch => prog.scratch_elems(),
+                    };
+                    assert!(l.start + len <= size, "{ctx}: op {id} {op:?} out of bounds");
+                    if params.in_place {
+                        assert_ne!(l.buf, Buf::Input, "{ctx}: op {id} uses Input in place");
+                    }
+                }
+                for &(l, _) in &writes {
+                    assert_ne!(l.buf, Buf::Input, "{ctx}: op {id} writes Input");
+                    let non_root_reduce =
+                        params.coll == Collective::Reduce && params.rank != params.root;
+                    assert!(
+                        !(non_root_reduce && l.buf == Buf::Output),
+                        "{ctx}: non-root reduce writes Output"
+                    );
+                }
+                let finalize = matches!(op, Op::Finalize { .. });
+                assert!(
+                    !finalize || (params.op == ReduceOp::Avg && params.world > 1),
+                    "{ctx}"
+                );
+                if let Op::Send { peer, .. } | Op::Recv { peer, .. } = *op {
+                    assert_ne!(peer, params.rank, "{ctx}: op {id} talks to itself");
+                }
+            }
+        }
+    }
+
+    /// The programs of every rank for `params`.
+    fn world_of(params: Params) -> Vec<Program> {
+        (0..params.world)
+            .map(|rank| build(&Params { rank, ..params }).unwrap())
+            .collect()
+    }
+
+    fn sends(progs: &[Program]) -> usize {
+        progs
+            .iter()
+            .map(|p| {
+                p.ops()
+                    .iter()
+                    .filter(|o| matches!(o, Op::Send { .. }))
+                    .count()
+            })
+            .sum()
+    }
+
+    #[test]
+    fn message_counts() {
+        use Algorithm::*;
+        use Collective::*;
+        for n in 1..=9usize {
+            let log = n.next_power_of_two().trailing_zeros() as usize;
+            let base = p(AllReduce, Ring, 0, n, 8 * n);
+            assert_eq!(
+                sends(&world_of(base)),
+                n * 2 * (n - 1),
+                "ring all-reduce, n = {n}"
+            );
+            assert_eq!(
+                sends(&world_of(Params {
+                    coll: ReduceScatter,
+                    ..base
+                })),
+                n * (n - 1)
+            );
+            assert_eq!(
+                sends(&world_of(Params {
+                    coll: AllGather,
+                    ..base
+                })),
+                n * (n - 1)
+            );
+            let pow = if n.is_power_of_two() {
+                n
+            } else {
+                n.next_power_of_two() / 2
+            };
+            let rd = sends(&world_of(Params {
+                algorithm: RecursiveDoubling,
+                ..base
+            }));
+            assert_eq!(
+                rd,
+                pow * pow.trailing_zeros() as usize + 2 * (n - pow),
+                "rd, n = {n}"
+            );
+            for alg in [Ring, Tree] {
+                assert_eq!(
+                    sends(&world_of(Params {
+                        coll: Broadcast,
+                        algorithm: alg,
+                        ..base
+                    })),
+                    n - 1
+                );
+                assert_eq!(
+                    sends(&world_of(Params {
+                        coll: Reduce,
+                        algorithm: alg,
+                        ..base
+                    })),
+                    n - 1
+                );
+            }
+            assert_eq!(
+                sends(&world_of(Params {
+                    algorithm: Tree,
+                    ..base
+                })),
+                2 * (n - 1)
+            );
+            assert_eq!(
+                sends(&world_of(Params {
+                    coll: Barrier,
+                    count: 0,
+                    ..base
+                })),
+                n * log
+            );
+            // Segments multiply the messages of a pipelined schedule.
+            let seg = Params {
+                coll: Broadcast,
+                algorithm: Tree,
+                segment: 3,
+                count: 10,
+                ..base
+            };
+            assert_eq!(sends(&world_of(seg)), 4 * (n - 1));
+        }
+    }
+
+    #[test]
+    fn ring_all_reduce_reads_input_directly_and_averages_once() {
+        for n in [2, 3, 5, 8] {
+            for count in [1, 7, 100] {
+                let base = Params {
+                    op: ReduceOp::Avg,
+                    segment: 4,
+                    ..p(Collective::AllReduce, Algorithm::Ring, 0, n, count)
+                };
+                let progs = world_of(base);
+                let mut divided = 0;
+                for prog in &progs {
+                    assert!(
+                        !prog.ops().iter().any(|o| matches!(o, Op::Copy { .. })),
+                        "no staging copy"
+                    );
+                    assert_eq!(prog.scratch_elems(), 0);
+                    divided += prog
+                        .ops()
+                        .iter()
+                        .map(|o| {
+                            if let Op::Finalize { len, .. } = o {
+                                *len
+                            } else {
+                                0
+                            }
+                        })
+                        .sum::<usize>();
+                }
+                assert_eq!(divided, count, "each element divided exactly once");
+            }
+        }
+    }
 }

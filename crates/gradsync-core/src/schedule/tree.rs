@@ -59,7 +59,11 @@ fn parent(shape: Shape, v: usize) -> Option<usize> {
 fn children(shape: Shape, v: usize, n: usize) -> Vec<usize> {
     match shape {
         Shape::Binomial => {
-            let limit = if v == 0 { n.next_power_of_two() } else { v & v.wrapping_neg() };
+            let limit = if v == 0 {
+                n.next_power_of_two()
+            } else {
+                v & v.wrapping_neg()
+            };
             let mut kids = Vec::new();
             let mut m = 1;
             while m < limit {
@@ -99,7 +103,11 @@ pub(crate) fn broadcast(p: &Params, shape: Shape) -> Program {
     for (off, len) in segments(p.count, p.segment) {
         let out = Loc::new(Buf::Output, off);
         if me.is_root {
-            let src = if p.in_place { out } else { Loc::new(Buf::Input, off) };
+            let src = if p.in_place {
+                out
+            } else {
+                Loc::new(Buf::Input, off)
+            };
             for &c in me.children.iter().rev() {
                 prog.push(Op::Send { peer: c, src, len }, &[]);
             }
@@ -108,9 +116,24 @@ pub(crate) fn broadcast(p: &Params, shape: Shape) -> Program {
             }
         } else {
             let parent = me.parent.expect("non-root has a parent");
-            let rcv = prog.push(Op::Recv { peer: parent, dst: out, reduce_with: None, len }, &[]);
+            let rcv = prog.push(
+                Op::Recv {
+                    peer: parent,
+                    dst: out,
+                    reduce_with: None,
+                    len,
+                },
+                &[],
+            );
             for &c in me.children.iter().rev() {
-                prog.push(Op::Send { peer: c, src: out, len }, &[rcv]);
+                prog.push(
+                    Op::Send {
+                        peer: c,
+                        src: out,
+                        len,
+                    },
+                    &[rcv],
+                );
             }
         }
     }
@@ -131,7 +154,12 @@ fn fold_children(
     let mut last: Option<OpId> = None;
     for &c in children {
         let deps: Vec<OpId> = last.into_iter().collect();
-        let op = Op::Recv { peer: c, dst, reduce_with: Some(acc), len };
+        let op = Op::Recv {
+            peer: c,
+            dst,
+            reduce_with: Some(acc),
+            len,
+        };
         last = Some(prog.push(op, &deps));
         acc = dst;
     }
@@ -156,7 +184,11 @@ pub(crate) fn reduce(p: &Params, shape: Shape) -> Program {
     }
     for (off, len) in segments(p.count, p.segment) {
         let own = Loc::new(own_buf, off);
-        let acc_buf = if me.is_root { Buf::Output } else { Buf::Scratch };
+        let acc_buf = if me.is_root {
+            Buf::Output
+        } else {
+            Buf::Scratch
+        };
         let (acc, last) = fold_children(&mut prog, &me.children, own, Loc::new(acc_buf, off), len);
         let deps: Vec<OpId> = last.into_iter().collect();
         if me.is_root {
@@ -165,7 +197,14 @@ pub(crate) fn reduce(p: &Params, shape: Shape) -> Program {
             }
         } else {
             let parent = me.parent.expect("non-root has a parent");
-            prog.push(Op::Send { peer: parent, src: acc, len }, &deps);
+            prog.push(
+                Op::Send {
+                    peer: parent,
+                    src: acc,
+                    len,
+                },
+                &deps,
+            );
         }
     }
     prog
@@ -197,14 +236,37 @@ pub(crate) fn all_reduce(p: &Params) -> Program {
         } else {
             let parent = me.parent.expect("non-root has a parent");
             let deps: Vec<OpId> = last.into_iter().collect();
-            let up = prog.push(Op::Send { peer: parent, src: acc, len }, &deps);
+            let up = prog.push(
+                Op::Send {
+                    peer: parent,
+                    src: acc,
+                    len,
+                },
+                &deps,
+            );
             // The result overwrites `Output`, which the send up may still be reading.
-            let war: Vec<OpId> = if acc.buf == Buf::Output { vec![up] } else { Vec::new() };
-            let op = Op::Recv { peer: parent, dst: out, reduce_with: None, len };
+            let war: Vec<OpId> = if acc.buf == Buf::Output {
+                vec![up]
+            } else {
+                Vec::new()
+            };
+            let op = Op::Recv {
+                peer: parent,
+                dst: out,
+                reduce_with: None,
+                len,
+            };
             prog.push(op, &war)
         };
         for &c in me.children.iter().rev() {
-            prog.push(Op::Send { peer: c, src: out, len }, &[have]);
+            prog.push(
+                Op::Send {
+                    peer: c,
+                    src: out,
+                    len,
+                },
+                &[have],
+            );
         }
     }
     prog

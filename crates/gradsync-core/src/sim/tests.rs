@@ -4,6 +4,7 @@ use super::*;
 use crate::Collective;
 use crate::reference::{InputKind, check, default_tolerance, gen_input};
 use crate::schedule::plan::{Algorithm, supports};
+use crate::schedule::{Loc, Op};
 
 mod conformance;
 
@@ -13,7 +14,13 @@ fn loc(buf: Buf, start: usize) -> Loc {
 
 /// A rank of a raw run with `n` elements of `Output` (u8) holding `fill`.
 fn setup(program: Program, n: usize, fill: u8) -> RankSetup {
-    RankSetup { program, input: vec![fill; n], output: vec![0; n], in_place: false, op: ReduceOp::Sum }
+    RankSetup {
+        program,
+        input: vec![fill; n],
+        output: vec![0; n],
+        in_place: false,
+        op: ReduceOp::Sum,
+    }
 }
 
 fn run_raw(setups: Vec<RankSetup>) -> Result<RawOutcome, SimError> {
@@ -23,9 +30,24 @@ fn run_raw(setups: Vec<RankSetup>) -> Result<RawOutcome, SimError> {
 /// Rank 0 sends `len0`, rank 1 receives `len1`.
 fn pair(len0: usize, len1: usize) -> Vec<RankSetup> {
     let mut a = Program::new();
-    a.push(Op::Send { peer: 1, src: loc(Buf::Input, 0), len: len0 }, &[]);
+    a.push(
+        Op::Send {
+            peer: 1,
+            src: loc(Buf::Input, 0),
+            len: len0,
+        },
+        &[],
+    );
     let mut b = Program::new();
-    b.push(Op::Recv { peer: 0, dst: loc(Buf::Output, 0), reduce_with: None, len: len1 }, &[]);
+    b.push(
+        Op::Recv {
+            peer: 0,
+            dst: loc(Buf::Output, 0),
+            reduce_with: None,
+            len: len1,
+        },
+        &[],
+    );
     vec![setup(a, 4, 7), setup(b, 4, 0)]
 }
 
@@ -39,7 +61,15 @@ fn raw_exchange_moves_and_reduces() {
     let mut s = pair(2, 2);
     s[1].program = Program::new();
     let with = Some(loc(Buf::Input, 1));
-    s[1].program.push(Op::Recv { peer: 0, dst: loc(Buf::Output, 2), reduce_with: with, len: 2 }, &[]);
+    s[1].program.push(
+        Op::Recv {
+            peer: 0,
+            dst: loc(Buf::Output, 2),
+            reduce_with: with,
+            len: 2,
+        },
+        &[],
+    );
     s[1].input = vec![1, 2, 3, 4];
     let out = run_raw(s).unwrap();
     assert_eq!(out.outputs[1], vec![0, 0, 9, 10]);
@@ -48,7 +78,18 @@ fn raw_exchange_moves_and_reduces() {
 #[test]
 fn detects_length_mismatch() {
     let err = run_raw(pair(2, 3)).unwrap_err();
-    assert!(matches!(err, SimError::LengthMismatch { src: 0, send_len: 2, recv_len: 3, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            SimError::LengthMismatch {
+                src: 0,
+                send_len: 2,
+                recv_len: 3,
+                ..
+            }
+        ),
+        "{err}"
+    );
 }
 
 #[test]
@@ -56,7 +97,14 @@ fn detects_unreceived_messages() {
     let mut s = pair(1, 1);
     s[1].program = Program::new();
     let err = run_raw(s).unwrap_err();
-    assert_eq!(err, SimError::Unreceived { src: 0, dst: 1, count: 1 });
+    assert_eq!(
+        err,
+        SimError::Unreceived {
+            src: 0,
+            dst: 1,
+            count: 1
+        }
+    );
 }
 
 #[test]
@@ -64,15 +112,38 @@ fn detects_deadlock_and_names_ranks() {
     // Each rank receives before it sends.
     let mk = |peer| {
         let mut p = Program::new();
-        let r = p.push(Op::Recv { peer, dst: loc(Buf::Output, 0), reduce_with: None, len: 1 }, &[]);
-        p.push(Op::Send { peer, src: loc(Buf::Input, 0), len: 1 }, &[r]);
+        let r = p.push(
+            Op::Recv {
+                peer,
+                dst: loc(Buf::Output, 0),
+                reduce_with: None,
+                len: 1,
+            },
+            &[],
+        );
+        p.push(
+            Op::Send {
+                peer,
+                src: loc(Buf::Input, 0),
+                len: 1,
+            },
+            &[r],
+        );
         p
     };
     let err = run_raw(vec![setup(mk(1), 1, 0), setup(mk(0), 1, 0)]).unwrap_err();
-    let SimError::Deadlock { ranks, detail } = &err else { panic!("{err}") };
+    let SimError::Deadlock { ranks, detail } = &err else {
+        panic!("{err}")
+    };
     assert_eq!(ranks, &[0, 1]);
-    assert!(detail.contains("op 0 recv of 1 from rank 1 (issued)"), "{detail}");
-    assert!(detail.contains("op 1 send of 1 to rank 1 (after [0])"), "{detail}");
+    assert!(
+        detail.contains("op 0 recv of 1 from rank 1 (issued)"),
+        "{detail}"
+    );
+    assert!(
+        detail.contains("op 1 send of 1 to rank 1 (after [0])"),
+        "{detail}"
+    );
 }
 
 #[test]
@@ -81,15 +152,33 @@ fn rendezvous_sends_wait_for_the_receive() {
     // sends, a deadlock when a send needs the peer's receive to be posted.
     let mk = |peer| {
         let mut p = Program::new();
-        let s = p.push(Op::Send { peer, src: loc(Buf::Output, 0), len: 1 }, &[]);
+        let s = p.push(
+            Op::Send {
+                peer,
+                src: loc(Buf::Output, 0),
+                len: 1,
+            },
+            &[],
+        );
         let with = Some(loc(Buf::Output, 0));
-        p.push(Op::Recv { peer, dst: loc(Buf::Output, 0), reduce_with: with, len: 1 }, &[s]);
+        p.push(
+            Op::Recv {
+                peer,
+                dst: loc(Buf::Output, 0),
+                reduce_with: with,
+                len: 1,
+            },
+            &[s],
+        );
         p
     };
     let setups = || vec![setup(mk(1), 1, 0), setup(mk(0), 1, 0)];
     for seed in 0..10 {
         run_programs(setups(), DataType::U8, &SimOptions::new(seed)).unwrap();
-        let opts = SimOptions { rendezvous: true, ..SimOptions::new(seed) };
+        let opts = SimOptions {
+            rendezvous: true,
+            ..SimOptions::new(seed)
+        };
         let err = run_programs(setups(), DataType::U8, &opts).unwrap_err();
         assert!(matches!(err, SimError::Deadlock { .. }), "{err}");
     }
@@ -103,60 +192,253 @@ fn detects_bounds_input_writes_and_overlap() {
         p.push(op, &[]);
         vec![setup(p, 4, 0)]
     };
-    let err = run_raw(one(Op::Copy { src: loc(Buf::Input, 3), dst: loc(Buf::Output, 0), len: 2 }, 0));
-    assert!(matches!(err, Err(SimError::OutOfBounds { buf: Buf::Input, start: 3, len: 2, size: 4, .. })));
-    let err = run_raw(one(Op::Copy { src: loc(Buf::Scratch, 0), dst: loc(Buf::Output, 0), len: 3 }, 2));
-    assert!(matches!(err, Err(SimError::OutOfBounds { buf: Buf::Scratch, size: 2, .. })), "{err:?}");
-    run_raw(one(Op::Copy { src: loc(Buf::Scratch, 0), dst: loc(Buf::Output, 0), len: 2 }, 2)).unwrap();
-    let err = run_raw(one(Op::Finalize { loc: loc(Buf::Input, 0), len: 1 }, 0));
+    let err = run_raw(one(
+        Op::Copy {
+            src: loc(Buf::Input, 3),
+            dst: loc(Buf::Output, 0),
+            len: 2,
+        },
+        0,
+    ));
+    assert!(matches!(
+        err,
+        Err(SimError::OutOfBounds {
+            buf: Buf::Input,
+            start: 3,
+            len: 2,
+            size: 4,
+            ..
+        })
+    ));
+    let err = run_raw(one(
+        Op::Copy {
+            src: loc(Buf::Scratch, 0),
+            dst: loc(Buf::Output, 0),
+            len: 3,
+        },
+        2,
+    ));
+    assert!(
+        matches!(
+            err,
+            Err(SimError::OutOfBounds {
+                buf: Buf::Scratch,
+                size: 2,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    run_raw(one(
+        Op::Copy {
+            src: loc(Buf::Scratch, 0),
+            dst: loc(Buf::Output, 0),
+            len: 2,
+        },
+        2,
+    ))
+    .unwrap();
+    let err = run_raw(one(
+        Op::Finalize {
+            loc: loc(Buf::Input, 0),
+            len: 1,
+        },
+        0,
+    ));
     assert_eq!(err.unwrap_err(), SimError::WritesInput { rank: 0, op: 0 });
-    let err = run_raw(one(Op::Copy { src: loc(Buf::Output, 0), dst: loc(Buf::Output, 1), len: 2 }, 0));
+    let err = run_raw(one(
+        Op::Copy {
+            src: loc(Buf::Output, 0),
+            dst: loc(Buf::Output, 1),
+            len: 2,
+        },
+        0,
+    ));
     assert_eq!(err.unwrap_err(), SimError::Overlap { rank: 0, op: 0 });
-    let err = run_raw(one(Op::Send { peer: 3, src: loc(Buf::Output, 0), len: 1 }, 0));
-    assert!(matches!(err, Err(SimError::BadPeer { peer: 3, world: 1, .. })));
-    let mut s = one(Op::Copy { src: loc(Buf::Input, 0), dst: loc(Buf::Output, 0), len: 1 }, 0);
+    let err = run_raw(one(
+        Op::Send {
+            peer: 3,
+            src: loc(Buf::Output, 0),
+            len: 1,
+        },
+        0,
+    ));
+    assert!(matches!(
+        err,
+        Err(SimError::BadPeer {
+            peer: 3,
+            world: 1,
+            ..
+        })
+    ));
+    let mut s = one(
+        Op::Copy {
+            src: loc(Buf::Input, 0),
+            dst: loc(Buf::Output, 0),
+            len: 1,
+        },
+        0,
+    );
     s[0].in_place = true;
     s[0].input.clear();
-    assert_eq!(run_raw(s).unwrap_err(), SimError::InputInPlace { rank: 0, op: 0 });
+    assert_eq!(
+        run_raw(s).unwrap_err(),
+        SimError::InputInPlace { rank: 0, op: 0 }
+    );
 }
 
 #[test]
 fn detects_races() {
     // A receive and a copy write the same element with no dependency between them.
     let mut p = Program::new();
-    p.push(Op::Recv { peer: 1, dst: loc(Buf::Output, 0), reduce_with: None, len: 2 }, &[]);
-    p.push(Op::Copy { src: loc(Buf::Input, 0), dst: loc(Buf::Output, 1), len: 1 }, &[]);
+    p.push(
+        Op::Recv {
+            peer: 1,
+            dst: loc(Buf::Output, 0),
+            reduce_with: None,
+            len: 2,
+        },
+        &[],
+    );
+    p.push(
+        Op::Copy {
+            src: loc(Buf::Input, 0),
+            dst: loc(Buf::Output, 1),
+            len: 1,
+        },
+        &[],
+    );
     let mut q = Program::new();
-    q.push(Op::Send { peer: 0, src: loc(Buf::Input, 0), len: 2 }, &[]);
+    q.push(
+        Op::Send {
+            peer: 0,
+            src: loc(Buf::Input, 0),
+            len: 2,
+        },
+        &[],
+    );
     let err = run_raw(vec![setup(p.clone(), 2, 0), setup(q.clone(), 2, 0)]).unwrap_err();
-    assert!(matches!(err, SimError::Race { rank: 0, buf: Buf::Output, index: 1, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            SimError::Race {
+                rank: 0,
+                buf: Buf::Output,
+                index: 1,
+                ..
+            }
+        ),
+        "{err}"
+    );
     // With the dependency it is fine.
     let mut p = Program::new();
-    let r = p.push(Op::Recv { peer: 1, dst: loc(Buf::Output, 0), reduce_with: None, len: 2 }, &[]);
-    p.push(Op::Copy { src: loc(Buf::Input, 0), dst: loc(Buf::Output, 1), len: 1 }, &[r]);
+    let r = p.push(
+        Op::Recv {
+            peer: 1,
+            dst: loc(Buf::Output, 0),
+            reduce_with: None,
+            len: 2,
+        },
+        &[],
+    );
+    p.push(
+        Op::Copy {
+            src: loc(Buf::Input, 0),
+            dst: loc(Buf::Output, 1),
+            len: 1,
+        },
+        &[r],
+    );
     run_raw(vec![setup(p, 2, 0), setup(q, 2, 0)]).unwrap();
     // Two concurrent readers are fine.
     let mut p = Program::new();
-    p.push(Op::Send { peer: 0, src: loc(Buf::Output, 0), len: 2 }, &[]);
-    p.push(Op::Copy { src: loc(Buf::Output, 0), dst: loc(Buf::Scratch, 0), len: 2 }, &[]);
-    p.push(Op::Recv { peer: 0, dst: loc(Buf::Scratch, 2), reduce_with: None, len: 2 }, &[]);
+    p.push(
+        Op::Send {
+            peer: 0,
+            src: loc(Buf::Output, 0),
+            len: 2,
+        },
+        &[],
+    );
+    p.push(
+        Op::Copy {
+            src: loc(Buf::Output, 0),
+            dst: loc(Buf::Scratch, 0),
+            len: 2,
+        },
+        &[],
+    );
+    p.push(
+        Op::Recv {
+            peer: 0,
+            dst: loc(Buf::Scratch, 2),
+            reduce_with: None,
+            len: 2,
+        },
+        &[],
+    );
     p.reserve_scratch(4);
     run_raw(vec![setup(p, 2, 0)]).unwrap();
     // A writer under a reader is not: rank 0's receive reads Output 0..2 and cannot complete
     // before rank 1 has heard from rank 0, which happens only after the finalize wrote Output[1].
     let mut p = Program::new();
     let with = Some(loc(Buf::Output, 0));
-    p.push(Op::Recv { peer: 1, dst: loc(Buf::Scratch, 0), reduce_with: with, len: 2 }, &[]);
-    let f = p.push(Op::Finalize { loc: loc(Buf::Output, 1), len: 1 }, &[]);
-    p.push(Op::Send { peer: 1, src: loc(Buf::Input, 0), len: 1 }, &[f]);
+    p.push(
+        Op::Recv {
+            peer: 1,
+            dst: loc(Buf::Scratch, 0),
+            reduce_with: with,
+            len: 2,
+        },
+        &[],
+    );
+    let f = p.push(
+        Op::Finalize {
+            loc: loc(Buf::Output, 1),
+            len: 1,
+        },
+        &[],
+    );
+    p.push(
+        Op::Send {
+            peer: 1,
+            src: loc(Buf::Input, 0),
+            len: 1,
+        },
+        &[f],
+    );
     p.reserve_scratch(2);
     let mut q = Program::new();
-    let r = q.push(Op::Recv { peer: 0, dst: loc(Buf::Output, 0), reduce_with: None, len: 1 }, &[]);
-    q.push(Op::Send { peer: 0, src: loc(Buf::Input, 0), len: 2 }, &[r]);
+    let r = q.push(
+        Op::Recv {
+            peer: 0,
+            dst: loc(Buf::Output, 0),
+            reduce_with: None,
+            len: 1,
+        },
+        &[],
+    );
+    q.push(
+        Op::Send {
+            peer: 0,
+            src: loc(Buf::Input, 0),
+            len: 2,
+        },
+        &[r],
+    );
     for seed in 0..10 {
         let setups = vec![setup(p.clone(), 2, 0), setup(q.clone(), 2, 0)];
         let err = run_programs(setups, DataType::U8, &SimOptions::new(seed)).unwrap_err();
-        assert_eq!(err, SimError::Race { rank: 0, op: 1, other: 0, buf: Buf::Output, index: 1 });
+        assert_eq!(
+            err,
+            SimError::Race {
+                rank: 0,
+                op: 1,
+                other: 0,
+                buf: Buf::Output,
+                index: 1
+            }
+        );
     }
 }
 
@@ -177,7 +459,9 @@ fn params(coll: Collective, algorithm: Algorithm, world: usize, count: usize) ->
 }
 
 fn zeros(ps: &[Params], dtype: DataType) -> Vec<Vec<u8>> {
-    ps.iter().map(|p| vec![0; p.input_elems() * dtype.size()]).collect()
+    ps.iter()
+        .map(|p| vec![0; p.input_elems() * dtype.size()])
+        .collect()
 }
 
 #[test]
@@ -192,38 +476,74 @@ fn run_rejects_bad_parameters_and_inputs() {
     short[2].pop();
     assert!(matches!(
         run(ps.clone(), DataType::F32, short, 0),
-        Err(SimError::BufferSize { rank: 2, got: 15, want: 16, .. })
+        Err(SimError::BufferSize {
+            rank: 2,
+            got: 15,
+            want: 16,
+            ..
+        })
     ));
     ps[1].rank = 2;
-    assert!(matches!(run(ps.clone(), DataType::F32, inputs.clone(), 0), Err(SimError::Params { rank: 1, .. })));
+    assert!(matches!(
+        run(ps.clone(), DataType::F32, inputs.clone(), 0),
+        Err(SimError::Params { rank: 1, .. })
+    ));
     let mut ps = params(Collective::Broadcast, Algorithm::Tree, 3, 4);
     ps.iter_mut().for_each(|p| p.root = 3);
     let err = run(ps, DataType::F32, inputs, 0).unwrap_err();
-    assert!(matches!(err, SimError::Plan { rank: 0, source: PlanError::RootOutOfRange { .. } }), "{err}");
+    assert!(
+        matches!(
+            err,
+            SimError::Plan {
+                rank: 0,
+                source: PlanError::RootOutOfRange { .. }
+            }
+        ),
+        "{err}"
+    );
 }
 
 #[test]
 fn same_seed_same_interleaving() {
     let ps = params(Collective::AllReduce, Algorithm::Ring, 5, 40);
     let ps: Vec<Params> = ps.into_iter().map(|p| Params { segment: 3, ..p }).collect();
-    let inputs: Vec<Vec<u8>> =
-        (0..5).map(|r| gen_input(DataType::F32, ReduceOp::Sum, InputKind::Random, 40, r)).collect();
+    let inputs: Vec<Vec<u8>> = (0..5)
+        .map(|r| gen_input(DataType::F32, ReduceOp::Sum, InputKind::Random, 40, r))
+        .collect();
     let a = run(ps.clone(), DataType::F32, inputs.clone(), 9).unwrap();
     let b = run(ps.clone(), DataType::F32, inputs.clone(), 9).unwrap();
     assert_eq!(a.outputs, b.outputs);
     assert_eq!(a.stats, b.stats);
-    let steps: Vec<u64> =
-        (0..6).map(|s| run(ps.clone(), DataType::F32, inputs.clone(), s).unwrap().stats.max_in_flight as u64).collect();
-    assert!(steps.iter().any(|&s| s != steps[0]), "seeds should change the interleaving: {steps:?}");
+    let steps: Vec<u64> = (0..6)
+        .map(|s| {
+            run(ps.clone(), DataType::F32, inputs.clone(), s)
+                .unwrap()
+                .stats
+                .max_in_flight as u64
+        })
+        .collect();
+    assert!(
+        steps.iter().any(|&s| s != steps[0]),
+        "seeds should change the interleaving: {steps:?}"
+    );
 }
 
 #[test]
 fn barrier_hears_from_everyone() {
     for world in 1..=17 {
         let ps = params(Collective::Barrier, Algorithm::Ring, world, 0);
-        let res = run(ps.clone(), DataType::U8, zeros(&ps, DataType::U8), world as u64).unwrap();
+        let res = run(
+            ps.clone(),
+            DataType::U8,
+            zeros(&ps, DataType::U8),
+            world as u64,
+        )
+        .unwrap();
         for (r, h) in res.heard_from.iter().enumerate() {
-            assert!(h.iter().all(|&x| x), "world {world}: rank {r} heard only from {h:?}");
+            assert!(
+                h.iter().all(|&x| x),
+                "world {world}: rank {r} heard only from {h:?}"
+            );
         }
         let rounds = world.next_power_of_two().trailing_zeros() as u64;
         assert_eq!(res.stats.messages, world as u64 * rounds);
@@ -246,7 +566,10 @@ fn close(a: f64, b: f64) -> bool {
 
 #[test]
 fn predicted_times_match_textbook_formulas() {
-    let link = LinkModel { alpha_s: 1e-5, beta_s_per_byte: 1e-9 };
+    let link = LinkModel {
+        alpha_s: 1e-5,
+        beta_s_per_byte: 1e-9,
+    };
     let f32s = DataType::F32;
     // Ring all-reduce, unsegmented: 2 (n - 1) (alpha + B / n beta).
     let n = 4;
@@ -271,17 +594,27 @@ fn predicted_times_match_textbook_formulas() {
         .map(|p| Params { segment: seg, ..p })
         .collect();
     let t = predict(&ps, f32s, &link).unwrap();
-    assert!(close(t.time_s, (n + s - 2) as f64 * link.message_s(4 * seg)), "{}", t.time_s);
+    assert!(
+        close(t.time_s, (n + s - 2) as f64 * link.message_s(4 * seg)),
+        "{}",
+        t.time_s
+    );
     // The simulator reports the same prediction.
-    let res = run_with(ps.clone(), f32s, zeros(&ps, f32s), &SimOptions { link, ..SimOptions::new(0) });
-    assert_eq!(res.unwrap().prediction, t);
+    let res = run(ps.clone(), f32s, zeros(&ps, f32s), 0).unwrap();
+    assert_eq!(res.predict(&link), t);
 }
 
 #[test]
 fn prediction_prefers_doubling_for_small_and_ring_for_large() {
     let link = LinkModel::default();
     let time = |alg, count| {
-        predict(&params(Collective::AllReduce, alg, 8, count), DataType::F32, &link).unwrap().time_s
+        predict(
+            &params(Collective::AllReduce, alg, 8, count),
+            DataType::F32,
+            &link,
+        )
+        .unwrap()
+        .time_s
     };
     assert!(time(Algorithm::RecursiveDoubling, 16) < time(Algorithm::Ring, 16));
     assert!(time(Algorithm::Ring, 1 << 22) < time(Algorithm::RecursiveDoubling, 1 << 22));
@@ -297,19 +630,37 @@ fn predicts_large_worlds_on_paper() {
 
 #[test]
 #[ignore]
-fn stress_speed_probe() {
+fn stress_simulator_speed() {
     for (coll, alg, count, seg) in [
         (Collective::AllReduce, Algorithm::Ring, 10007, 1),
         (Collective::AllReduce, Algorithm::Ring, 10007, 7),
+        (Collective::ReduceScatter, Algorithm::Ring, 10007, 7),
+        (
+            Collective::ReduceScatter,
+            Algorithm::Ring,
+            10007,
+            usize::MAX,
+        ),
+        (Collective::AllGather, Algorithm::Ring, 10007, usize::MAX),
         (Collective::ReduceScatter, Algorithm::Ring, 1000, 7),
         (Collective::AllReduce, Algorithm::RecursiveDoubling, 1000, 1),
         (Collective::AllReduce, Algorithm::Ring, 3, 1),
     ] {
-        let ps: Vec<Params> =
-            params(coll, alg, 16, count).into_iter().map(|p| Params { segment: seg, ..p }).collect();
+        let ps: Vec<Params> = params(coll, alg, 16, count)
+            .into_iter()
+            .map(|p| Params { segment: seg, ..p })
+            .collect();
         let inputs: Vec<Vec<u8>> = ps
             .iter()
-            .map(|p| gen_input(DataType::F32, ReduceOp::Sum, InputKind::Exact, p.input_elems(), 1))
+            .map(|p| {
+                gen_input(
+                    DataType::F32,
+                    ReduceOp::Sum,
+                    InputKind::Exact,
+                    p.input_elems(),
+                    1,
+                )
+            })
             .collect();
         let ops: usize = ps.iter().map(|p| plan::build(p).unwrap().len()).sum();
         let t = std::time::Instant::now();
@@ -319,13 +670,24 @@ fn stress_speed_probe() {
             std::hint::black_box(r);
         }
         let dt = t.elapsed().as_secs_f64() / n as f64;
-        let steps = run(ps.clone(), DataType::F32, inputs.clone(), 1).unwrap().stats.steps;
+        let steps = run(ps.clone(), DataType::F32, inputs.clone(), 1)
+            .unwrap()
+            .stats
+            .steps;
         let t = std::time::Instant::now();
         for _ in 0..n {
             std::hint::black_box(predict(&ps, DataType::F32, &LinkModel::default()).unwrap());
         }
         let tp = t.elapsed().as_secs_f64() / n as f64;
-        eprintln!("steps/op {:.2}, predict {:.3} s", steps as f64 / ops as f64, tp);
-        eprintln!("{coll} {alg} count {count} seg {seg}: {ops} ops, {:.3} s, {:.0} ns/op", dt, dt * 1e9 / ops as f64);
+        eprintln!(
+            "steps/op {:.2}, predict {:.3} s",
+            steps as f64 / ops as f64,
+            tp
+        );
+        eprintln!(
+            "{coll} {alg} count {count} seg {seg}: {ops} ops, {:.3} s, {:.0} ns/op",
+            dt,
+            dt * 1e9 / ops as f64
+        );
     }
 }

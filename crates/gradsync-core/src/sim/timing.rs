@@ -23,7 +23,10 @@ pub struct LinkModel {
 impl LinkModel {
     /// A link of `alpha_s` seconds latency and `bytes_per_s` bandwidth.
     pub fn new(alpha_s: f64, bytes_per_s: f64) -> Self {
-        LinkModel { alpha_s, beta_s_per_byte: 1.0 / bytes_per_s }
+        LinkModel {
+            alpha_s,
+            beta_s_per_byte: 1.0 / bytes_per_s,
+        }
     }
 
     /// Seconds to send one message of `bytes` bytes.
@@ -133,7 +136,11 @@ struct Timer<'a> {
 impl Timer<'_> {
     fn push(&mut self, t: f64, kind: Kind) {
         self.seq += 1;
-        self.events.push(Reverse(Event { t, seq: self.seq, kind }));
+        self.events.push(Reverse(Event {
+            t,
+            seq: self.seq,
+            kind,
+        }));
     }
 
     /// Issues everything rank `r` may start at time `t`.
@@ -167,7 +174,10 @@ impl Timer<'_> {
             let bytes = len * self.elem;
             self.messages += 1;
             self.bytes += bytes as u64;
-            self.push(t + self.link.message_s(bytes), Kind::Sent { rank: r, op, peer });
+            self.push(
+                t + self.link.message_s(bytes),
+                Kind::Sent { rank: r, op, peer },
+            );
         }
     }
 
@@ -190,7 +200,12 @@ pub fn predict_programs(
             if let Op::Send { peer, .. } | Op::Recv { peer, .. } = *op
                 && peer >= world
             {
-                return Err(SimError::BadPeer { rank: r, op: id as OpId, peer, world });
+                return Err(SimError::BadPeer {
+                    rank: r,
+                    op: id as OpId,
+                    peer,
+                    world,
+                });
             }
         }
     }
@@ -198,7 +213,10 @@ pub fn predict_programs(
         link,
         elem: elem_size,
         world,
-        scheds: programs.iter().map(|p| Schedule::new(p.clone(), world)).collect(),
+        scheds: programs
+            .iter()
+            .map(|p| Schedule::new(p.clone(), world))
+            .collect(),
         busy: vec![false; world],
         queue: vec![VecDeque::new(); world],
         arrived: vec![0; world * world],
@@ -219,7 +237,13 @@ pub fn predict_programs(
                 tm.busy[rank] = false;
                 let c = rank * world + peer;
                 match tm.posted[c].pop_front() {
-                    Some(recv) => tm.push(ev.t, Kind::Complete { rank: peer, op: recv }),
+                    Some(recv) => tm.push(
+                        ev.t,
+                        Kind::Complete {
+                            rank: peer,
+                            op: recv,
+                        },
+                    ),
                     None => tm.arrived[c] += 1,
                 }
                 tm.complete(rank, op, ev.t);
@@ -229,7 +253,10 @@ pub fn predict_programs(
     let stuck: Vec<usize> = (0..world).filter(|&r| !tm.scheds[r].is_done()).collect();
     if !stuck.is_empty() {
         let detail = "the timing model found no possible progress".to_string();
-        return Err(SimError::Deadlock { ranks: stuck, detail });
+        return Err(SimError::Deadlock {
+            ranks: stuck,
+            detail,
+        });
     }
     Ok(Prediction {
         time_s: tm.finish.iter().copied().fold(0.0, f64::max),

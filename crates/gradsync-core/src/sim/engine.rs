@@ -1,0 +1,647 @@
+//! The execution engine of the simulator: ranks, channels, claims and the random scheduler.
+
+use std::collections::VecDeque;
+
+use super::{RankSetup, RawOutcome, SimError, SimOptions, SimStats};
+use crate::reference;
+use crate::rng::XorShift64;
+use crate::schedule::{Buf, Loc, Op, OpId, Schedule};
+use crate::{DataType, ReduceOp};
+
+const NONE: u32 = u32::MAX;
+
+/// A set of small integers with O(1) insert, remove and uniform random choice.
+struct RandomSet {
+    items: Vec<usize>,
+    pos: Vec<usize>,
+}
+
+impl RandomSet {
+    fn new(universe: usize) -> Self {
+        RandomSet {
+            items: Vec::new(),
+            pos: vec![usize::MAX; universe],
+        }
+    }
+    fn insert(&mut self, x: usize) {
+        if self.pos[x] == usize::MAX {
+            self.pos[x] = self.items.len();
+            self.items.push(x);
+        }
+    }
+    fn remove(&mut self, x: usize) {
+        let p = std::mem::replace(&mut self.pos[x], usize::MAX);
+        if p != usize::MAX {
+            let last = self.items.pop().expect("non-empty");
+            if p < self.items.len() {
+                self.items[p] = last;
+                self.pos[last] = p;
+            }
+        }
+    }
+    fn pick(&self, rng: &mut XorShift64) -> usize {
+        self.items[rng.below(self.items.len())]
+    }
+}
+
+/// Which in-flight op claims an element: its writer, and how many readers (plus the last one, for
+/// reports).
+#[derive(Clone, Default)]
+struct Claims {
+    writer: Vec<u32>,
+    readers: Vec<u32>,
+    last_reader: Vec<u32>,
+}
+
+impl Claims {
+    fn new(elems: usize) -> Self {
+        Claims {
+            writer: vec![NONE; elems],
+            readers: vec![0; elems],
+            last_reader: vec![NONE; elems],
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Status {
+    Waiting,
+    Issued,
+    Done,
+}
+
+struct Msg {
+    data: Vec<u8>,
+    len: usize,
+    /// The send; its causal knowledge is looked up at delivery (it never changes after issue).
+    send_op: OpId,
+}
+
+#[derive(Default)]
+struct Channel {
+    msgs: VecDeque<Msg>,
+    posted: VecDeque<OpId>,
+    sent: u64,
+    posted_total: u64,
+    /// Rendezvous sends waiting for their receive: (sequence number, op).
+    waiting: VecDeque<(u64, OpId)>,
+}
+
+struct Rank {
+    sched: Schedule,
+    in_place: bool,
+    op: ReduceOp,
+    /// Input, Output, Scratch.
+    bufs: [Vec<u8>; 3],
+    claims: [Claims; 3],
+    status: Vec<Status>,
+    know: Vec<u64>,
+}
+
+fn buf_index(b: Buf) -> usize {
+    match b {
+        Buf::Input => 0,
+        Buf::Output => 1,
+        Buf::Scratch => 2,
+    }
+}
+
+/// A mutable and a shared view of two disjoint byte ranges of a rank's buffers.
+fn split(
+    bufs: &mut [Vec<u8>; 3],
+    out: (Buf, std::ops::Range<usize>),
+    src: (Buf, std::ops::Range<usize>),
+) -> (&mut [u8], &[u8]) {
+    let (ob, sb) = (buf_index(out.0), buf_index(src.0));
+    if ob == sb {
+        let buf = &mut bufs[ob];
+        if out.1.start >= src.1.end {
+            let (lo, hi) = buf.split_at_mut(out.1.start);
+            (&mut hi[..out.1.len()], &lo[src.1])
+        } else {
+            let (lo, hi) = buf.split_at_mut(src.1.start);
+            (&mut lo[out.1], &hi[..src.1.len()])
+        }
+    } else {
+        let [o, s] = bufs.get_disjoint_mut([ob, sb]).expect("distinct buffers");
+        (&mut o[out.1], &s[src.1])
+    }
+}
+
+/// A range an op touches, and how.
+#[derive(Clone, Copy)]
+struct Access {
+    loc: Loc,
+    len: usize,
+    write: bool,
+}
+
+/// The ranges an op claims, and the two operands that must not partially overlap.
+type Accesses = ([Option<Access>; 2], Option<(Loc, Loc, usize)>);
+
+fn accesses(op: &Op) -> Accesses {
+    let r = |loc, len| {
+        Some(Access {
+            loc,
+            len,
+            write: false,
+        })
+    };
+    let w = |loc, len| {
+        Some(Access {
+            loc,
+            len,
+            write: true,
+        })
+    };
+    match *op {
+        Op::Send { src, len, .. } => ([r(src, len), None], None),
+        Op::Recv {
+            dst,
+            reduce_with: Some(with),
+            len,
+            ..
+        } if with == dst => ([w(dst, len), None], None),
+        Op::Recv {
+            dst,
+            reduce_with: Some(with),
+            len,
+            ..
+        } => ([w(dst, len), r(with, len)], Some((dst, with, len))),
+        Op::Recv {
+            dst,
+            reduce_with: None,
+            len,
+            ..
+        } => ([w(dst, len), None], None),
+        Op::Copy { src, dst, len } => ([w(dst, len), r(src, len)], Some((dst, src, len))),
+        Op::Finalize { loc, len } => ([w(loc, len), None], None),
+    }
+}
+
+struct Sim<'a> {
+    dtype: DataType,
+    size: usize,
+    world: usize,
+    words: usize,
+    opts: &'a SimOptions,
+    ranks: Vec<Rank>,
+    chans: Vec<Channel>,
+    pollable: RandomSet,
+    deliverable: RandomSet,
+    /// (rank, op) that may complete now.
+    completable: Vec<(usize, OpId)>,
+    stats: SimStats,
+}
+
+/// Runs explicit programs, one per rank (`setups.len()` is the world size); the building block of
+/// [`run`](super::run) for schedules that do not come from
+/// [`build`](crate::schedule::plan::build). Returns the final `Output`
+/// buffers.
+pub fn run_programs(
+    setups: Vec<RankSetup>,
+    dtype: DataType,
+    opts: &SimOptions,
+) -> Result<RawOutcome, SimError> {
+    let world = setups.len();
+    let size = dtype.size();
+    let words = world.div_ceil(64).max(1);
+    let mut garbage = XorShift64::new(opts.seed ^ 0x5c7a_7c4e);
+    let mut ranks = Vec::with_capacity(world);
+    for (r, s) in setups.into_iter().enumerate() {
+        for (id, op) in s.program.ops().iter().enumerate() {
+            if let Op::Send { peer, .. } | Op::Recv { peer, .. } = *op
+                && peer >= world
+            {
+                return Err(SimError::BadPeer {
+                    rank: r,
+                    op: id as OpId,
+                    peer,
+                    world,
+                });
+            }
+        }
+        for (what, b) in [("input", &s.input), ("output", &s.output)] {
+            if b.len() % size != 0 || (what == "input" && s.in_place && !b.is_empty()) {
+                let want = if s.in_place { 0 } else { b.len() / size * size };
+                return Err(SimError::BufferSize {
+                    rank: r,
+                    what,
+                    got: b.len(),
+                    want,
+                });
+            }
+        }
+        let scratch: Vec<u8> = (0..s.program.scratch_elems() * size)
+            .map(|_| garbage.next_u64() as u8)
+            .collect();
+        let n = s.program.len();
+        let claims = [
+            Claims::new(s.input.len() / size),
+            Claims::new(s.output.len() / size),
+            Claims::new(scratch.len() / size),
+        ];
+        ranks.push(Rank {
+            sched: Schedule::new(s.program, world),
+            in_place: s.in_place,
+            op: s.op,
+            bufs: [s.input, s.output, scratch],
+            claims,
+            status: vec![Status::Waiting; n],
+            know: vec![0; n * words],
+        });
+    }
+    let mut sim = Sim {
+        dtype,
+        size,
+        world,
+        words,
+        opts,
+        ranks,
+        chans: (0..world * world).map(|_| Channel::default()).collect(),
+        pollable: RandomSet::new(world),
+        deliverable: RandomSet::new(world * world),
+        completable: Vec::new(),
+        stats: SimStats::default(),
+    };
+    for r in 0..world {
+        sim.pollable.insert(r);
+    }
+    sim.run()?;
+    let heard_from = (0..world).map(|r| sim.heard_from(r)).collect();
+    Ok(RawOutcome {
+        outputs: sim
+            .ranks
+            .into_iter()
+            .map(|mut r| std::mem::take(&mut r.bufs[1]))
+            .collect(),
+        heard_from,
+        stats: sim.stats,
+    })
+}
+
+impl Sim<'_> {
+    fn run(&mut self) -> Result<(), SimError> {
+        let mut rng = XorShift64::new(self.opts.seed);
+        loop {
+            let cats = [
+                !self.pollable.items.is_empty(),
+                !self.deliverable.items.is_empty(),
+                !self.completable.is_empty(),
+            ];
+            let mut avail = [0usize; 3];
+            let mut n = 0;
+            for (c, _) in cats.iter().enumerate().filter(|(_, nonempty)| **nonempty) {
+                avail[n] = c;
+                n += 1;
+            }
+            if n == 0 {
+                break;
+            }
+            self.stats.steps += 1;
+            match avail[rng.below(n)] {
+                0 => {
+                    let r = self.pollable.pick(&mut rng);
+                    match self.ranks[r].sched.poll_action() {
+                        Some((id, op)) => self.issue(r, id, op)?,
+                        None => self.pollable.remove(r),
+                    }
+                }
+                1 => {
+                    let c = self.deliverable.pick(&mut rng);
+                    self.deliver(c)?;
+                }
+                _ => {
+                    let i = rng.below(self.completable.len());
+                    let (r, id) = self.completable.swap_remove(i);
+                    self.complete(r, id);
+                }
+            }
+        }
+        if self.ranks.iter().all(|r| r.sched.is_done()) {
+            for (c, ch) in self.chans.iter().enumerate() {
+                if !ch.msgs.is_empty() {
+                    let (src, dst) = (c / self.world, c % self.world);
+                    return Err(SimError::Unreceived {
+                        src,
+                        dst,
+                        count: ch.msgs.len(),
+                    });
+                }
+            }
+            return Ok(());
+        }
+        Err(self.deadlock())
+    }
+
+    fn check_bounds(&self, r: usize, id: OpId, a: &Access) -> Result<(), SimError> {
+        let rank = &self.ranks[r];
+        let b = a.loc.buf;
+        if rank.in_place && b == Buf::Input {
+            return Err(SimError::InputInPlace { rank: r, op: id });
+        }
+        if a.write && b == Buf::Input {
+            return Err(SimError::WritesInput { rank: r, op: id });
+        }
+        let size = rank.bufs[buf_index(b)].len() / self.size;
+        if a.loc.start.checked_add(a.len).is_none_or(|end| end > size) {
+            let (start, len) = (a.loc.start, a.len);
+            return Err(SimError::OutOfBounds {
+                rank: r,
+                op: id,
+                buf: b,
+                start,
+                len,
+                size,
+            });
+        }
+        Ok(())
+    }
+
+    fn issue(&mut self, r: usize, id: OpId, op: Op) -> Result<(), SimError> {
+        let (acc, pair) = accesses(&op);
+        for a in acc.iter().flatten() {
+            self.check_bounds(r, id, a)?;
+        }
+        if let Some((x, y, len)) = pair
+            && x.buf == y.buf
+            && x.start < y.start + len
+            && y.start < x.start + len
+        {
+            return Err(SimError::Overlap { rank: r, op: id });
+        }
+        self.claim(r, id, &acc)?;
+        let rank = &mut self.ranks[r];
+        rank.status[id as usize] = Status::Issued;
+        self.stats.max_in_flight = self.stats.max_in_flight.max(rank.sched.in_flight());
+        // Causality: what this op knows is what its dependencies knew, and this rank.
+        let w = self.words;
+        let i = id as usize * w;
+        rank.know[i + r / 64] |= 1 << (r % 64);
+        for &d in rank.sched.program().deps(id) {
+            for k in 0..w {
+                rank.know[i + k] |= rank.know[d as usize * w + k];
+            }
+        }
+        match op {
+            Op::Send { peer, src, len } => {
+                let bytes =
+                    &rank.bufs[buf_index(src.buf)][src.start * self.size..][..len * self.size];
+                let msg = Msg {
+                    data: bytes.to_vec(),
+                    len,
+                    send_op: id,
+                };
+                self.stats.messages += 1;
+                self.stats.bytes += (len * self.size) as u64;
+                let c = r * self.world + peer;
+                let ch = &mut self.chans[c];
+                let seq = ch.sent;
+                ch.sent += 1;
+                ch.msgs.push_back(msg);
+                if !self.opts.rendezvous || ch.posted_total > seq {
+                    self.completable.push((r, id));
+                } else {
+                    ch.waiting.push_back((seq, id));
+                }
+                self.update_deliverable(c);
+            }
+            Op::Recv { peer, .. } => {
+                let c = peer * self.world + r;
+                let ch = &mut self.chans[c];
+                ch.posted.push_back(id);
+                ch.posted_total += 1;
+                while ch
+                    .waiting
+                    .front()
+                    .is_some_and(|&(seq, _)| seq < ch.posted_total)
+                {
+                    let (_, send) = ch.waiting.pop_front().expect("non-empty");
+                    self.completable.push((peer, send));
+                }
+                self.update_deliverable(c);
+            }
+            Op::Copy { .. } | Op::Finalize { .. } => self.completable.push((r, id)),
+        }
+        Ok(())
+    }
+
+    fn claim(&mut self, r: usize, id: OpId, acc: &[Option<Access>; 2]) -> Result<(), SimError> {
+        let rank = &mut self.ranks[r];
+        // Check everything first, so that a failed claim leaves no trace.
+        for a in acc.iter().flatten() {
+            let cl = &rank.claims[buf_index(a.loc.buf)];
+            for i in a.loc.start..a.loc.start + a.len {
+                let other = if cl.writer[i] != NONE {
+                    cl.writer[i]
+                } else if a.write && cl.readers[i] > 0 {
+                    cl.last_reader[i]
+                } else {
+                    continue;
+                };
+                return Err(SimError::Race {
+                    rank: r,
+                    op: id,
+                    other,
+                    buf: a.loc.buf,
+                    index: i,
+                });
+            }
+        }
+        for a in acc.iter().flatten() {
+            let cl = &mut rank.claims[buf_index(a.loc.buf)];
+            for i in a.loc.start..a.loc.start + a.len {
+                if a.write {
+                    cl.writer[i] = id;
+                } else {
+                    cl.readers[i] += 1;
+                    cl.last_reader[i] = id;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn release(&mut self, r: usize, op: &Op) {
+        let (acc, _) = accesses(op);
+        let rank = &mut self.ranks[r];
+        for a in acc.iter().flatten() {
+            let cl = &mut rank.claims[buf_index(a.loc.buf)];
+            for i in a.loc.start..a.loc.start + a.len {
+                if a.write {
+                    cl.writer[i] = NONE;
+                } else {
+                    cl.readers[i] -= 1;
+                }
+            }
+        }
+    }
+
+    fn update_deliverable(&mut self, c: usize) {
+        let ch = &self.chans[c];
+        if !ch.msgs.is_empty() && !ch.posted.is_empty() {
+            self.deliverable.insert(c);
+        } else {
+            self.deliverable.remove(c);
+        }
+    }
+
+    fn deliver(&mut self, c: usize) -> Result<(), SimError> {
+        let (src, dst) = (c / self.world, c % self.world);
+        let ch = &mut self.chans[c];
+        let msg = ch.msgs.pop_front().expect("deliverable");
+        let recv = ch.posted.pop_front().expect("deliverable");
+        self.update_deliverable(c);
+        let rank = &mut self.ranks[dst];
+        let Op::Recv {
+            dst: to,
+            reduce_with,
+            len,
+            ..
+        } = rank.sched.program().ops()[recv as usize]
+        else {
+            unreachable!("posted ops are receives")
+        };
+        if len != msg.len {
+            return Err(SimError::LengthMismatch {
+                src,
+                send_op: msg.send_op,
+                send_len: msg.len,
+                dst,
+                recv_op: recv,
+                recv_len: len,
+            });
+        }
+        let s = self.size;
+        let out_range = (to.buf, to.start * s..(to.start + len) * s);
+        match reduce_with {
+            None => rank.bufs[buf_index(to.buf)][out_range.1].copy_from_slice(&msg.data),
+            Some(w) if w == to => {
+                let out = &mut rank.bufs[buf_index(to.buf)][out_range.1];
+                reference::reduce_assign(self.dtype, rank.op, out, &msg.data);
+            }
+            Some(w) => {
+                let (out, with) = split(
+                    &mut rank.bufs,
+                    out_range,
+                    (w.buf, w.start * s..(w.start + len) * s),
+                );
+                reference::reduce_slices(self.dtype, rank.op, out, with, &msg.data);
+            }
+        }
+        let w = self.words;
+        let (from, to_know) = (msg.send_op as usize * w, recv as usize * w);
+        if src == dst {
+            for k in 0..w {
+                rank.know[to_know + k] |= rank.know[from + k];
+            }
+        } else {
+            let [a, b] = self
+                .ranks
+                .get_disjoint_mut([src, dst])
+                .expect("distinct ranks");
+            for (k, v) in b.know[to_know..][..w].iter_mut().zip(&a.know[from..][..w]) {
+                *k |= v;
+            }
+        }
+        self.completable.push((dst, recv));
+        Ok(())
+    }
+
+    fn complete(&mut self, r: usize, id: OpId) {
+        let op = self.ranks[r].sched.program().ops()[id as usize];
+        let s = self.size;
+        let world = self.world;
+        let rank = &mut self.ranks[r];
+        match op {
+            Op::Copy { src, dst, len } => {
+                let to = (dst.buf, dst.start * s..(dst.start + len) * s);
+                let (out, from) = split(
+                    &mut rank.bufs,
+                    to,
+                    (src.buf, src.start * s..(src.start + len) * s),
+                );
+                out.copy_from_slice(from);
+            }
+            Op::Finalize { loc, len } => {
+                let buf = &mut rank.bufs[buf_index(loc.buf)][loc.start * s..][..len * s];
+                reference::finalize_avg(self.dtype, buf, world);
+            }
+            Op::Send { .. } | Op::Recv { .. } => {}
+        }
+        self.release(r, &op);
+        let rank = &mut self.ranks[r];
+        rank.status[id as usize] = Status::Done;
+        rank.sched.handle_complete(id);
+        self.pollable.insert(r);
+    }
+
+    fn heard_from(&self, r: usize) -> Vec<bool> {
+        let rank = &self.ranks[r];
+        let w = self.words;
+        let mut know = vec![0u64; w];
+        know[r / 64] |= 1 << (r % 64);
+        for op in rank.know.chunks_exact(w) {
+            for (k, v) in know.iter_mut().zip(op) {
+                *k |= v;
+            }
+        }
+        (0..self.world)
+            .map(|q| know[q / 64] >> (q % 64) & 1 == 1)
+            .collect()
+    }
+
+    fn deadlock(&self) -> SimError {
+        let mut ranks = Vec::new();
+        let mut parts = Vec::new();
+        for (r, rank) in self.ranks.iter().enumerate() {
+            if rank.sched.is_done() {
+                continue;
+            }
+            ranks.push(r);
+            let prog = rank.sched.program();
+            let describe = |id: usize| {
+                let what = match prog.ops()[id] {
+                    Op::Send { peer, len, .. } => format!("send of {len} to rank {peer}"),
+                    Op::Recv { peer, len, .. } => format!("recv of {len} from rank {peer}"),
+                    Op::Copy { len, .. } => format!("copy of {len}"),
+                    Op::Finalize { len, .. } => format!("finalize of {len}"),
+                };
+                format!("op {id} {what}")
+            };
+            let issued: Vec<String> = (0..prog.len())
+                .filter(|&i| rank.status[i] == Status::Issued)
+                .take(4)
+                .map(|i| format!("{} (issued)", describe(i)))
+                .collect();
+            let waiting: Vec<String> = (0..prog.len())
+                .filter(|&i| rank.status[i] == Status::Waiting)
+                .take(4 - issued.len().min(3))
+                .map(|i| format!("{} (after {:?})", describe(i), prog.deps(i as OpId)))
+                .collect();
+            let done = rank.status.iter().filter(|&&s| s == Status::Done).count();
+            parts.push(format!(
+                "rank {r} ({done}/{} done): {}",
+                prog.len(),
+                issued
+                    .into_iter()
+                    .chain(waiting)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        for (c, ch) in self.chans.iter().enumerate() {
+            if !ch.msgs.is_empty() {
+                let (src, dst) = (c / self.world, c % self.world);
+                parts.push(format!(
+                    "{} message(s) from {src} to {dst} unreceived",
+                    ch.msgs.len()
+                ));
+            }
+        }
+        SimError::Deadlock {
+            ranks,
+            detail: parts.join("; "),
+        }
+    }
+}
