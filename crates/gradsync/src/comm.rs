@@ -515,7 +515,7 @@ impl Communicator {
 }
 
 fn engine_options(c: &Config) -> EngineOptions {
-    EngineOptions { slot_bytes: c.chunk_bytes, nslots: c.nslots, timeout: c.timeout, spin: c.spin }
+    EngineOptions { slot_bytes: c.chunk_bytes, nslots: c.nslots, timeout: c.timeout, spin: c.spin, direct_min: c.direct_min }
 }
 
 impl Drop for Communicator {

@@ -39,6 +39,10 @@ pub struct Config {
     pub spin: Duration,
     /// Forced all-reduce algorithm (`GRADSYNC_ALGO`), `None` = automatic.
     pub algorithm: Option<Algorithm>,
+    /// Messages of at least this many bytes that the receiver only copies are written straight
+    /// into the receiver's buffer after a clear-to-send (`GRADSYNC_DIRECT_MIN`); smaller ones,
+    /// and every message that is reduced on arrival, go through an inbox slot.
+    pub direct_min: usize,
 }
 
 /// Default `GRADSYNC_NSOCKS`.
@@ -51,6 +55,8 @@ pub const DEFAULT_NSLOTS: usize = 8;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 /// Default `GRADSYNC_SPIN_US`.
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(100);
+/// Default `GRADSYNC_DIRECT_MIN`.
+pub const DEFAULT_DIRECT_MIN: usize = 64 * 1024;
 /// Default `MASTER_PORT`, as torchrun's.
 pub const DEFAULT_MASTER_PORT: u16 = 29500;
 
@@ -133,6 +139,7 @@ impl Config {
             nslots: DEFAULT_NSLOTS,
             spin: DEFAULT_SPIN,
             algorithm: None,
+            direct_min: DEFAULT_DIRECT_MIN,
         }
     }
 
@@ -222,6 +229,9 @@ impl Config {
                 return Err(Error::Config(format!("GRADSYNC_NSLOTS={n} must be between 1 and 1024")));
             }
             self.nslots = n;
+        }
+        if let Some(v) = var("GRADSYNC_DIRECT_MIN") {
+            self.direct_min = if v.trim() == "off" { usize::MAX } else { parse_size(&v).ok_or_else(|| Error::Config(format!("GRADSYNC_DIRECT_MIN={v:?} is not a size (or `off`)")))? };
         }
         if let Some(us) = env.parse::<u64>("GRADSYNC_SPIN_US")? {
             self.spin = Duration::from_micros(us);

@@ -34,6 +34,57 @@ use std::time::{Duration, Instant};
 
 const CTRL_CREDIT: u8 = 1;
 const CTRL_ABORT: u8 = 2;
+const CTRL_CTS: u8 = 3;
+/// Length of a clear-to-send message.
+const CTS_LEN: usize = 40;
+/// Immediate-value flag of a write that went straight to the receiver's destination.
+const IMM_DIRECT: u32 = 1 << 31;
+
+/// A receiver's offer to take message `msg` of collective `seq` straight into its buffer.
+#[derive(Clone, Copy, Debug)]
+struct Cts {
+    rkey: u32,
+    offset: u64,
+    bytes: u32,
+    /// The receiver's signature, checked by the sender.
+    sig: Signature,
+}
+
+impl Cts {
+    fn encode(&self, msg: u32) -> [u8; CTS_LEN] {
+        let mut b = [0u8; CTS_LEN];
+        b[0] = CTRL_CTS;
+        b[1] = self.sig.coll as u8;
+        b[2] = self.sig.dtype as u8;
+        b[3] = self.sig.op as u8;
+        b[4..8].copy_from_slice(&msg.to_le_bytes());
+        b[8..16].copy_from_slice(&self.sig.seq.to_le_bytes());
+        b[16..20].copy_from_slice(&self.bytes.to_le_bytes());
+        b[20..24].copy_from_slice(&self.rkey.to_le_bytes());
+        b[24..32].copy_from_slice(&self.offset.to_le_bytes());
+        b[32..36].copy_from_slice(&(self.sig.count as u32).to_le_bytes());
+        b[36..40].copy_from_slice(&self.sig.root.to_le_bytes());
+        b
+    }
+
+    fn decode(b: &[u8], comm_id: u64) -> Option<(u32, Cts)> {
+        if b.len() != CTS_LEN {
+            return None;
+        }
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4"));
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8"));
+        let sig = Signature {
+            comm_id,
+            seq: u64_at(8),
+            coll: gradsync_core::Collective::from_code(b[1]).ok()?,
+            dtype: DataType::from_code(b[2]).ok()?,
+            op: ReduceOp::from_code(b[3]).ok()?,
+            count: u32_at(32) as u64,
+            root: u32_at(36),
+        };
+        Some((u32_at(4), Cts { rkey: u32_at(20), offset: u64_at(24), bytes: u32_at(16), sig }))
+    }
+}
 
 /// Tunables of the engine.
 #[derive(Clone, Debug)]
@@ -46,6 +97,9 @@ pub(crate) struct EngineOptions {
     pub timeout: Duration,
     /// Spin this long before sleeping.
     pub spin: Duration,
+    /// Copy-receives of at least this many bytes ask the sender to write straight into the
+    /// destination (clear-to-send) instead of going through an inbox slot.
+    pub direct_min: usize,
 }
 
 /// A 64-byte aligned heap buffer.
@@ -98,6 +152,21 @@ struct PeerState {
     hdr_busy: Vec<bool>,
     unreturned: u32,
     last_heard: Option<(Instant, u64)>,
+    /// Clear-to-send offers from this peer, by (sequence number, message index).
+    cts: HashMap<(u64, u32), Cts>,
+}
+
+/// A receive the schedule has issued.
+#[derive(Clone, Copy, Debug)]
+struct PostedRecv {
+    id: OpId,
+    len: usize,
+    dst: Loc,
+    with: Option<Loc>,
+    /// Index of the message, per peer, within the operation.
+    msg: u32,
+    /// Whether a clear-to-send went out for it (it may then arrive directly).
+    direct: bool,
 }
 
 /// One operation in flight.
@@ -108,11 +177,14 @@ struct Running {
     bufs: [RawBuf; 3],
     mrs: Vec<MemoryRegion>,
     lkeys: [u32; 3],
+    rkeys: [u32; 3],
     _scratch: Option<AlignedBuf>,
     sendq: Vec<VecDeque<(OpId, usize, Loc)>>,
-    recvq: Vec<VecDeque<(OpId, usize, Loc, Option<Loc>)>>,
+    recvq: Vec<VecDeque<PostedRecv>>,
     send_msg: Vec<u32>,
-    recv_msg: Vec<u32>,
+    recv_issued: Vec<u32>,
+    /// Message indices, per peer, of direct writes that have landed.
+    direct_arrived: Vec<Vec<u32>>,
     inflight: HashMap<u64, (OpId, usize, usize)>,
     started: Instant,
 }
@@ -168,6 +240,7 @@ impl Engine {
                 hdr_busy: vec![false; opts.nslots],
                 unreturned: 0,
                 last_heard: None,
+                cts: HashMap::new(),
             })
             .collect();
         Ok((
@@ -240,14 +313,18 @@ impl Engine {
         let bufs = [input, output, sbuf];
         let mut mrs = Vec::new();
         let mut lkeys = [0u32; 3];
+        let mut rkeys = [0u32; 3];
         for (i, b) in bufs.iter().enumerate() {
             if b.len == 0 {
                 continue;
             }
             // SAFETY: the caller keeps these buffers valid for the operation; regions are
             // deregistered when the operation ends.
-            let mr = unsafe { self.ep.register(b.addr as *mut u8, b.len, Access::LOCAL_READ) }.map_err(|e| Error::transport(self.rank, "register buffer", e))?;
+            // Output and scratch may be written by peers that got a clear-to-send for them.
+            let access = if i == 0 { Access::LOCAL_READ } else { Access::LOCAL_READ.union(Access::REMOTE_WRITE) };
+            let mr = unsafe { self.ep.register(b.addr as *mut u8, b.len, access) }.map_err(|e| Error::transport(self.rank, "register buffer", e))?;
             lkeys[i] = mr.lkey;
+            rkeys[i] = mr.rkey;
             mrs.push(mr);
         }
         // Bounds of every op against the buffers, so no peer or generator bug can reach
@@ -280,11 +357,13 @@ impl Engine {
             bufs,
             mrs,
             lkeys,
+            rkeys,
             _scratch: scratch,
             sendq: (0..w).map(|_| VecDeque::new()).collect(),
             recvq: (0..w).map(|_| VecDeque::new()).collect(),
             send_msg: vec![0; w],
-            recv_msg: vec![0; w],
+            recv_issued: vec![0; w],
+            direct_arrived: vec![Vec::new(); w],
             inflight: HashMap::new(),
             started: Instant::now(),
         });
@@ -414,7 +493,17 @@ impl Engine {
             moved = true;
             match op {
                 Op::Send { peer, src, len } => r.sendq[peer].push_back((id, len, src)),
-                Op::Recv { peer, dst, reduce_with, len } => r.recvq[peer].push_back((id, len, dst, reduce_with)),
+                Op::Recv { peer, dst, reduce_with, len } => {
+                    let msg = r.recv_issued[peer];
+                    r.recv_issued[peer] += 1;
+                    let bytes = len * dt.size();
+                    let direct = reduce_with.is_none() && bytes > 0 && bytes >= self.opts.direct_min && bytes <= u32::MAX as usize;
+                    if direct {
+                        let cts = Cts { rkey: r.rkeys[buf_index(dst.buf)], offset: (dst.start * dt.size()) as u64, bytes: bytes as u32, sig: r.sig };
+                        self.ep.post_send(peer, &cts.encode(msg), 0).map_err(|e| Error::transport(self.rank, "clear to send", e))?;
+                    }
+                    r.recvq[peer].push_back(PostedRecv { id, len, dst, with: reduce_with, msg, direct });
+                }
                 Op::Copy { src, dst, len } => {
                     let (s, d) = (slice(&r.bufs, src, len, dt), slice(&r.bufs, dst, len, dt));
                     if s.addr != d.addr && len > 0 {
@@ -446,12 +535,41 @@ impl Engine {
         for peer in 0..self.world {
             while let Some(&(id, len, src)) = r.sendq[peer].front() {
                 let ps = &mut self.peers[peer];
+                let bytes = len * dsize;
+                let m = r.send_msg[peer];
+                if !ps.cts.is_empty() {
+                    let seq = r.sig.seq;
+                    ps.cts.retain(|&(s, k), _| s > seq || (s == seq && k >= m));
+                }
+                if let Some(cts) = ps.cts.remove(&(r.sig.seq, m)) {
+                    if cts.sig.coll != r.sig.coll || cts.sig.dtype != r.sig.dtype || cts.sig.op != r.sig.op || cts.sig.count != r.sig.count as u32 as u64 || cts.sig.root != r.sig.root || cts.bytes as usize != bytes {
+                        return Err(Error::Mismatch {
+                            rank: self.rank,
+                            peer,
+                            ours: r.sig,
+                            theirs: cts.sig,
+                            detail: format!("rank {peer} asked for message {m} of {} bytes where rank {} sends {bytes} bytes", cts.bytes, self.rank),
+                        });
+                    }
+                    r.sendq[peer].pop_front();
+                    r.send_msg[peer] += 1;
+                    let sge = [Sge { addr: slice(&r.bufs, src, len, r.sig.dtype).addr, len: bytes, lkey: r.lkeys[buf_index(src.buf)] }];
+                    let wr = self.next_wr;
+                    self.next_wr += 1;
+                    let remote = RemoteRegion { rkey: cts.rkey, len: cts.offset + bytes as u64 };
+                    // SAFETY: the payload lies in a buffer the caller keeps valid and unmodified
+                    // for the operation, and the schedule does not overwrite it before this send
+                    // completes.
+                    unsafe { self.ep.post_write(peer, &sge, remote, cts.offset, Some(IMM_DIRECT | m), wr) }.map_err(|e| Error::transport(self.rank, "post_write", e))?;
+                    r.inflight.insert(wr, (id, peer, usize::MAX));
+                    moved = true;
+                    continue;
+                }
                 let k = (ps.tx_ctr % self.opts.nslots as u64) as usize;
                 if ps.credits == 0 || ps.hdr_busy[k] {
                     break;
                 }
                 r.sendq[peer].pop_front();
-                let bytes = len * dsize;
                 let hdr_off = (peer * self.opts.nslots + k) * DATA_HEADER_LEN;
                 // SAFETY: the header staging area is owned by the engine; slot (peer, k) is not
                 // in flight (hdr_busy is false).
@@ -490,11 +608,23 @@ impl Engine {
                 if let Some(r) = self.running.as_mut()
                     && let Some((id, peer, k)) = r.inflight.remove(wr_id)
                 {
-                    self.peers[peer].hdr_busy[k] = false;
+                    if k != usize::MAX {
+                        self.peers[peer].hdr_busy[k] = false;
+                    }
                     r.sched.handle_complete(id);
                 }
             }
             Completion::SendDone { .. } => {}
+            Completion::WriteImm { peer, imm, len } if imm & IMM_DIRECT != 0 => {
+                let msg = imm & !IMM_DIRECT;
+                let ok = self.running.as_ref().is_some_and(|r| r.recvq[*peer].iter().any(|pr| pr.direct && pr.msg == msg && pr.len * r.sig.dtype.size() == *len as usize));
+                if !ok {
+                    return Err(Error::Protocol { rank: self.rank, peer: *peer, msg: format!("direct write of message {msg} ({len} bytes) that no clear-to-send asked for") });
+                }
+                let r = self.running.as_mut().expect("running");
+                r.direct_arrived[*peer].push(msg);
+                self.peers[*peer].last_heard = Some((Instant::now(), r.sig.seq));
+            }
             Completion::WriteImm { peer, imm, len } => {
                 let ps = &mut self.peers[*peer];
                 let k = (*imm as usize) % self.opts.nslots;
@@ -518,6 +648,14 @@ impl Engine {
                     }
                     ps.credits += n;
                 }
+                Some(&CTRL_CTS) => {
+                    let (msg, cts) = Cts::decode(data, self.comm_id).ok_or_else(|| Error::Protocol { rank: self.rank, peer: *peer, msg: format!("malformed clear-to-send of {} bytes", data.len()) })?;
+                    let ps = &mut self.peers[*peer];
+                    if ps.cts.len() >= 1 << 16 {
+                        return Err(Error::Protocol { rank: self.rank, peer: *peer, msg: "more than 65536 clear-to-send offers outstanding".into() });
+                    }
+                    ps.cts.insert((cts.sig.seq, msg), cts);
+                }
                 Some(&CTRL_ABORT) => {
                     let why = String::from_utf8_lossy(&data[1..]).into_owned();
                     return Err(Error::PeerAborted { rank: self.rank, peer: *peer, reason: why });
@@ -537,7 +675,15 @@ impl Engine {
         let dt = r.sig.dtype;
         let op = if r.sig.op == ReduceOp::Avg { ReduceOp::Sum } else { r.sig.op };
         for peer in 0..self.world {
-            while let Some(&(id, len, dst, with)) = r.recvq[peer].front() {
+            while let Some(&PostedRecv { id, len, dst, with, msg, direct }) = r.recvq[peer].front() {
+                if direct && let Some(i) = r.direct_arrived[peer].iter().position(|&m| m == msg) {
+                    // Landed in place: nothing to copy.
+                    r.direct_arrived[peer].swap_remove(i);
+                    r.recvq[peer].pop_front();
+                    r.sched.handle_complete(id);
+                    moved = true;
+                    continue;
+                }
                 let ps = &mut self.peers[peer];
                 let k = (ps.rx_ctr % self.opts.nslots as u64) as usize;
                 if !ps.arrived[k] {
@@ -550,14 +696,20 @@ impl Engine {
                 let h = DataHeaderRepr::parse(&DataHeader::new_unchecked(&slot[..DATA_HEADER_LEN]))
                     .map_err(|e| Error::Protocol { rank: self.rank, peer, msg: format!("bad data header: {e}") })?;
                 let bytes = len * dt.size();
-                if h.sig != r.sig || h.msg != r.recv_msg[peer] || h.payload_len as usize != bytes || h.sender as usize != peer {
+                let same_call = h.sig.seq == r.sig.seq && h.sig.coll == r.sig.coll;
+                if direct && (h.sig.seq != r.sig.seq || (same_call && h.msg > msg)) {
+                    // The message we wait for is coming straight into place; the slot holds a
+                    // later one.
+                    break;
+                }
+                if h.sig != r.sig || h.msg != msg || h.payload_len as usize != bytes || h.sender as usize != peer {
                     return Err(Error::Mismatch {
                         rank: self.rank,
                         peer,
                         ours: r.sig,
                         theirs: h.sig,
                         detail: if h.sig == r.sig {
-                            format!("message {} of {} bytes where message {} of {bytes} bytes was expected", h.msg, h.payload_len, r.recv_msg[peer])
+                            format!("message {} of {} bytes where message {msg} of {bytes} bytes was expected", h.msg, h.payload_len)
                         } else {
                             String::new()
                         },
@@ -586,7 +738,6 @@ impl Engine {
                 ps.arrived[k] = false;
                 ps.rx_ctr += 1;
                 ps.unreturned += 1;
-                r.recv_msg[peer] += 1;
                 r.recvq[peer].pop_front();
                 r.sched.handle_complete(id);
                 moved = true;

@@ -179,8 +179,22 @@ fn config(tiny: bool) -> Config {
     c
 }
 
+/// Every copy-receive goes straight into place after a clear-to-send (small messages, so the
+/// direct path races with slot traffic as much as possible).
+fn config_direct() -> Config {
+    let mut c = config(false);
+    c.chunk_bytes = 256;
+    c.nslots = 3;
+    c.direct_min = 1;
+    c
+}
+
 fn mem_suite(world: usize, tiny: bool) {
-    let comms = Communicator::mem_group(world, &config(tiny)).unwrap();
+    mem_suite_with(world, tiny, config(tiny));
+}
+
+fn mem_suite_with(world: usize, tiny: bool, cfg: Config) {
+    let comms = Communicator::mem_group(world, &cfg).unwrap();
     let (tx, rx) = mpsc::channel();
     let hs: Vec<_> = comms.into_iter().map(|c| { let tx = tx.clone(); std::thread::spawn(move || run_rank(c, tiny, tx)) }).collect();
     drop(tx);
@@ -191,13 +205,25 @@ fn mem_suite(world: usize, tiny: bool) {
 }
 
 fn tcp_suite(world: usize, tiny: bool) {
+    tcp_suite_with(world, tiny, config(tiny));
+}
+
+fn mem_direct(world: usize, _: bool) {
+    mem_suite_with(world, true, config_direct());
+}
+
+fn tcp_direct(world: usize, _: bool) {
+    tcp_suite_with(world, true, config_direct());
+}
+
+fn tcp_suite_with(world: usize, tiny: bool, base: Config) {
     let server = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = server.local_addr().to_string();
     let (tx, rx) = mpsc::channel();
     let hs: Vec<_> = (0..world)
         .map(|rank| {
             let tx = tx.clone();
-            let mut cfg = config(tiny);
+            let mut cfg = base.clone();
             cfg.store_addr = addr.clone();
             cfg.host_store = false;
             cfg.rank = rank;
@@ -241,4 +267,9 @@ suite! {
     tcp_w6_tiny: tcp_suite(6, true);
     tcp_w7: tcp_suite(7, false);
     tcp_w8: tcp_suite(8, false);
+    mem_direct_w2: mem_direct(2, true);
+    mem_direct_w5: mem_direct(5, true);
+    tcp_direct_w2: tcp_direct(2, true);
+    tcp_direct_w3: tcp_direct(3, true);
+    tcp_direct_w4: tcp_direct(4, true);
 }
