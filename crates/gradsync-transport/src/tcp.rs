@@ -150,6 +150,9 @@ struct Stream {
     txq: VecDeque<TxItem>,
     tx_off: usize,
     eof: bool,
+    /// The last frame was large: read the next header alone, so that a large payload after it
+    /// is read straight into place rather than through the receive buffer.
+    header_only: bool,
 }
 
 #[derive(Debug)]
@@ -298,6 +301,7 @@ impl TcpEndpoint {
                     txq: VecDeque::new(),
                     tx_off: 0,
                     eof: false,
+                    header_only: false,
                 });
             }
             peers.push(Some(Peer { streams, next_tx: 0, broken: None }));
@@ -481,6 +485,7 @@ impl TcpEndpoint {
                             return Err(proto(format!("reserved bytes set in frame header {:02x?}", &h[..])));
                         }
                         st.lo += FRAME_HDR;
+                        st.header_only = len as usize >= DIRECT_MIN;
                         st.rx = match kind {
                             KIND_WRITE | KIND_WRITE_IMM => {
                                 let dst = regions.check_remote_write(peer, rkey, off, len as u64)?;
@@ -566,7 +571,8 @@ impl TcpEndpoint {
                 st.hi -= st.lo;
                 st.lo = 0;
             }
-            match st.sock.read(&mut st.rxbuf[st.hi..]) {
+            let want = if st.header_only && matches!(st.rx, Rx::Header) { FRAME_HDR - (st.hi - st.lo) } else { st.rxbuf.len() - st.hi };
+            match st.sock.read(&mut st.rxbuf[st.hi..st.hi + want]) {
                 Ok(0) => {
                     st.eof = true;
                     return Ok(progressed);
