@@ -72,7 +72,10 @@ pub struct MemoryRegion {
 impl MemoryRegion {
     /// What a peer needs to write into this region.
     pub fn remote(&self) -> RemoteRegion {
-        RemoteRegion { rkey: self.rkey, len: self.len as u64 }
+        RemoteRegion {
+            rkey: self.rkey,
+            len: self.len as u64,
+        }
     }
 }
 
@@ -153,7 +156,9 @@ pub enum Completion {
 #[non_exhaustive]
 pub enum TransportError {
     /// A peer wrote with a key we never handed out (or already deregistered).
-    #[error("rank {rank}: peer {peer} wrote with unknown remote key 0x{rkey:08x} ({len} bytes at offset {offset})")]
+    #[error(
+        "rank {rank}: peer {peer} wrote with unknown remote key 0x{rkey:08x} ({len} bytes at offset {offset})"
+    )]
     BadKey {
         /// This rank.
         rank: usize,
@@ -167,7 +172,9 @@ pub enum TransportError {
         len: u64,
     },
     /// A peer's write falls outside the region, or the region forbids remote writes.
-    #[error("rank {rank}: peer {peer} wrote {len} bytes at offset {offset} into region 0x{rkey:08x} of {region_len} bytes ({why})")]
+    #[error(
+        "rank {rank}: peer {peer} wrote {len} bytes at offset {offset} into region 0x{rkey:08x} of {region_len} bytes ({why})"
+    )]
     OutOfBounds {
         /// This rank.
         rank: usize,
@@ -274,7 +281,12 @@ pub trait Endpoint: Send + fmt::Debug {
     /// The memory must stay valid (and, with [`Access::REMOTE_WRITE`], writable and not
     /// otherwise accessed while a peer's write into it may land) until the region is
     /// deregistered.
-    unsafe fn register(&mut self, addr: *mut u8, len: usize, access: Access) -> Result<MemoryRegion>;
+    unsafe fn register(
+        &mut self,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<MemoryRegion>;
 
     /// Deregisters a region; later writes with its key fail.
     fn deregister(&mut self, mr: &MemoryRegion);

@@ -6,7 +6,9 @@
 //! suite.
 
 use crate::regions::RegionTable;
-use crate::{Access, Completion, Endpoint, MAX_SEND, MemoryRegion, RemoteRegion, Result, Sge, TransportError};
+use crate::{
+    Access, Completion, Endpoint, MAX_SEND, MemoryRegion, RemoteRegion, Result, Sge, TransportError,
+};
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -45,12 +47,20 @@ pub fn fabric(world: usize) -> Vec<MemEndpoint> {
             })
             .collect(),
     );
-    (0..world).map(|rank| MemEndpoint { rank, slots: slots.clone() }).collect()
+    (0..world)
+        .map(|rank| MemEndpoint {
+            rank,
+            slots: slots.clone(),
+        })
+        .collect()
 }
 
 impl MemEndpoint {
     fn lock(&self, r: usize) -> std::sync::MutexGuard<'_, RankState> {
-        self.slots[r].state.lock().unwrap_or_else(|e| e.into_inner())
+        self.slots[r]
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     fn check_peer(&self, peer: usize, op: &'static str) -> Result<()> {
@@ -58,7 +68,10 @@ impl MemEndpoint {
             return Err(TransportError::Invalid {
                 rank: self.rank,
                 op,
-                msg: format!("peer {peer} is not another rank of a world of {}", self.slots.len()),
+                msg: format!(
+                    "peer {peer} is not another rank of a world of {}",
+                    self.slots.len()
+                ),
             });
         }
         if self.lock(peer).closed {
@@ -96,8 +109,16 @@ impl Endpoint for MemEndpoint {
         "mem"
     }
 
-    unsafe fn register(&mut self, addr: *mut u8, len: usize, access: Access) -> Result<MemoryRegion> {
-        Ok(self.lock(self.rank).regions.register(addr as usize, len, access))
+    unsafe fn register(
+        &mut self,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<MemoryRegion> {
+        Ok(self
+            .lock(self.rank)
+            .regions
+            .register(addr as usize, len, access))
     }
 
     fn deregister(&mut self, mr: &MemoryRegion) {
@@ -118,7 +139,9 @@ impl Endpoint for MemEndpoint {
         let total: usize = sges.iter().map(|s| s.len).sum();
         {
             let mut st = self.lock(peer);
-            let dst = st.regions.check_remote_write(self.rank, remote.rkey, offset, total as u64)?;
+            let dst =
+                st.regions
+                    .check_remote_write(self.rank, remote.rkey, offset, total as u64)?;
             let mut at = dst;
             for s in sges {
                 // SAFETY: the source span lies in a region registered by this rank (checked
@@ -130,7 +153,11 @@ impl Endpoint for MemEndpoint {
                 at += s.len;
             }
             if let Some(imm) = imm {
-                st.cq.push_back(Completion::WriteImm { peer: self.rank, imm, len: total as u32 });
+                st.cq.push_back(Completion::WriteImm {
+                    peer: self.rank,
+                    imm,
+                    len: total as u32,
+                });
             }
         }
         self.slots[peer].cv.notify_all();
@@ -147,7 +174,13 @@ impl Endpoint for MemEndpoint {
                 msg: format!("{} bytes exceed the {MAX_SEND}-byte limit", data.len()),
             });
         }
-        self.push(peer, Completion::Recv { peer: self.rank, data: data.to_vec() });
+        self.push(
+            peer,
+            Completion::Recv {
+                peer: self.rank,
+                data: data.to_vec(),
+            },
+        );
         self.push(self.rank, Completion::SendDone { wr_id });
         Ok(())
     }

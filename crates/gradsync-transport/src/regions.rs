@@ -15,7 +15,11 @@ impl RegionTable {
     pub(crate) fn new(rank: usize) -> Self {
         // Keys start at a per-process value so a stale key from another run rarely validates.
         let seed = std::process::id().wrapping_mul(0x9e37_79b9) ^ (rank as u32).rotate_left(16);
-        RegionTable { rank, next: seed | 1, by_key: HashMap::new() }
+        RegionTable {
+            rank,
+            next: seed | 1,
+            by_key: HashMap::new(),
+        }
     }
 
     pub(crate) fn register(&mut self, addr: usize, len: usize, access: Access) -> MemoryRegion {
@@ -25,7 +29,13 @@ impl RegionTable {
                 break;
             }
         }
-        let mr = MemoryRegion { addr, len, lkey: self.next, rkey: self.next, access };
+        let mr = MemoryRegion {
+            addr,
+            len,
+            lkey: self.next,
+            rkey: self.next,
+            access,
+        };
         self.by_key.insert(mr.rkey, mr);
         mr
     }
@@ -72,7 +82,9 @@ impl RegionTable {
         for s in sges {
             let ok = self.by_key.get(&s.lkey).is_some_and(|mr| {
                 s.addr >= mr.addr
-                    && s.addr.checked_add(s.len).is_some_and(|e| e <= mr.addr + mr.len)
+                    && s.addr
+                        .checked_add(s.len)
+                        .is_some_and(|e| e <= mr.addr + mr.len)
             });
             if !ok {
                 return Err(TransportError::Invalid {

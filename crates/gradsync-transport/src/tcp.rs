@@ -21,7 +21,9 @@
 //! so their completions may arrive out of order (the engine orders them by its slot counters).
 
 use crate::regions::RegionTable;
-use crate::{Access, Completion, Endpoint, MAX_SEND, MemoryRegion, RemoteRegion, Result, Sge, TransportError};
+use crate::{
+    Access, Completion, Endpoint, MAX_SEND, MemoryRegion, RemoteRegion, Result, Sge, TransportError,
+};
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -54,7 +56,11 @@ pub struct TcpOptions {
 
 impl Default for TcpOptions {
     fn default() -> Self {
-        TcpOptions { nsocks: 2, sock_buf: 0, timeout: Duration::from_secs(60) }
+        TcpOptions {
+            nsocks: 2,
+            sock_buf: 0,
+            timeout: Duration::from_secs(60),
+        }
     }
 }
 
@@ -64,14 +70,21 @@ impl Default for TcpOptions {
 /// that do exist.
 pub fn interface_addr(name: &str) -> io::Result<IpAddr> {
     let all = interfaces()?;
-    let mut found = all.iter().filter(|(n, _)| n == name).map(|(_, a)| *a).collect::<Vec<_>>();
+    let mut found = all
+        .iter()
+        .filter(|(n, _)| n == name)
+        .map(|(_, a)| *a)
+        .collect::<Vec<_>>();
     found.sort_by_key(|a| a.is_ipv6());
     found.first().copied().ok_or_else(|| {
         let mut names: Vec<_> = all.iter().map(|(n, _)| n.as_str()).collect();
         names.dedup();
         io::Error::new(
             io::ErrorKind::NotFound,
-            format!("network interface {name:?} not found or has no IP address (interfaces: {})", names.join(", ")),
+            format!(
+                "network interface {name:?} not found or has no IP address (interfaces: {})",
+                names.join(", ")
+            ),
         )
     })
 }
@@ -93,13 +106,18 @@ pub fn interfaces() -> io::Result<Vec<(String, IpAddr)>> {
             continue;
         }
         // SAFETY: ifa_name is a NUL-terminated string owned by the list.
-        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned();
+        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }
+            .to_string_lossy()
+            .into_owned();
         // SAFETY: ifa_addr is non-null and points to a sockaddr whose family says its type.
         let fam = unsafe { (*ifa.ifa_addr).sa_family } as i32;
         if fam == libc::AF_INET {
             // SAFETY: the family is AF_INET, so the sockaddr is a sockaddr_in.
             let sa = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
-            out.push((name, IpAddr::from(u32::from_be(sa.sin_addr.s_addr).to_be_bytes())));
+            out.push((
+                name,
+                IpAddr::from(u32::from_be(sa.sin_addr.s_addr).to_be_bytes()),
+            ));
         } else if fam == libc::AF_INET6 {
             // SAFETY: the family is AF_INET6, so the sockaddr is a sockaddr_in6.
             let sa = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
@@ -119,8 +137,16 @@ pub fn listen(ip: IpAddr) -> io::Result<TcpListener> {
 #[derive(Debug)]
 enum Rx {
     Header,
-    Write { dst: usize, remaining: usize, imm: Option<u32>, total: u32 },
-    Send { data: Vec<u8>, need: usize },
+    Write {
+        dst: usize,
+        remaining: usize,
+        imm: Option<u32>,
+        total: u32,
+    },
+    Send {
+        data: Vec<u8>,
+        need: usize,
+    },
 }
 
 #[derive(Debug)]
@@ -210,9 +236,19 @@ impl TcpEndpoint {
         let nsocks = opts.nsocks.max(1);
         let start = Instant::now();
         let deadline = start + opts.timeout;
-        let io_err = |peer: usize, op: &'static str| move |source| TransportError::Io { rank, peer, op, source };
-        let mut slots: Vec<Vec<Option<TcpStream>>> = (0..world).map(|_| (0..nsocks).map(|_| None).collect()).collect();
+        let io_err = |peer: usize, op: &'static str| {
+            move |source| TransportError::Io {
+                rank,
+                peer,
+                op,
+                source,
+            }
+        };
+        let mut slots: Vec<Vec<Option<TcpStream>>> = (0..world)
+            .map(|_| (0..nsocks).map(|_| None).collect())
+            .collect();
         for (peer, addr) in addrs.iter().enumerate().take(rank) {
+            #[allow(clippy::needless_range_loop)] // `s` is also the stream index sent in the hello
             for s in 0..nsocks {
                 let sock = loop {
                     let left = deadline.saturating_duration_since(Instant::now());
@@ -232,13 +268,17 @@ impl TcpEndpoint {
                     }
                 };
                 tune(&sock, opts).map_err(io_err(peer, "setsockopt"))?;
-                (&sock).write_all(&hello(comm_id, rank, s, nsocks)).map_err(io_err(peer, "hello"))?;
+                (&sock)
+                    .write_all(&hello(comm_id, rank, s, nsocks))
+                    .map_err(io_err(peer, "hello"))?;
                 slots[peer][s] = Some(sock);
             }
         }
         let expected = (world - rank - 1) * nsocks;
         let mut got = 0;
-        listener.set_nonblocking(true).map_err(io_err(usize::MAX, "listen"))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(io_err(usize::MAX, "listen"))?;
         while got < expected {
             let now = Instant::now();
             if now >= deadline {
@@ -249,21 +289,34 @@ impl TcpEndpoint {
                 return Err(TransportError::Timeout {
                     rank,
                     timeout: opts.timeout,
-                    msg: format!("no connection from rank(s) {} (listening on {:?})", missing.join(", "), listener.local_addr().ok()),
+                    msg: format!(
+                        "no connection from rank(s) {} (listening on {:?})",
+                        missing.join(", "),
+                        listener.local_addr().ok()
+                    ),
                 });
             }
             match listener.accept() {
                 Ok((sock, from)) => {
-                    sock.set_nonblocking(false).map_err(io_err(usize::MAX, "accept"))?;
+                    sock.set_nonblocking(false)
+                        .map_err(io_err(usize::MAX, "accept"))?;
                     let _ = sock.set_read_timeout(Some(Duration::from_secs(5).min(deadline - now)));
                     let mut h = [0u8; HELLO_LEN];
                     let ok = (&sock).read_exact(&mut h).is_ok();
                     let magic = u32::from_le_bytes(h[0..4].try_into().unwrap_or_default());
                     let cid = u64::from_le_bytes(h[8..16].try_into().unwrap_or_default());
-                    let peer = u32::from_le_bytes(h[16..20].try_into().unwrap_or_default()) as usize;
+                    let peer =
+                        u32::from_le_bytes(h[16..20].try_into().unwrap_or_default()) as usize;
                     let s = u16::from_le_bytes(h[20..22].try_into().unwrap_or_default()) as usize;
                     let n = u16::from_le_bytes(h[22..24].try_into().unwrap_or_default()) as usize;
-                    let valid = ok && magic == HELLO_MAGIC && cid == comm_id && peer > rank && peer < world && s < nsocks && n == nsocks && slots[peer][s].is_none();
+                    let valid = ok
+                        && magic == HELLO_MAGIC
+                        && cid == comm_id
+                        && peer > rank
+                        && peer < world
+                        && s < nsocks
+                        && n == nsocks
+                        && slots[peer][s].is_none();
                     if !valid {
                         tracing::warn!(target: "gradsync::net", "rank {rank}: dropped a connection from {from} with an invalid hello (magic 0x{magic:08x}, communicator {cid:x}, rank {peer}, stream {s}/{n})");
                         continue;
@@ -274,7 +327,11 @@ impl TcpEndpoint {
                     got += 1;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    let mut pfd = libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+                    let mut pfd = libc::pollfd {
+                        fd: listener.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    };
                     // SAFETY: pfd is a valid pollfd array of length 1.
                     unsafe { libc::poll(&mut pfd, 1, 50) };
                 }
@@ -289,7 +346,8 @@ impl TcpEndpoint {
             }
             let mut streams = Vec::with_capacity(nsocks);
             for sock in socks.into_iter().flatten() {
-                sock.set_nonblocking(true).map_err(io_err(p, "set_nonblocking"))?;
+                sock.set_nonblocking(true)
+                    .map_err(io_err(p, "set_nonblocking"))?;
                 let fd = sock.as_raw_fd();
                 streams.push(Stream {
                     sock,
@@ -304,22 +362,41 @@ impl TcpEndpoint {
                     header_only: false,
                 });
             }
-            peers.push(Some(Peer { streams, next_tx: 0, broken: None }));
+            peers.push(Some(Peer {
+                streams,
+                next_tx: 0,
+                broken: None,
+            }));
         }
         tracing::info!(target: "gradsync::net", "rank {rank}: connected to {} peers with {nsocks} stream(s) each in {:.1} ms", world - 1, start.elapsed().as_secs_f64() * 1e3);
-        Ok(TcpEndpoint { rank, world, peers, regions: RegionTable::new(rank), pollfds: Vec::new(), done: Vec::new() })
+        Ok(TcpEndpoint {
+            rank,
+            world,
+            peers,
+            regions: RegionTable::new(rank),
+            pollfds: Vec::new(),
+            done: Vec::new(),
+        })
     }
 
     fn peer_mut(&mut self, peer: usize, op: &'static str) -> Result<&mut Peer> {
         let rank = self.rank;
         let world = self.world;
-        let p = self.peers.get_mut(peer).and_then(Option::as_mut).ok_or_else(|| TransportError::Invalid {
-            rank,
-            op,
-            msg: format!("peer {peer} is not another rank of a world of {world}"),
-        })?;
+        let p = self
+            .peers
+            .get_mut(peer)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| TransportError::Invalid {
+                rank,
+                op,
+                msg: format!("peer {peer} is not another rank of a world of {world}"),
+            })?;
         if let Some(why) = &p.broken {
-            return Err(TransportError::PeerClosed { rank, peer, during: why.clone() });
+            return Err(TransportError::PeerClosed {
+                rank,
+                peer,
+                during: why.clone(),
+            });
         }
         Ok(p)
     }
@@ -336,7 +413,12 @@ impl TcpEndpoint {
             // Send at once: a small message then leaves without waiting for the next poll.
             if let Err(e) = flush(st, &mut done) {
                 p.broken = Some(format!("{op}: {e}"));
-                return Err(TransportError::Io { rank, peer, op, source: e });
+                return Err(TransportError::Io {
+                    rank,
+                    peer,
+                    op,
+                    source: e,
+                });
             }
         }
         self.done.extend(done.into_iter().map(done_completion));
@@ -350,7 +432,13 @@ impl TcpEndpoint {
         let deadline = Instant::now() + timeout;
         let mut out = Vec::new();
         // Flush what is queued (bounded by the deadline).
-        while Instant::now() < deadline && self.peers.iter().flatten().any(|p| p.broken.is_none() && p.streams.iter().any(|s| !s.txq.is_empty())) {
+        while Instant::now() < deadline
+            && self
+                .peers
+                .iter()
+                .flatten()
+                .any(|p| p.broken.is_none() && p.streams.iter().any(|s| !s.txq.is_empty()))
+        {
             let _ = self.poll(&mut out);
             out.clear();
             let _ = self.wait(Duration::from_millis(10));
@@ -395,7 +483,9 @@ impl TcpEndpoint {
 
 fn done_completion(d: u64) -> Completion {
     if d & (1 << 63) != 0 {
-        Completion::SendDone { wr_id: d & !(1 << 63) }
+        Completion::SendDone {
+            wr_id: d & !(1 << 63),
+        }
     } else {
         Completion::WriteDone { wr_id: d }
     }
@@ -414,7 +504,10 @@ fn flush(st: &mut Stream, done: &mut Vec<u64>) -> io::Result<()> {
                     skip -= len;
                     return;
                 }
-                iov.push(libc::iovec { iov_base: (addr + skip) as *mut libc::c_void, iov_len: len - skip });
+                iov.push(libc::iovec {
+                    iov_base: (addr + skip) as *mut libc::c_void,
+                    iov_len: len - skip,
+                });
                 skip = 0;
             };
             push(item.hdr.as_ptr() as usize, FRAME_HDR);
@@ -467,7 +560,13 @@ fn unsafe_zeroed_msghdr() -> libc::msghdr {
 
 impl TcpEndpoint {
     /// Reads what is available on one stream; returns true if anything was read.
-    fn rx_stream(rank: usize, peer: usize, st: &mut Stream, regions: &RegionTable, out: &mut Vec<Completion>) -> Result<bool> {
+    fn rx_stream(
+        rank: usize,
+        peer: usize,
+        st: &mut Stream,
+        regions: &RegionTable,
+        out: &mut Vec<Completion>,
+    ) -> Result<bool> {
         let mut progressed = false;
         let mut budget = RX_BUDGET;
         let proto = |msg: String| TransportError::Protocol { rank, peer, msg };
@@ -482,20 +581,33 @@ impl TcpEndpoint {
                         let len = u32::from_le_bytes(h[12..16].try_into().expect("4"));
                         let off = u64::from_le_bytes(h[16..24].try_into().expect("8"));
                         if h[1..4] != [0, 0, 0] {
-                            return Err(proto(format!("reserved bytes set in frame header {:02x?}", &h[..])));
+                            return Err(proto(format!(
+                                "reserved bytes set in frame header {h:02x?}"
+                            )));
                         }
                         st.lo += FRAME_HDR;
                         st.header_only = len as usize >= DIRECT_MIN;
                         st.rx = match kind {
                             KIND_WRITE | KIND_WRITE_IMM => {
-                                let dst = regions.check_remote_write(peer, rkey, off, len as u64)?;
-                                Rx::Write { dst, remaining: len as usize, imm: (kind == KIND_WRITE_IMM).then_some(imm), total: len }
+                                let dst =
+                                    regions.check_remote_write(peer, rkey, off, len as u64)?;
+                                Rx::Write {
+                                    dst,
+                                    remaining: len as usize,
+                                    imm: (kind == KIND_WRITE_IMM).then_some(imm),
+                                    total: len,
+                                }
                             }
                             KIND_SEND => {
                                 if len as usize > MAX_SEND {
-                                    return Err(proto(format!("send of {len} bytes exceeds the {MAX_SEND}-byte limit")));
+                                    return Err(proto(format!(
+                                        "send of {len} bytes exceeds the {MAX_SEND}-byte limit"
+                                    )));
                                 }
-                                Rx::Send { data: Vec::with_capacity(len as usize), need: len as usize }
+                                Rx::Send {
+                                    data: Vec::with_capacity(len as usize),
+                                    need: len as usize,
+                                }
                             }
                             k => return Err(proto(format!("unknown frame kind {k}"))),
                         };
@@ -503,10 +615,19 @@ impl TcpEndpoint {
                         continue;
                     }
                 }
-                Rx::Write { dst, remaining, imm, total } => {
+                Rx::Write {
+                    dst,
+                    remaining,
+                    imm,
+                    total,
+                } => {
                     if *remaining == 0 {
                         if let Some(imm) = *imm {
-                            out.push(Completion::WriteImm { peer, imm, len: *total });
+                            out.push(Completion::WriteImm {
+                                peer,
+                                imm,
+                                len: *total,
+                            });
                         }
                         st.rx = Rx::Header;
                         continue;
@@ -516,7 +637,13 @@ impl TcpEndpoint {
                         // SAFETY: dst..dst+remaining was checked to lie in a region registered
                         // for remote writes, which its owner keeps valid and leaves alone until
                         // the completion pushed above.
-                        unsafe { std::ptr::copy_nonoverlapping(st.rxbuf[st.lo..].as_ptr(), *dst as *mut u8, n) };
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                st.rxbuf[st.lo..].as_ptr(),
+                                *dst as *mut u8,
+                                n,
+                            )
+                        };
                         st.lo += n;
                         *dst += n;
                         *remaining -= n;
@@ -525,7 +652,8 @@ impl TcpEndpoint {
                     }
                     if *remaining >= DIRECT_MIN {
                         // SAFETY: as above; the slice covers exactly the checked span.
-                        let target = unsafe { std::slice::from_raw_parts_mut(*dst as *mut u8, *remaining) };
+                        let target =
+                            unsafe { std::slice::from_raw_parts_mut(*dst as *mut u8, *remaining) };
                         match st.sock.read(target) {
                             Ok(0) => {
                                 st.eof = true;
@@ -541,15 +669,27 @@ impl TcpEndpoint {
                                 }
                                 continue;
                             }
-                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(progressed),
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                                return Ok(progressed);
+                            }
                             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                            Err(e) => return Err(TransportError::Io { rank, peer, op: "read", source: e }),
+                            Err(e) => {
+                                return Err(TransportError::Io {
+                                    rank,
+                                    peer,
+                                    op: "read",
+                                    source: e,
+                                });
+                            }
                         }
                     }
                 }
                 Rx::Send { data, need } => {
                     if data.len() == *need {
-                        out.push(Completion::Recv { peer, data: std::mem::take(data) });
+                        out.push(Completion::Recv {
+                            peer,
+                            data: std::mem::take(data),
+                        });
                         st.rx = Rx::Header;
                         continue;
                     }
@@ -571,7 +711,11 @@ impl TcpEndpoint {
                 st.hi -= st.lo;
                 st.lo = 0;
             }
-            let want = if st.header_only && matches!(st.rx, Rx::Header) { FRAME_HDR - (st.hi - st.lo) } else { st.rxbuf.len() - st.hi };
+            let want = if st.header_only && matches!(st.rx, Rx::Header) {
+                FRAME_HDR - (st.hi - st.lo)
+            } else {
+                st.rxbuf.len() - st.hi
+            };
             match st.sock.read(&mut st.rxbuf[st.hi..st.hi + want]) {
                 Ok(0) => {
                     st.eof = true;
@@ -587,7 +731,14 @@ impl TcpEndpoint {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(progressed),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(TransportError::Io { rank, peer, op: "read", source: e }),
+                Err(e) => {
+                    return Err(TransportError::Io {
+                        rank,
+                        peer,
+                        op: "read",
+                        source: e,
+                    });
+                }
             }
         }
     }
@@ -606,7 +757,12 @@ impl Endpoint for TcpEndpoint {
         "tcp"
     }
 
-    unsafe fn register(&mut self, addr: *mut u8, len: usize, access: Access) -> Result<MemoryRegion> {
+    unsafe fn register(
+        &mut self,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<MemoryRegion> {
         Ok(self.regions.register(addr as usize, len, access))
     }
 
@@ -626,28 +782,56 @@ impl Endpoint for TcpEndpoint {
         self.regions.check_local(sges)?;
         let total: usize = sges.iter().map(|s| s.len).sum();
         if total > u32::MAX as usize {
-            return Err(TransportError::Invalid { rank: self.rank, op: "post_write", msg: format!("{total} bytes exceed one write") });
+            return Err(TransportError::Invalid {
+                rank: self.rank,
+                op: "post_write",
+                msg: format!("{total} bytes exceed one write"),
+            });
         }
         let mut hdr = [0u8; FRAME_HDR];
-        hdr[0] = if imm.is_some() { KIND_WRITE_IMM } else { KIND_WRITE };
+        hdr[0] = if imm.is_some() {
+            KIND_WRITE_IMM
+        } else {
+            KIND_WRITE
+        };
         hdr[4..8].copy_from_slice(&imm.unwrap_or(0).to_le_bytes());
         hdr[8..12].copy_from_slice(&remote.rkey.to_le_bytes());
         hdr[12..16].copy_from_slice(&(total as u32).to_le_bytes());
         hdr[16..24].copy_from_slice(&offset.to_le_bytes());
-        let item = TxItem { hdr, sges: sges.iter().map(|s| (s.addr, s.len)).collect(), _owned: Vec::new(), wr_id, is_send: false };
+        let item = TxItem {
+            hdr,
+            sges: sges.iter().map(|s| (s.addr, s.len)).collect(),
+            _owned: Vec::new(),
+            wr_id,
+            is_send: false,
+        };
         self.enqueue(peer, item, "post_write")
     }
 
     fn post_send(&mut self, peer: usize, data: &[u8], wr_id: u64) -> Result<()> {
         if data.len() > MAX_SEND {
-            return Err(TransportError::Invalid { rank: self.rank, op: "post_send", msg: format!("{} bytes exceed the {MAX_SEND}-byte limit", data.len()) });
+            return Err(TransportError::Invalid {
+                rank: self.rank,
+                op: "post_send",
+                msg: format!("{} bytes exceed the {MAX_SEND}-byte limit", data.len()),
+            });
         }
         let mut hdr = [0u8; FRAME_HDR];
         hdr[0] = KIND_SEND;
         hdr[12..16].copy_from_slice(&(data.len() as u32).to_le_bytes());
         let owned = data.to_vec();
         let sges = vec![(owned.as_ptr() as usize, owned.len())];
-        self.enqueue(peer, TxItem { hdr, sges, _owned: owned, wr_id, is_send: true }, "post_send")
+        self.enqueue(
+            peer,
+            TxItem {
+                hdr,
+                sges,
+                _owned: owned,
+                wr_id,
+                is_send: true,
+            },
+            "post_send",
+        )
     }
 
     fn close(&mut self, timeout: Duration) {
@@ -655,7 +839,10 @@ impl Endpoint for TcpEndpoint {
     }
 
     fn peer_alive(&self, peer: usize) -> bool {
-        self.peers.get(peer).and_then(Option::as_ref).is_some_and(|p| p.broken.is_none())
+        self.peers
+            .get(peer)
+            .and_then(Option::as_ref)
+            .is_some_and(|p| p.broken.is_none())
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>) -> Result<()> {
@@ -669,11 +856,21 @@ impl Endpoint for TcpEndpoint {
             self.pollfds.clear();
             for p in self.peers.iter().flatten() {
                 for st in &p.streams {
-                    self.pollfds.push(libc::pollfd { fd: st.fd, events: libc::POLLIN, revents: 0 });
+                    self.pollfds.push(libc::pollfd {
+                        fd: st.fd,
+                        events: libc::POLLIN,
+                        revents: 0,
+                    });
                 }
             }
             // SAFETY: pollfds is a valid array of pollfd structs of the given length.
-            unsafe { libc::poll(self.pollfds.as_mut_ptr(), self.pollfds.len() as libc::nfds_t, 0) };
+            unsafe {
+                libc::poll(
+                    self.pollfds.as_mut_ptr(),
+                    self.pollfds.len() as libc::nfds_t,
+                    0,
+                )
+            };
         }
         let mut idx = 0;
         for (peer, p) in self.peers.iter_mut().enumerate() {
@@ -723,16 +920,31 @@ impl Endpoint for TcpEndpoint {
                 if !st.txq.is_empty() {
                     events |= libc::POLLOUT;
                 }
-                self.pollfds.push(libc::pollfd { fd: st.fd, events, revents: 0 });
+                self.pollfds.push(libc::pollfd {
+                    fd: st.fd,
+                    events,
+                    revents: 0,
+                });
             }
         }
         let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
         // SAFETY: pollfds is a valid array of pollfd structs of the given length.
-        let r = unsafe { libc::poll(self.pollfds.as_mut_ptr(), self.pollfds.len() as libc::nfds_t, ms) };
+        let r = unsafe {
+            libc::poll(
+                self.pollfds.as_mut_ptr(),
+                self.pollfds.len() as libc::nfds_t,
+                ms,
+            )
+        };
         if r < 0 {
             let e = io::Error::last_os_error();
             if e.kind() != io::ErrorKind::Interrupted {
-                return Err(TransportError::Io { rank: self.rank, peer: usize::MAX, op: "poll", source: e });
+                return Err(TransportError::Io {
+                    rank: self.rank,
+                    peer: usize::MAX,
+                    op: "poll",
+                    source: e,
+                });
             }
         }
         Ok(())

@@ -9,7 +9,11 @@ fn pair(nsocks: usize) -> (TcpEndpoint, TcpEndpoint) {
     let l0 = tcp::listen("127.0.0.1".parse().unwrap()).unwrap();
     let l1 = tcp::listen("127.0.0.1".parse().unwrap()).unwrap();
     let addrs = vec![l0.local_addr().unwrap(), l1.local_addr().unwrap()];
-    let opts = TcpOptions { nsocks, timeout: Duration::from_secs(10), ..Default::default() };
+    let opts = TcpOptions {
+        nsocks,
+        timeout: Duration::from_secs(10),
+        ..Default::default()
+    };
     let a2 = addrs.clone();
     let o2 = opts.clone();
     let h = std::thread::spawn(move || TcpEndpoint::establish(1, &a2, l1, 7, &o2).unwrap());
@@ -18,7 +22,10 @@ fn pair(nsocks: usize) -> (TcpEndpoint, TcpEndpoint) {
 }
 
 /// Polls `ep` until `f` accepts a completion or an error occurs.
-fn poll_until(ep: &mut TcpEndpoint, mut f: impl FnMut(&Completion) -> bool) -> Result<(), TransportError> {
+fn poll_until(
+    ep: &mut TcpEndpoint,
+    mut f: impl FnMut(&Completion) -> bool,
+) -> Result<(), TransportError> {
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut out = Vec::new();
     loop {
@@ -41,11 +48,17 @@ fn write_with_immediate_lands_in_place() {
         let mr = unsafe { e1.register(dst.as_mut_ptr(), dst.len(), Access::REMOTE_WRITE) }.unwrap();
         let src: Vec<u8> = (0..200_004u32).map(|i| (i * 7 % 251) as u8).collect();
         // SAFETY: src outlives the write (we poll until WriteDone below).
-        let smr = unsafe { e0.register(src.as_ptr() as *mut u8, src.len(), Access::LOCAL_READ) }.unwrap();
+        let smr =
+            unsafe { e0.register(src.as_ptr() as *mut u8, src.len(), Access::LOCAL_READ) }.unwrap();
         for k in 0..4u32 {
-            let sge = [Sge { addr: src.as_ptr() as usize + k as usize, len: src.len() - 4, lkey: smr.lkey }];
+            let sge = [Sge {
+                addr: src.as_ptr() as usize + k as usize,
+                len: src.len() - 4,
+                lkey: smr.lkey,
+            }];
             // SAFETY: as above.
-            unsafe { e0.post_write(1, &sge, mr.remote(), 250_000 * k as u64, Some(k), k as u64) }.unwrap();
+            unsafe { e0.post_write(1, &sge, mr.remote(), 250_000 * k as u64, Some(k), k as u64) }
+                .unwrap();
         }
         let mut imms = Vec::new();
         poll_until(&mut e1, |c| {
@@ -66,11 +79,18 @@ fn write_with_immediate_lands_in_place() {
         .unwrap();
         for k in 0..4usize {
             let at = 250_000 * k;
-            assert!(dst[at..at + src.len() - 4] == src[k..k + src.len() - 4], "write {k} landed wrong");
+            assert!(
+                dst[at..at + src.len() - 4] == src[k..k + src.len() - 4],
+                "write {k} landed wrong"
+            );
         }
         // Two-sided send.
         e1.post_send(0, b"credit", 9).unwrap();
-        poll_until(&mut e0, |c| matches!(c, Completion::Recv { peer: 1, data } if data == b"credit")).unwrap();
+        poll_until(
+            &mut e0,
+            |c| matches!(c, Completion::Recv { peer: 1, data } if data == b"credit"),
+        )
+        .unwrap();
     }
 }
 
@@ -80,17 +100,37 @@ fn bad_key_is_an_error_naming_the_peer() {
     let mut dst = vec![0u8; 4096];
     // SAFETY: dst outlives the endpoint's use of it in this test.
     let mr = unsafe { e1.register(dst.as_mut_ptr(), dst.len(), Access::REMOTE_WRITE) }.unwrap();
-    let src = vec![1u8; 64];
+    let src = [1u8; 64];
     // SAFETY: src outlives the write.
     let smr = unsafe { e0.register(src.as_ptr() as *mut u8, 64, Access::LOCAL_READ) }.unwrap();
-    let sge = [Sge { addr: src.as_ptr() as usize, len: 64, lkey: smr.lkey }];
-    let wrong = RemoteRegion { rkey: mr.rkey ^ 0x5555, len: 4096 };
+    let sge = [Sge {
+        addr: src.as_ptr() as usize,
+        len: 64,
+        lkey: smr.lkey,
+    }];
+    let wrong = RemoteRegion {
+        rkey: mr.rkey ^ 0x5555,
+        len: 4096,
+    };
     // SAFETY: as above.
     unsafe { e0.post_write(1, &sge, wrong, 0, Some(1), 1) }.unwrap();
     let err = poll_until(&mut e1, |_| false).unwrap_err();
-    assert!(matches!(err, TransportError::BadKey { rank: 1, peer: 0, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            TransportError::BadKey {
+                rank: 1,
+                peer: 0,
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert!(err.to_string().contains("peer 0"), "{err}");
-    assert!(dst.iter().all(|&b| b == 0), "a rejected write must not touch memory");
+    assert!(
+        dst.iter().all(|&b| b == 0),
+        "a rejected write must not touch memory"
+    );
 }
 
 #[test]
@@ -99,17 +139,37 @@ fn out_of_bounds_write_is_an_error_naming_the_peer() {
     let mut dst = vec![0u8; 4096];
     // SAFETY: dst outlives the endpoint's use of it in this test.
     let mr = unsafe { e1.register(dst.as_mut_ptr(), dst.len(), Access::REMOTE_WRITE) }.unwrap();
-    let src = vec![1u8; 64];
+    let src = [1u8; 64];
     // SAFETY: src outlives the write.
     let smr = unsafe { e0.register(src.as_ptr() as *mut u8, 64, Access::LOCAL_READ) }.unwrap();
-    let sge = [Sge { addr: src.as_ptr() as usize, len: 64, lkey: smr.lkey }];
+    let sge = [Sge {
+        addr: src.as_ptr() as usize,
+        len: 64,
+        lkey: smr.lkey,
+    }];
     // SAFETY: as above.
     unsafe { e0.post_write(1, &sge, mr.remote(), 4096 - 63, Some(1), 1) }.unwrap();
     let err = poll_until(&mut e1, |_| false).unwrap_err();
-    assert!(matches!(err, TransportError::OutOfBounds { rank: 1, peer: 0, offset: 4033, len: 64, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            TransportError::OutOfBounds {
+                rank: 1,
+                peer: 0,
+                offset: 4033,
+                len: 64,
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert!(dst.iter().all(|&b| b == 0));
     // A span outside any local region is refused before anything is sent.
-    let bad = [Sge { addr: src.as_ptr() as usize + 1, len: 64, lkey: smr.lkey }];
+    let bad = [Sge {
+        addr: src.as_ptr() as usize + 1,
+        len: 64,
+        lkey: smr.lkey,
+    }];
     // SAFETY: the call fails before reading memory.
     let e = unsafe { e0.post_write(1, &bad, mr.remote(), 0, None, 2) }.unwrap_err();
     assert!(matches!(e, TransportError::Invalid { .. }), "{e}");
@@ -124,9 +184,15 @@ fn closed_peer_is_noticed() {
     while e0.peer_alive(1) {
         e0.poll(&mut out).unwrap();
         e0.wait(Duration::from_millis(20)).unwrap();
-        assert!(Instant::now() < deadline, "peer close not noticed within 5 s");
+        assert!(
+            Instant::now() < deadline,
+            "peer close not noticed within 5 s"
+        );
     }
-    assert!(matches!(e0.post_send(1, b"x", 0), Err(TransportError::PeerClosed { peer: 1, .. })));
+    assert!(matches!(
+        e0.post_send(1, b"x", 0),
+        Err(TransportError::PeerClosed { peer: 1, .. })
+    ));
 }
 
 #[test]

@@ -61,7 +61,10 @@ fn main() -> gradsync::Result<()> {
     }
     if comm.rank() == 0 {
         let (d, t) = (median(direct), median(threaded));
-        println!("8-byte all_reduce, {} ranks, median of {reps} x {iters} calls:", comm.world_size());
+        println!(
+            "8-byte all_reduce, {} ranks, median of {reps} x {iters} calls:",
+            comm.world_size()
+        );
         println!("  caller-driven   {d:8.1} us");
         println!("  progress thread {t:8.1} us  (x{:.2})", t / d);
     }

@@ -103,11 +103,17 @@ impl Drop for Pending<'_> {
 }
 
 fn raw<T>(s: &[T]) -> RawBuf {
-    RawBuf { addr: s.as_ptr() as usize, len: std::mem::size_of_val(s) }
+    RawBuf {
+        addr: s.as_ptr() as usize,
+        len: std::mem::size_of_val(s),
+    }
 }
 
 fn new_comm_id() -> u64 {
-    let t = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let t = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
     let mut x = (t as u64) ^ ((std::process::id() as u64) << 32) ^ 0x9e37_79b9_7f4a_7c15;
     x ^= x >> 33;
     x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
@@ -127,7 +133,11 @@ fn route_to(to: SocketAddr) -> Option<IpAddr> {
     if to.ip().is_loopback() {
         return Some(to.ip());
     }
-    let any: SocketAddr = if to.is_ipv4() { "0.0.0.0:0".parse().ok()? } else { "[::]:0".parse().ok()? };
+    let any: SocketAddr = if to.is_ipv4() {
+        "0.0.0.0:0".parse().ok()?
+    } else {
+        "[::]:0".parse().ok()?
+    };
     let s = UdpSocket::bind(any).ok()?;
     s.connect(to).ok()?;
     s.local_addr().ok().map(|a| a.ip())
@@ -149,7 +159,9 @@ impl Communicator {
         let rank = config.rank;
         let world = config.world;
         if world == 0 || rank >= world {
-            return Err(Error::Config(format!("rank {rank} is not within world size {world}")));
+            return Err(Error::Config(format!(
+                "rank {rank} is not within world size {world}"
+            )));
         }
         crate::logging::set_rank(rank);
         let t0 = Instant::now();
@@ -159,47 +171,86 @@ impl Communicator {
         } else {
             None
         };
-        let mut store = StoreClient::connect(&config.store_addr, config.timeout).map_err(|source| Error::Store { rank, source })?;
+        let mut store = StoreClient::connect(&config.store_addr, config.timeout)
+            .map_err(|source| Error::Store { rank, source })?;
         let st = |source| Error::Store { rank, source };
         // A fresh id per communicator; every key of this communicator lives under it.
         let comm_id = if rank == 0 {
             let id = new_comm_id();
-            store.set("gradsync/comm_id", &id.to_le_bytes()).map_err(st)?;
+            store
+                .set("gradsync/comm_id", &id.to_le_bytes())
+                .map_err(st)?;
             id
         } else {
-            let v = store.wait(&["gradsync/comm_id"], config.timeout).map_err(st)?;
-            u64::from_le_bytes(v[0].as_slice().try_into().map_err(|_| Error::Config("malformed communicator id in the store".into()))?)
+            let v = store
+                .wait(&["gradsync/comm_id"], config.timeout)
+                .map_err(st)?;
+            u64::from_le_bytes(
+                v[0].as_slice()
+                    .try_into()
+                    .map_err(|_| Error::Config("malformed communicator id in the store".into()))?,
+            )
         };
         let (ip, ifname) = match &config.socket_ifname {
-            Some(name) => (tcp::interface_addr(name).map_err(|e| Error::Config(format!("GRADSYNC_SOCKET_IFNAME: {e}")))?, name.clone()),
+            Some(name) => (
+                tcp::interface_addr(name)
+                    .map_err(|e| Error::Config(format!("GRADSYNC_SOCKET_IFNAME: {e}")))?,
+                name.clone(),
+            ),
             None => {
-                let ip = route_to(store_sa).ok_or_else(|| Error::Config(format!("no local route to the store at {store_sa}; set GRADSYNC_SOCKET_IFNAME")))?;
-                let name = tcp::interfaces().ok().and_then(|l| l.into_iter().find(|(_, a)| *a == ip).map(|(n, _)| n)).unwrap_or_else(|| "?".into());
+                let ip = route_to(store_sa).ok_or_else(|| {
+                    Error::Config(format!(
+                        "no local route to the store at {store_sa}; set GRADSYNC_SOCKET_IFNAME"
+                    ))
+                })?;
+                let name = tcp::interfaces()
+                    .ok()
+                    .and_then(|l| l.into_iter().find(|(_, a)| *a == ip).map(|(n, _)| n))
+                    .unwrap_or_else(|| "?".into());
                 (ip, name)
             }
         };
-        let listener = tcp::listen(ip).map_err(|e| Error::Config(format!("cannot listen on {ip}: {e}")))?;
-        let my_addr = listener.local_addr().map_err(|e| Error::Config(format!("listener address: {e}")))?;
+        let listener =
+            tcp::listen(ip).map_err(|e| Error::Config(format!("cannot listen on {ip}: {e}")))?;
+        let my_addr = listener
+            .local_addr()
+            .map_err(|e| Error::Config(format!("listener address: {e}")))?;
         let prefix = format!("gradsync/{comm_id:016x}");
-        store.set(&format!("{prefix}/addr/{rank}"), my_addr.to_string().as_bytes()).map_err(st)?;
+        store
+            .set(
+                &format!("{prefix}/addr/{rank}"),
+                my_addr.to_string().as_bytes(),
+            )
+            .map_err(st)?;
         let keys: Vec<String> = (0..world).map(|r| format!("{prefix}/addr/{r}")).collect();
         let krefs: Vec<&str> = keys.iter().map(String::as_str).collect();
         let vals = store.wait(&krefs, config.timeout).map_err(st)?;
         let mut addrs = Vec::with_capacity(world);
         for (r, v) in vals.iter().enumerate() {
             let s = String::from_utf8_lossy(v);
-            addrs.push(s.parse::<SocketAddr>().map_err(|_| Error::Config(format!("rank {r} published a malformed address {s:?}")))?);
+            addrs.push(s.parse::<SocketAddr>().map_err(|_| {
+                Error::Config(format!("rank {r} published a malformed address {s:?}"))
+            })?);
         }
-        let topts = TcpOptions { nsocks: config.nsocks, sock_buf: config.socket_bufsize, timeout: config.timeout.saturating_sub(t0.elapsed()) };
-        let ep = TcpEndpoint::establish(rank, &addrs, listener, comm_id, &topts).map_err(|e| Error::transport(rank, "connect", e))?;
+        let topts = TcpOptions {
+            nsocks: config.nsocks,
+            sock_buf: config.socket_bufsize,
+            timeout: config.timeout.saturating_sub(t0.elapsed()),
+        };
+        let ep = TcpEndpoint::establish(rank, &addrs, listener, comm_id, &topts)
+            .map_err(|e| Error::transport(rank, "connect", e))?;
         let (mut engine, inbox) = Engine::new(Box::new(ep), comm_id, engine_options(&config))?;
-        store.set(&format!("{prefix}/inbox/{rank}"), &inbox.to_bytes()).map_err(st)?;
+        store
+            .set(&format!("{prefix}/inbox/{rank}"), &inbox.to_bytes())
+            .map_err(st)?;
         let keys: Vec<String> = (0..world).map(|r| format!("{prefix}/inbox/{r}")).collect();
         let krefs: Vec<&str> = keys.iter().map(String::as_str).collect();
         let vals = store.wait(&krefs, config.timeout).map_err(st)?;
         let mut inboxes = Vec::with_capacity(world);
         for (r, v) in vals.iter().enumerate() {
-            inboxes.push(RemoteRegion::from_bytes(v).ok_or_else(|| Error::Config(format!("rank {r} published a malformed inbox descriptor")))?);
+            inboxes.push(RemoteRegion::from_bytes(v).ok_or_else(|| {
+                Error::Config(format!("rank {r} published a malformed inbox descriptor"))
+            })?);
         }
         engine.connect_peers(&inboxes);
         tracing::info!(
@@ -227,7 +278,11 @@ impl Communicator {
         let mut engines = Vec::with_capacity(world);
         let mut inboxes = Vec::with_capacity(world);
         for ep in eps {
-            let (e, inbox) = Engine::new(Box::new(ep) as Box<dyn Endpoint>, comm_id, engine_options(config))?;
+            let (e, inbox) = Engine::new(
+                Box::new(ep) as Box<dyn Endpoint>,
+                comm_id,
+                engine_options(config),
+            )?;
             engines.push(e);
             inboxes.push(inbox);
         }
@@ -241,7 +296,13 @@ impl Communicator {
             .collect())
     }
 
-    fn assemble(engine: Engine, rank: usize, world: usize, algorithm: Option<Algorithm>, store: Option<StoreServer>) -> Self {
+    fn assemble(
+        engine: Engine,
+        rank: usize,
+        world: usize,
+        algorithm: Option<Algorithm>,
+        store: Option<StoreServer>,
+    ) -> Self {
         Communicator {
             engine,
             rank,
@@ -283,7 +344,9 @@ impl Communicator {
             if target_done(self) {
                 return Ok(());
             }
-            let Some(q) = self.queue.pop_front() else { return Ok(()) };
+            let Some(q) = self.queue.pop_front() else {
+                return Ok(());
+            };
             // SAFETY: the buffer is owned by `q.owner`, which the communicator keeps (in
             // `current`, then `finished`) until the operation has ended.
             unsafe { self.engine.start(q.sig, q.prog, q.buf, q.buf)? };
@@ -307,9 +370,18 @@ impl Communicator {
         let (sig, prog) = self.plan(Collective::AllReduce, T::DTYPE, op, 0, buf.len(), true)?;
         let id = self.next_work;
         self.next_work += 1;
-        self.queue.push_back(Queued { id, sig, prog, buf: raw_buf, owner: Box::new(buf) });
+        self.queue.push_back(Queued {
+            id,
+            sig,
+            prog,
+            buf: raw_buf,
+            owner: Box::new(buf),
+        });
         self.drive(false, Some(id))?;
-        Ok(Work { id, _t: PhantomData })
+        Ok(Work {
+            id,
+            _t: PhantomData,
+        })
     }
 
     /// Drives queued operations without blocking; whether `w` has finished.
@@ -321,8 +393,16 @@ impl Communicator {
     /// Waits for `w` and returns its buffer.
     pub fn wait<T: Element>(&mut self, w: Work<T>) -> Result<Vec<T>> {
         self.drive(true, Some(w.id))?;
-        let b = self.finished.remove(&w.id).ok_or_else(|| Error::Internal { rank: self.rank, msg: format!("work {} is not known to this communicator", w.id) })?;
-        b.downcast::<Vec<T>>().map(|b| *b).map_err(|_| Error::Internal { rank: self.rank, msg: "work handle of another element type".into() })
+        let b = self.finished.remove(&w.id).ok_or_else(|| Error::Internal {
+            rank: self.rank,
+            msg: format!("work {} is not known to this communicator", w.id),
+        })?;
+        b.downcast::<Vec<T>>()
+            .map(|b| *b)
+            .map_err(|_| Error::Internal {
+                rank: self.rank,
+                msg: "work handle of another element type".into(),
+            })
     }
 
     /// Drives queued operations without blocking.
@@ -351,20 +431,45 @@ impl Communicator {
     }
 
     fn invalid(&self, op: &'static str, msg: String) -> Error {
-        Error::InvalidArgument { rank: self.rank, op, msg }
+        Error::InvalidArgument {
+            rank: self.rank,
+            op,
+            msg,
+        }
     }
 
     /// Plans a collective and takes its sequence number.
-    fn plan(&mut self, coll: Collective, dtype: gradsync_core::DataType, op: ReduceOp, root: usize, count: usize, in_place: bool) -> Result<(Signature, Program)> {
+    fn plan(
+        &mut self,
+        coll: Collective,
+        dtype: gradsync_core::DataType,
+        op: ReduceOp,
+        root: usize,
+        count: usize,
+        in_place: bool,
+    ) -> Result<(Signature, Program)> {
         let bytes = count * dtype.size();
         let algorithm = match (coll, self.algorithm) {
             (Collective::AllReduce, Some(a)) => a,
             _ => plan::default_algorithm(coll, self.world, bytes),
         };
-        let params = Params { coll, rank: self.rank, world: self.world, count, root, op, segment: self.engine.segment_elems(dtype), in_place, algorithm };
+        let params = Params {
+            coll,
+            rank: self.rank,
+            world: self.world,
+            count,
+            root,
+            op,
+            segment: self.engine.segment_elems(dtype),
+            in_place,
+            algorithm,
+        };
         let prog = plan::build(&params).map_err(|e| self.invalid(coll.name(), e.to_string()))?;
         self.seq += 1;
-        let reduces = matches!(coll, Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce);
+        let reduces = matches!(
+            coll,
+            Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce
+        );
         let sig = Signature {
             comm_id: self.engine.comm_id,
             seq: self.seq,
@@ -372,7 +477,11 @@ impl Communicator {
             dtype,
             op: if reduces { op } else { ReduceOp::Sum },
             count: count as u64,
-            root: if matches!(coll, Collective::Broadcast | Collective::Reduce) { root as u32 } else { 0 },
+            root: if matches!(coll, Collective::Broadcast | Collective::Reduce) {
+                root as u32
+            } else {
+                0
+            },
         };
         tracing::trace!(target: "gradsync::coll", "rank {}: plan {sig} algorithm {algorithm}", self.rank);
         Ok((sig, prog))
@@ -384,7 +493,17 @@ impl Communicator {
     ///
     /// As [`Engine::start`]: the buffers stay valid and untouched until the operation ends.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn start(&mut self, coll: Collective, dtype: gradsync_core::DataType, op: ReduceOp, root: usize, count: usize, input: RawBuf, output: RawBuf, in_place: bool) -> Result<()> {
+    unsafe fn start(
+        &mut self,
+        coll: Collective,
+        dtype: gradsync_core::DataType,
+        op: ReduceOp,
+        root: usize,
+        count: usize,
+        input: RawBuf,
+        output: RawBuf,
+        in_place: bool,
+    ) -> Result<()> {
         self.drive(true, None)?;
         self.engine.check_usable()?;
         let (sig, prog) = self.plan(coll, dtype, op, root, count, in_place)?;
@@ -394,7 +513,10 @@ impl Communicator {
 
     fn check_root(&self, op: &'static str, root: usize) -> Result<()> {
         if root >= self.world {
-            return Err(self.invalid(op, format!("root {root} is not a rank of a world of {}", self.world)));
+            return Err(self.invalid(
+                op,
+                format!("root {root} is not a rank of a world of {}", self.world),
+            ));
         }
         Ok(())
     }
@@ -406,33 +528,100 @@ impl Communicator {
     }
 
     /// All-reduce out of place: `output` gets `op` over all ranks' `input`.
-    pub fn all_reduce_into<T: Element>(&mut self, input: &[T], output: &mut [T], op: ReduceOp) -> Result<()> {
+    pub fn all_reduce_into<T: Element>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
         if input.len() != output.len() {
-            return Err(self.invalid("all_reduce", format!("input has {} elements but output has {}", input.len(), output.len())));
+            return Err(self.invalid(
+                "all_reduce",
+                format!(
+                    "input has {} elements but output has {}",
+                    input.len(),
+                    output.len()
+                ),
+            ));
         }
         // SAFETY: both borrows outlive the call, which runs the operation to its end.
-        unsafe { self.start(Collective::AllReduce, T::DTYPE, op, 0, input.len(), raw(input), raw(output), false)? };
+        unsafe {
+            self.start(
+                Collective::AllReduce,
+                T::DTYPE,
+                op,
+                0,
+                input.len(),
+                raw(input),
+                raw(output),
+                false,
+            )?
+        };
         self.engine.progress(true).map(drop)
     }
 
     /// Starts an in-place all-reduce; the returned handle holds `buf` until it is waited for.
-    pub fn all_reduce_async<'a, T: Element>(&'a mut self, buf: &'a mut [T], op: ReduceOp) -> Result<Pending<'a>> {
+    pub fn all_reduce_async<'a, T: Element>(
+        &'a mut self,
+        buf: &'a mut [T],
+        op: ReduceOp,
+    ) -> Result<Pending<'a>> {
         let b = raw(buf);
         // SAFETY: `buf` stays mutably borrowed by the returned Pending until it completes (its
         // wait or drop); a leaked Pending poisons the communicator and its buffer is never
         // touched again (no progress happens outside calls made through the handle).
-        unsafe { self.start(Collective::AllReduce, T::DTYPE, op, 0, buf.len(), b, b, true)? };
-        Ok(Pending { comm: self, done: false, _bufs: PhantomData })
+        unsafe {
+            self.start(
+                Collective::AllReduce,
+                T::DTYPE,
+                op,
+                0,
+                buf.len(),
+                b,
+                b,
+                true,
+            )?
+        };
+        Ok(Pending {
+            comm: self,
+            done: false,
+            _bufs: PhantomData,
+        })
     }
 
     /// Reduce-scatter: `input` holds `world * n` elements, `output` gets slice `rank` (n
     /// elements) of `op` over all ranks' inputs.
-    pub fn reduce_scatter<T: Element>(&mut self, input: &[T], output: &mut [T], op: ReduceOp) -> Result<()> {
+    pub fn reduce_scatter<T: Element>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
         if Some(input.len()) != output.len().checked_mul(self.world) {
-            return Err(self.invalid("reduce_scatter", format!("input has {} elements but must have world {} x output {} = {}", input.len(), self.world, output.len(), output.len() * self.world)));
+            return Err(self.invalid(
+                "reduce_scatter",
+                format!(
+                    "input has {} elements but must have world {} x output {} = {}",
+                    input.len(),
+                    self.world,
+                    output.len(),
+                    output.len() * self.world
+                ),
+            ));
         }
         // SAFETY: both borrows outlive the call, which runs the operation to its end.
-        unsafe { self.start(Collective::ReduceScatter, T::DTYPE, op, 0, output.len(), raw(input), raw(output), false)? };
+        unsafe {
+            self.start(
+                Collective::ReduceScatter,
+                T::DTYPE,
+                op,
+                0,
+                output.len(),
+                raw(input),
+                raw(output),
+                false,
+            )?
+        };
         self.engine.progress(true).map(drop)
     }
 
@@ -440,10 +629,30 @@ impl Communicator {
     /// at `r * input.len()`.
     pub fn all_gather<T: Element>(&mut self, input: &[T], output: &mut [T]) -> Result<()> {
         if Some(output.len()) != input.len().checked_mul(self.world) {
-            return Err(self.invalid("all_gather", format!("output has {} elements but must have world {} x input {} = {}", output.len(), self.world, input.len(), input.len() * self.world)));
+            return Err(self.invalid(
+                "all_gather",
+                format!(
+                    "output has {} elements but must have world {} x input {} = {}",
+                    output.len(),
+                    self.world,
+                    input.len(),
+                    input.len() * self.world
+                ),
+            ));
         }
         // SAFETY: both borrows outlive the call, which runs the operation to its end.
-        unsafe { self.start(Collective::AllGather, T::DTYPE, ReduceOp::Sum, 0, input.len(), raw(input), raw(output), false)? };
+        unsafe {
+            self.start(
+                Collective::AllGather,
+                T::DTYPE,
+                ReduceOp::Sum,
+                0,
+                input.len(),
+                raw(input),
+                raw(output),
+                false,
+            )?
+        };
         self.engine.progress(true).map(drop)
     }
 
@@ -452,34 +661,90 @@ impl Communicator {
         self.check_root("broadcast", root)?;
         let b = raw(buf);
         // SAFETY: `buf` is borrowed for the whole call, which runs the operation to its end.
-        unsafe { self.start(Collective::Broadcast, T::DTYPE, ReduceOp::Sum, root, buf.len(), b, b, true)? };
+        unsafe {
+            self.start(
+                Collective::Broadcast,
+                T::DTYPE,
+                ReduceOp::Sum,
+                root,
+                buf.len(),
+                b,
+                b,
+                true,
+            )?
+        };
         self.engine.progress(true).map(drop)
     }
 
     /// Reduce: the root's `output` gets `op` over all ranks' `input`. Other ranks' `output` is
     /// not touched and may be empty.
-    pub fn reduce<T: Element>(&mut self, input: &[T], output: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+    pub fn reduce<T: Element>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
         self.check_root("reduce", root)?;
         if output.len() != input.len() && (self.rank == root || !output.is_empty()) {
             return Err(self.invalid("reduce", format!("input has {} elements but output has {} (the root's output must match; others may pass an empty one)", input.len(), output.len())));
         }
-        let out = if self.rank == root { raw(output) } else { RawBuf::default() };
+        let out = if self.rank == root {
+            raw(output)
+        } else {
+            RawBuf::default()
+        };
         // SAFETY: both borrows outlive the call, which runs the operation to its end.
-        unsafe { self.start(Collective::Reduce, T::DTYPE, op, root, input.len(), raw(input), out, false)? };
+        unsafe {
+            self.start(
+                Collective::Reduce,
+                T::DTYPE,
+                op,
+                root,
+                input.len(),
+                raw(input),
+                out,
+                false,
+            )?
+        };
         self.engine.progress(true).map(drop)
     }
 
     /// Barrier: returns once every rank has entered it.
     pub fn barrier(&mut self) -> Result<()> {
         // SAFETY: a barrier touches no caller memory.
-        unsafe { self.start(Collective::Barrier, gradsync_core::DataType::U8, ReduceOp::Sum, 0, 0, RawBuf::default(), RawBuf::default(), false)? };
+        unsafe {
+            self.start(
+                Collective::Barrier,
+                gradsync_core::DataType::U8,
+                ReduceOp::Sum,
+                0,
+                0,
+                RawBuf::default(),
+                RawBuf::default(),
+                false,
+            )?
+        };
         self.engine.progress(true).map(drop)
     }
 
-    fn p2p(&mut self, peer: usize, dtype: gradsync_core::DataType, count: usize, buf: RawBuf, send: bool) -> Result<()> {
+    fn p2p(
+        &mut self,
+        peer: usize,
+        dtype: gradsync_core::DataType,
+        count: usize,
+        buf: RawBuf,
+        send: bool,
+    ) -> Result<()> {
         let op_name = if send { "send" } else { "recv" };
         if peer >= self.world || peer == self.rank {
-            return Err(self.invalid(op_name, format!("peer {peer} is not another rank of a world of {}", self.world)));
+            return Err(self.invalid(
+                op_name,
+                format!(
+                    "peer {peer} is not another rank of a world of {}",
+                    self.world
+                ),
+            ));
         }
         self.drive(true, None)?;
         self.engine.check_usable()?;
@@ -488,15 +753,44 @@ impl Communicator {
         let mut start = 0;
         while start < count || (count == 0 && start == 0) {
             let len = seg.min(count - start);
-            let op = if send { Op::Send { peer, src: Loc::new(Buf::Input, start), len } } else { Op::Recv { peer, dst: Loc::new(Buf::Output, start), reduce_with: None, len } };
+            let op = if send {
+                Op::Send {
+                    peer,
+                    src: Loc::new(Buf::Input, start),
+                    len,
+                }
+            } else {
+                Op::Recv {
+                    peer,
+                    dst: Loc::new(Buf::Output, start),
+                    reduce_with: None,
+                    len,
+                }
+            };
             prog.push(op, &[]);
             start += len.max(1);
         }
         // Send/recv pairs are numbered per pair of ranks, apart from the collectives.
         self.p2p_seq[peer] += 1;
-        let (lo, hi) = if send { (self.rank, peer) } else { (peer, self.rank) };
-        let sig = Signature { comm_id: self.engine.comm_id, seq: self.p2p_seq[peer], coll: Collective::SendRecv, dtype, op: ReduceOp::Sum, count: count as u64, root: ((lo as u32) << 16) | hi as u32 };
-        let (i, o) = if send { (buf, RawBuf::default()) } else { (RawBuf::default(), buf) };
+        let (lo, hi) = if send {
+            (self.rank, peer)
+        } else {
+            (peer, self.rank)
+        };
+        let sig = Signature {
+            comm_id: self.engine.comm_id,
+            seq: self.p2p_seq[peer],
+            coll: Collective::SendRecv,
+            dtype,
+            op: ReduceOp::Sum,
+            count: count as u64,
+            root: ((lo as u32) << 16) | hi as u32,
+        };
+        let (i, o) = if send {
+            (buf, RawBuf::default())
+        } else {
+            (RawBuf::default(), buf)
+        };
         // SAFETY: the buffer is borrowed by the caller for the whole call.
         unsafe { self.engine.start(sig, prog, i, o)? };
         self.engine.progress(true).map(drop)
@@ -515,7 +809,13 @@ impl Communicator {
 }
 
 fn engine_options(c: &Config) -> EngineOptions {
-    EngineOptions { slot_bytes: c.chunk_bytes, nslots: c.nslots, timeout: c.timeout, spin: c.spin, direct_min: c.direct_min }
+    EngineOptions {
+        slot_bytes: c.chunk_bytes,
+        nslots: c.nslots,
+        timeout: c.timeout,
+        spin: c.spin,
+        direct_min: c.direct_min,
+    }
 }
 
 impl Drop for Communicator {

@@ -89,7 +89,11 @@ impl Env<'_> {
     fn parse<T: std::str::FromStr>(&self, name: &str) -> Result<Option<T>, Error> {
         match self.var(name) {
             None => Ok(None),
-            Some(v) => v.trim().parse().map(Some).map_err(|_| Error::Config(format!("{name}={v:?} is not a valid value"))),
+            Some(v) => v
+                .trim()
+                .parse()
+                .map(Some)
+                .map_err(|_| Error::Config(format!("{name}={v:?} is not a valid value"))),
         }
     }
 }
@@ -158,15 +162,42 @@ impl Config {
     fn from_vars(env: &Env<'_>) -> Result<Self, Error> {
         let parse_var = |n: &str| env.parse::<usize>(n);
         let var = |n: &str| env.var(n);
-        let (rank, world, local, local_world, single_host, launcher) = if let (Some(r), Some(w)) = (parse_var("RANK")?, parse_var("WORLD_SIZE")?) {
+        let (rank, world, local, local_world, single_host, launcher) = if let (Some(r), Some(w)) =
+            (parse_var("RANK")?, parse_var("WORLD_SIZE")?)
+        {
             let lw = parse_var("LOCAL_WORLD_SIZE")?;
-            (r, w, parse_var("LOCAL_RANK")?, lw, lw == Some(w), "torchrun")
-        } else if let (Some(r), Some(w)) = (parse_var("OMPI_COMM_WORLD_RANK")?, parse_var("OMPI_COMM_WORLD_SIZE")?) {
+            (
+                r,
+                w,
+                parse_var("LOCAL_RANK")?,
+                lw,
+                lw == Some(w),
+                "torchrun",
+            )
+        } else if let (Some(r), Some(w)) = (
+            parse_var("OMPI_COMM_WORLD_RANK")?,
+            parse_var("OMPI_COMM_WORLD_SIZE")?,
+        ) {
             let lw = parse_var("OMPI_COMM_WORLD_LOCAL_SIZE")?;
-            (r, w, parse_var("OMPI_COMM_WORLD_LOCAL_RANK")?, lw, lw == Some(w), "openmpi")
-        } else if let (Some(r), Some(w)) = (parse_var("SLURM_PROCID")?, parse_var("SLURM_NTASKS")?) {
+            (
+                r,
+                w,
+                parse_var("OMPI_COMM_WORLD_LOCAL_RANK")?,
+                lw,
+                lw == Some(w),
+                "openmpi",
+            )
+        } else if let (Some(r), Some(w)) = (parse_var("SLURM_PROCID")?, parse_var("SLURM_NTASKS")?)
+        {
             let nodes = parse_var("SLURM_NNODES")?;
-            (r, w, parse_var("SLURM_LOCALID")?, None, nodes == Some(1), "slurm")
+            (
+                r,
+                w,
+                parse_var("SLURM_LOCALID")?,
+                None,
+                nodes == Some(1),
+                "slurm",
+            )
         } else {
             return Err(Error::Config(
                 "no launcher environment found: set RANK and WORLD_SIZE (torchrun, `gradsync launch`), or run under Slurm (SLURM_PROCID) or Open MPI (OMPI_COMM_WORLD_RANK)".into(),
@@ -174,18 +205,33 @@ impl Config {
         };
         let _ = local_world;
         if world == 0 || rank >= world {
-            return Err(Error::Config(format!("rank {rank} is not within world size {world} (from {launcher} variables)")));
+            return Err(Error::Config(format!(
+                "rank {rank} is not within world size {world} (from {launcher} variables)"
+            )));
         }
         let addr = match var("MASTER_ADDR") {
             Some(a) => a,
-            None => match var("SLURM_NODELIST").or_else(|| var("SLURM_JOB_NODELIST")).and_then(|l| first_slurm_host(&l)) {
+            None => match var("SLURM_NODELIST")
+                .or_else(|| var("SLURM_JOB_NODELIST"))
+                .and_then(|l| first_slurm_host(&l))
+            {
                 Some(h) if !single_host => h,
                 _ if single_host || world == 1 => "127.0.0.1".to_string(),
-                _ => return Err(Error::Config(format!("MASTER_ADDR is not set and the {launcher} ranks span several hosts: set MASTER_ADDR to rank 0's host"))),
+                _ => {
+                    return Err(Error::Config(format!(
+                        "MASTER_ADDR is not set and the {launcher} ranks span several hosts: set MASTER_ADDR to rank 0's host"
+                    )));
+                }
             },
         };
-        let port = env.parse::<u16>("MASTER_PORT")?.unwrap_or(DEFAULT_MASTER_PORT);
-        let host = if addr.contains(':') && !addr.starts_with('[') { format!("[{addr}]") } else { addr };
+        let port = env
+            .parse::<u16>("MASTER_PORT")?
+            .unwrap_or(DEFAULT_MASTER_PORT);
+        let host = if addr.contains(':') && !addr.starts_with('[') {
+            format!("[{addr}]")
+        } else {
+            addr
+        };
         let mut c = Config::new(format!("{host}:{port}"), rank, world);
         c.local_rank = local;
         if let Some(v) = env.parse::<u8>("GRADSYNC_STORE_EXTERNAL")? {
@@ -204,13 +250,17 @@ impl Config {
         let var = |n: &str| env.var(n);
         if let Some(t) = env.parse::<f64>("GRADSYNC_TIMEOUT")? {
             if !(t > 0.0 && t.is_finite()) {
-                return Err(Error::Config(format!("GRADSYNC_TIMEOUT={t} must be a positive number of seconds")));
+                return Err(Error::Config(format!(
+                    "GRADSYNC_TIMEOUT={t} must be a positive number of seconds"
+                )));
             }
             self.timeout = Duration::from_secs_f64(t);
         }
         if let Some(n) = env.parse::<usize>("GRADSYNC_NSOCKS")? {
             if !(1..=16).contains(&n) {
-                return Err(Error::Config(format!("GRADSYNC_NSOCKS={n} must be between 1 and 16")));
+                return Err(Error::Config(format!(
+                    "GRADSYNC_NSOCKS={n} must be between 1 and 16"
+                )));
             }
             self.nsocks = n;
         }
@@ -218,26 +268,51 @@ impl Config {
             self.socket_ifname = Some(i);
         }
         if let Some(v) = var("GRADSYNC_SOCKET_BUFSIZE") {
-            self.socket_bufsize = parse_size(&v).ok_or_else(|| Error::Config(format!("GRADSYNC_SOCKET_BUFSIZE={v:?} is not a size")))?;
+            self.socket_bufsize = parse_size(&v).ok_or_else(|| {
+                Error::Config(format!("GRADSYNC_SOCKET_BUFSIZE={v:?} is not a size"))
+            })?;
         }
         if let Some(v) = var("GRADSYNC_CHUNK_SIZE") {
-            let b = parse_size(&v).filter(|&b| (8..=(64 << 20)).contains(&b)).ok_or_else(|| Error::Config(format!("GRADSYNC_CHUNK_SIZE={v:?} must be a size between 8 bytes and 64M")))?;
+            let b = parse_size(&v)
+                .filter(|&b| (8..=(64 << 20)).contains(&b))
+                .ok_or_else(|| {
+                    Error::Config(format!(
+                        "GRADSYNC_CHUNK_SIZE={v:?} must be a size between 8 bytes and 64M"
+                    ))
+                })?;
             self.chunk_bytes = b;
         }
         if let Some(n) = env.parse::<usize>("GRADSYNC_NSLOTS")? {
             if !(1..=1024).contains(&n) {
-                return Err(Error::Config(format!("GRADSYNC_NSLOTS={n} must be between 1 and 1024")));
+                return Err(Error::Config(format!(
+                    "GRADSYNC_NSLOTS={n} must be between 1 and 1024"
+                )));
             }
             self.nslots = n;
         }
         if let Some(v) = var("GRADSYNC_DIRECT_MIN") {
-            self.direct_min = if v.trim() == "off" { usize::MAX } else { parse_size(&v).ok_or_else(|| Error::Config(format!("GRADSYNC_DIRECT_MIN={v:?} is not a size (or `off`)")))? };
+            self.direct_min = if v.trim() == "off" {
+                usize::MAX
+            } else {
+                parse_size(&v).ok_or_else(|| {
+                    Error::Config(format!(
+                        "GRADSYNC_DIRECT_MIN={v:?} is not a size (or `off`)"
+                    ))
+                })?
+            };
         }
         if let Some(us) = env.parse::<u64>("GRADSYNC_SPIN_US")? {
             self.spin = Duration::from_micros(us);
         }
         if let Some(a) = var("GRADSYNC_ALGO") {
-            self.algorithm = if a.eq_ignore_ascii_case("auto") { None } else { Some(Algorithm::parse(&a).map_err(|e| Error::Config(format!("GRADSYNC_ALGO: {e}")))?) };
+            self.algorithm = if a.eq_ignore_ascii_case("auto") {
+                None
+            } else {
+                Some(
+                    Algorithm::parse(&a)
+                        .map_err(|e| Error::Config(format!("GRADSYNC_ALGO: {e}")))?,
+                )
+            };
         }
         Ok(())
     }
@@ -256,33 +331,96 @@ mod tests {
     }
 
     fn from(vars: &[(&str, &str)]) -> Result<Config, Error> {
-        let map: std::collections::HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let map: std::collections::HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         let f = move |n: &str| map.get(n).cloned();
         Config::from_vars(&Env(&f))
     }
 
     #[test]
     fn launchers() {
-        let c = from(&[("RANK", "3"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "1"), ("MASTER_ADDR", "10.1.2.3"), ("MASTER_PORT", "1234")]).unwrap();
-        assert_eq!((c.rank, c.world, c.local_rank, c.store_addr.as_str()), (3, 4, Some(1), "10.1.2.3:1234"));
-        let c = from(&[("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "2"), ("OMPI_COMM_WORLD_LOCAL_SIZE", "2")]).unwrap();
-        assert_eq!((c.rank, c.world, c.store_addr.as_str()), (1, 2, "127.0.0.1:29500"));
-        let c = from(&[("SLURM_PROCID", "5"), ("SLURM_NTASKS", "8"), ("SLURM_NNODES", "2"), ("SLURM_NODELIST", "gpu[07-08]")]).unwrap();
-        assert_eq!((c.rank, c.world, c.store_addr.as_str()), (5, 8, "gpu07:29500"));
+        let c = from(&[
+            ("RANK", "3"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_RANK", "1"),
+            ("MASTER_ADDR", "10.1.2.3"),
+            ("MASTER_PORT", "1234"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (c.rank, c.world, c.local_rank, c.store_addr.as_str()),
+            (3, 4, Some(1), "10.1.2.3:1234")
+        );
+        let c = from(&[
+            ("OMPI_COMM_WORLD_RANK", "1"),
+            ("OMPI_COMM_WORLD_SIZE", "2"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (c.rank, c.world, c.store_addr.as_str()),
+            (1, 2, "127.0.0.1:29500")
+        );
+        let c = from(&[
+            ("SLURM_PROCID", "5"),
+            ("SLURM_NTASKS", "8"),
+            ("SLURM_NNODES", "2"),
+            ("SLURM_NODELIST", "gpu[07-08]"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (c.rank, c.world, c.store_addr.as_str()),
+            (5, 8, "gpu07:29500")
+        );
         let e = from(&[("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "4")]).unwrap_err();
         assert!(e.to_string().contains("MASTER_ADDR is not set"), "{e}");
-        assert!(from(&[]).unwrap_err().to_string().contains("no launcher environment"));
-        assert!(from(&[("RANK", "4"), ("WORLD_SIZE", "4")]).unwrap_err().to_string().contains("not within world size 4"));
-        let e = from(&[("RANK", "0"), ("WORLD_SIZE", "1"), ("GRADSYNC_NSOCKS", "99")]).unwrap_err();
+        assert!(
+            from(&[])
+                .unwrap_err()
+                .to_string()
+                .contains("no launcher environment")
+        );
+        assert!(
+            from(&[("RANK", "4"), ("WORLD_SIZE", "4")])
+                .unwrap_err()
+                .to_string()
+                .contains("not within world size 4")
+        );
+        let e = from(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "1"),
+            ("GRADSYNC_NSOCKS", "99"),
+        ])
+        .unwrap_err();
         assert!(e.to_string().contains("GRADSYNC_NSOCKS=99"), "{e}");
-        let c = from(&[("RANK", "0"), ("WORLD_SIZE", "1"), ("GRADSYNC_CHUNK_SIZE", "1M"), ("GRADSYNC_TIMEOUT", "2.5"), ("GRADSYNC_ALGO", "ring")]).unwrap();
-        assert_eq!((c.chunk_bytes, c.timeout, c.algorithm), (1 << 20, Duration::from_millis(2500), Some(Algorithm::Ring)));
-        assert!(from(&[("RANK", "x"), ("WORLD_SIZE", "1")]).unwrap_err().to_string().contains("RANK=\"x\""));
+        let c = from(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "1"),
+            ("GRADSYNC_CHUNK_SIZE", "1M"),
+            ("GRADSYNC_TIMEOUT", "2.5"),
+            ("GRADSYNC_ALGO", "ring"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (c.chunk_bytes, c.timeout, c.algorithm),
+            (1 << 20, Duration::from_millis(2500), Some(Algorithm::Ring))
+        );
+        assert!(
+            from(&[("RANK", "x"), ("WORLD_SIZE", "1")])
+                .unwrap_err()
+                .to_string()
+                .contains("RANK=\"x\"")
+        );
     }
 
     #[test]
     fn slurm_nodelist() {
-        assert_eq!(first_slurm_host("node[01-04,07]").as_deref(), Some("node01"));
+        assert_eq!(
+            first_slurm_host("node[01-04,07]").as_deref(),
+            Some("node01")
+        );
         assert_eq!(first_slurm_host("a,b").as_deref(), Some("a"));
         assert_eq!(first_slurm_host("gpu7").as_deref(), Some("gpu7"));
         assert_eq!(first_slurm_host(""), None);

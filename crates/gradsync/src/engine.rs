@@ -82,7 +82,15 @@ impl Cts {
             count: u32_at(32) as u64,
             root: u32_at(36),
         };
-        Some((u32_at(4), Cts { rkey: u32_at(20), offset: u64_at(24), bytes: u32_at(16), sig }))
+        Some((
+            u32_at(4),
+            Cts {
+                rkey: u32_at(20),
+                offset: u64_at(24),
+                bytes: u32_at(16),
+                sig,
+            },
+        ))
     }
 }
 
@@ -217,18 +225,29 @@ fn slot_stride(slot_bytes: usize) -> usize {
 impl Engine {
     /// Allocates and registers the inbox; returns the engine and the inbox descriptor to
     /// advertise. Call [`connect_peers`](Self::connect_peers) with every rank's descriptor.
-    pub(crate) fn new(mut ep: Box<dyn Endpoint>, comm_id: u64, opts: EngineOptions) -> Result<(Engine, RemoteRegion), Error> {
+    pub(crate) fn new(
+        mut ep: Box<dyn Endpoint>,
+        comm_id: u64,
+        opts: EngineOptions,
+    ) -> Result<(Engine, RemoteRegion), Error> {
         let rank = ep.rank();
         let world = ep.world();
         let stride = slot_stride(opts.slot_bytes);
         let inbox = AlignedBuf::zeroed(stride * opts.nslots * world);
         // SAFETY: the inbox is owned by the engine, outlives its registration (deregistered in
         // Drop before it is freed) and is read only after a write's completion arrived.
-        let inbox_mr = unsafe { ep.register(inbox.ptr, inbox.len, Access::REMOTE_WRITE.union(Access::LOCAL_READ)) }
-            .map_err(|e| Error::transport(rank, "register inbox", e))?;
+        let inbox_mr = unsafe {
+            ep.register(
+                inbox.ptr,
+                inbox.len,
+                Access::REMOTE_WRITE.union(Access::LOCAL_READ),
+            )
+        }
+        .map_err(|e| Error::transport(rank, "register inbox", e))?;
         let hdrs = AlignedBuf::zeroed(DATA_HEADER_LEN * opts.nslots * world);
         // SAFETY: owned by the engine and deregistered before it is freed.
-        let hdr_mr = unsafe { ep.register(hdrs.ptr, hdrs.len, Access::LOCAL_READ) }.map_err(|e| Error::transport(rank, "register headers", e))?;
+        let hdr_mr = unsafe { ep.register(hdrs.ptr, hdrs.len, Access::LOCAL_READ) }
+            .map_err(|e| Error::transport(rank, "register headers", e))?;
         let remote = inbox_mr.remote();
         let peers = (0..world)
             .map(|_| PeerState {
@@ -278,12 +297,18 @@ impl Engine {
 
     pub(crate) fn check_usable(&self) -> Result<(), Error> {
         if let Some(why) = &self.poisoned {
-            return Err(Error::Poisoned { rank: self.rank, reason: why.clone() });
+            return Err(Error::Poisoned {
+                rank: self.rank,
+                reason: why.clone(),
+            });
         }
         if let Some(r) = &self.running {
             return Err(Error::Poisoned {
                 rank: self.rank,
-                reason: format!("{} was still in flight when a new call was made (its handle was leaked)", r.sig),
+                reason: format!(
+                    "{} was still in flight when a new call was made (its handle was leaked)",
+                    r.sig
+                ),
             });
         }
         Ok(())
@@ -292,7 +317,10 @@ impl Engine {
     /// Like [`check_usable`](Self::check_usable) but accepts an operation in flight.
     pub(crate) fn check_usable_or_running(&self) -> Result<(), Error> {
         match &self.poisoned {
-            Some(why) => Err(Error::Poisoned { rank: self.rank, reason: why.clone() }),
+            Some(why) => Err(Error::Poisoned {
+                rank: self.rank,
+                reason: why.clone(),
+            }),
             None => Ok(()),
         }
     }
@@ -304,12 +332,24 @@ impl Engine {
     /// `input` must be readable and `output` writable for their lengths, and neither may be
     /// accessed otherwise until the operation has completed (`progress` returned `true`) or
     /// the engine is poisoned.
-    pub(crate) unsafe fn start(&mut self, sig: Signature, prog: Program, input: RawBuf, output: RawBuf) -> Result<(), Error> {
+    pub(crate) unsafe fn start(
+        &mut self,
+        sig: Signature,
+        prog: Program,
+        input: RawBuf,
+        output: RawBuf,
+    ) -> Result<(), Error> {
         self.check_usable()?;
         let dsize = sig.dtype.size();
         let scratch_len = prog.scratch_elems() * dsize;
         let scratch = (scratch_len > 0).then(|| AlignedBuf::zeroed(scratch_len));
-        let sbuf = scratch.as_ref().map(|s| RawBuf { addr: s.addr(), len: scratch_len }).unwrap_or_default();
+        let sbuf = scratch
+            .as_ref()
+            .map(|s| RawBuf {
+                addr: s.addr(),
+                len: scratch_len,
+            })
+            .unwrap_or_default();
         let bufs = [input, output, sbuf];
         let mut mrs = Vec::new();
         let mut lkeys = [0u32; 3];
@@ -318,11 +358,18 @@ impl Engine {
             if b.len == 0 {
                 continue;
             }
-            // SAFETY: the caller keeps these buffers valid for the operation; regions are
-            // deregistered when the operation ends.
             // Output and scratch may be written by peers that got a clear-to-send for them.
-            let access = if i == 0 { Access::LOCAL_READ } else { Access::LOCAL_READ.union(Access::REMOTE_WRITE) };
-            let mr = unsafe { self.ep.register(b.addr as *mut u8, b.len, access) }.map_err(|e| Error::transport(self.rank, "register buffer", e))?;
+            let access = if i == 0 {
+                Access::LOCAL_READ
+            } else {
+                Access::LOCAL_READ.union(Access::REMOTE_WRITE)
+            };
+            // SAFETY: the caller keeps these buffers valid for the operation and leaves them
+            // alone until it ends; peers write into them only during our progress calls (tcp)
+            // or before the completion we wait for (mem); regions are deregistered when the
+            // operation ends.
+            let mr = unsafe { self.ep.register(b.addr as *mut u8, b.len, access) }
+                .map_err(|e| Error::transport(self.rank, "register buffer", e))?;
             lkeys[i] = mr.lkey;
             rkeys[i] = mr.rkey;
             mrs.push(mr);
@@ -332,7 +379,11 @@ impl Engine {
         for op in prog.ops() {
             let locs: &[Loc] = match op {
                 Op::Send { src, .. } => &[*src],
-                Op::Recv { dst, reduce_with: Some(w), .. } => &[*dst, *w],
+                Op::Recv {
+                    dst,
+                    reduce_with: Some(w),
+                    ..
+                } => &[*dst, *w],
                 Op::Recv { dst, .. } => &[*dst],
                 Op::Copy { src, dst, .. } => &[*src, *dst],
                 Op::Finalize { loc, .. } => &[*loc],
@@ -345,7 +396,10 @@ impl Engine {
                     }
                     return Err(Error::Internal {
                         rank: self.rank,
-                        msg: format!("{sig}: schedule op {op:?} reaches past the {:?} buffer of {} bytes", l.buf, b.len),
+                        msg: format!(
+                            "{sig}: schedule op {op:?} reaches past the {:?} buffer of {} bytes",
+                            l.buf, b.len
+                        ),
                     });
                 }
             }
@@ -408,7 +462,9 @@ impl Engine {
         self.poisoned = Some(msg.clone());
         if !matches!(e, Error::PeerAborted { .. }) {
             let mut data = vec![CTRL_ABORT];
-            data.extend_from_slice(&msg.as_bytes()[..msg.len().min(gradsync_transport::MAX_SEND - 1)]);
+            data.extend_from_slice(
+                &msg.as_bytes()[..msg.len().min(gradsync_transport::MAX_SEND - 1)],
+            );
             for p in (0..self.world).filter(|&p| p != self.rank) {
                 let _ = self.ep.post_send(p, &data, 0);
             }
@@ -420,7 +476,11 @@ impl Engine {
     }
 
     fn progress_inner(&mut self, block: bool) -> Result<bool, Error> {
-        let deadline = self.running.as_ref().map(|r| r.started + self.opts.timeout).expect("running");
+        let deadline = self
+            .running
+            .as_ref()
+            .map(|r| r.started + self.opts.timeout)
+            .expect("running");
         let mut idle_since: Option<Instant> = None;
         loop {
             let moved = self.step()?;
@@ -455,7 +515,9 @@ impl Engine {
             if now - since >= self.opts.spin {
                 self.check_peers_alive()?;
                 let left = deadline - now;
-                self.ep.wait(left.min(Duration::from_millis(200))).map_err(|e| Error::transport(self.rank, "wait", e))?;
+                self.ep
+                    .wait(left.min(Duration::from_millis(200)))
+                    .map_err(|e| Error::transport(self.rank, "wait", e))?;
             } else {
                 // Yield rather than spin: with more ranks than cores the peer we wait on may
                 // need this core; with a free core the yield returns at once.
@@ -471,7 +533,9 @@ impl Engine {
         moved |= self.post_sends()?;
         self.comps.clear();
         let rank = self.rank;
-        self.ep.poll(&mut self.comps).map_err(|e| Error::transport(rank, "poll", e))?;
+        self.ep
+            .poll(&mut self.comps)
+            .map_err(|e| Error::transport(rank, "poll", e))?;
         if !self.comps.is_empty() {
             moved = true;
             let comps = std::mem::take(&mut self.comps);
@@ -487,22 +551,46 @@ impl Engine {
 
     fn issue(&mut self) -> Result<bool, Error> {
         let mut moved = false;
-        let Some(r) = self.running.as_mut() else { return Ok(false) };
+        let Some(r) = self.running.as_mut() else {
+            return Ok(false);
+        };
         let dt = r.sig.dtype;
         while let Some((id, op)) = r.sched.poll_action() {
             moved = true;
             match op {
                 Op::Send { peer, src, len } => r.sendq[peer].push_back((id, len, src)),
-                Op::Recv { peer, dst, reduce_with, len } => {
+                Op::Recv {
+                    peer,
+                    dst,
+                    reduce_with,
+                    len,
+                } => {
                     let msg = r.recv_issued[peer];
                     r.recv_issued[peer] += 1;
                     let bytes = len * dt.size();
-                    let direct = reduce_with.is_none() && bytes > 0 && bytes >= self.opts.direct_min && bytes <= u32::MAX as usize;
+                    let direct = reduce_with.is_none()
+                        && bytes > 0
+                        && bytes >= self.opts.direct_min
+                        && bytes <= u32::MAX as usize;
                     if direct {
-                        let cts = Cts { rkey: r.rkeys[buf_index(dst.buf)], offset: (dst.start * dt.size()) as u64, bytes: bytes as u32, sig: r.sig };
-                        self.ep.post_send(peer, &cts.encode(msg), 0).map_err(|e| Error::transport(self.rank, "clear to send", e))?;
+                        let cts = Cts {
+                            rkey: r.rkeys[buf_index(dst.buf)],
+                            offset: (dst.start * dt.size()) as u64,
+                            bytes: bytes as u32,
+                            sig: r.sig,
+                        };
+                        self.ep
+                            .post_send(peer, &cts.encode(msg), 0)
+                            .map_err(|e| Error::transport(self.rank, "clear to send", e))?;
                     }
-                    r.recvq[peer].push_back(PostedRecv { id, len, dst, with: reduce_with, msg, direct });
+                    r.recvq[peer].push_back(PostedRecv {
+                        id,
+                        len,
+                        dst,
+                        with: reduce_with,
+                        msg,
+                        direct,
+                    });
                 }
                 Op::Copy { src, dst, len } => {
                     let (s, d) = (slice(&r.bufs, src, len, dt), slice(&r.bufs, dst, len, dt));
@@ -530,7 +618,9 @@ impl Engine {
 
     fn post_sends(&mut self) -> Result<bool, Error> {
         let mut moved = false;
-        let Some(r) = self.running.as_mut() else { return Ok(false) };
+        let Some(r) = self.running.as_mut() else {
+            return Ok(false);
+        };
         let dsize = r.sig.dtype.size();
         for peer in 0..self.world {
             while let Some(&(id, len, src)) = r.sendq[peer].front() {
@@ -542,25 +632,45 @@ impl Engine {
                     ps.cts.retain(|&(s, k), _| s > seq || (s == seq && k >= m));
                 }
                 if let Some(cts) = ps.cts.remove(&(r.sig.seq, m)) {
-                    if cts.sig.coll != r.sig.coll || cts.sig.dtype != r.sig.dtype || cts.sig.op != r.sig.op || cts.sig.count != r.sig.count as u32 as u64 || cts.sig.root != r.sig.root || cts.bytes as usize != bytes {
+                    if cts.sig.coll != r.sig.coll
+                        || cts.sig.dtype != r.sig.dtype
+                        || cts.sig.op != r.sig.op
+                        || cts.sig.count != r.sig.count as u32 as u64
+                        || cts.sig.root != r.sig.root
+                        || cts.bytes as usize != bytes
+                    {
                         return Err(Error::Mismatch {
                             rank: self.rank,
                             peer,
                             ours: r.sig,
                             theirs: cts.sig,
-                            detail: format!("rank {peer} asked for message {m} of {} bytes where rank {} sends {bytes} bytes", cts.bytes, self.rank),
+                            detail: format!(
+                                "rank {peer} asked for message {m} of {} bytes where rank {} sends {bytes} bytes",
+                                cts.bytes, self.rank
+                            ),
                         });
                     }
                     r.sendq[peer].pop_front();
                     r.send_msg[peer] += 1;
-                    let sge = [Sge { addr: slice(&r.bufs, src, len, r.sig.dtype).addr, len: bytes, lkey: r.lkeys[buf_index(src.buf)] }];
+                    let sge = [Sge {
+                        addr: slice(&r.bufs, src, len, r.sig.dtype).addr,
+                        len: bytes,
+                        lkey: r.lkeys[buf_index(src.buf)],
+                    }];
                     let wr = self.next_wr;
                     self.next_wr += 1;
-                    let remote = RemoteRegion { rkey: cts.rkey, len: cts.offset + bytes as u64 };
+                    let remote = RemoteRegion {
+                        rkey: cts.rkey,
+                        len: cts.offset + bytes as u64,
+                    };
                     // SAFETY: the payload lies in a buffer the caller keeps valid and unmodified
                     // for the operation, and the schedule does not overwrite it before this send
                     // completes.
-                    unsafe { self.ep.post_write(peer, &sge, remote, cts.offset, Some(IMM_DIRECT | m), wr) }.map_err(|e| Error::transport(self.rank, "post_write", e))?;
+                    unsafe {
+                        self.ep
+                            .post_write(peer, &sge, remote, cts.offset, Some(IMM_DIRECT | m), wr)
+                    }
+                    .map_err(|e| Error::transport(self.rank, "post_write", e))?;
                     r.inflight.insert(wr, (id, peer, usize::MAX));
                     moved = true;
                     continue;
@@ -573,13 +683,35 @@ impl Engine {
                 let hdr_off = (peer * self.opts.nslots + k) * DATA_HEADER_LEN;
                 // SAFETY: the header staging area is owned by the engine; slot (peer, k) is not
                 // in flight (hdr_busy is false).
-                let hb = unsafe { std::slice::from_raw_parts_mut(self.hdrs.ptr.add(hdr_off), DATA_HEADER_LEN) };
-                DataHeaderRepr { sig: r.sig, msg: r.send_msg[peer], payload_len: bytes as u32, sender: self.rank as u32 }
-                    .emit(&mut DataHeader::new_unchecked(hb));
+                let hb = unsafe {
+                    std::slice::from_raw_parts_mut(self.hdrs.ptr.add(hdr_off), DATA_HEADER_LEN)
+                };
+                DataHeaderRepr {
+                    sig: r.sig,
+                    msg: r.send_msg[peer],
+                    payload_len: bytes as u32,
+                    sender: self.rank as u32,
+                }
+                .emit(&mut DataHeader::new_unchecked(hb));
                 r.send_msg[peer] += 1;
-                let mut sges = [Sge { addr: self.hdrs.addr() + hdr_off, len: DATA_HEADER_LEN, lkey: self.hdr_mr.lkey }, Sge { addr: 0, len: 0, lkey: 0 }];
+                let mut sges = [
+                    Sge {
+                        addr: self.hdrs.addr() + hdr_off,
+                        len: DATA_HEADER_LEN,
+                        lkey: self.hdr_mr.lkey,
+                    },
+                    Sge {
+                        addr: 0,
+                        len: 0,
+                        lkey: 0,
+                    },
+                ];
                 let n = if bytes > 0 {
-                    sges[1] = Sge { addr: slice(&r.bufs, src, len, r.sig.dtype).addr, len: bytes, lkey: r.lkeys[buf_index(src.buf)] };
+                    sges[1] = Sge {
+                        addr: slice(&r.bufs, src, len, r.sig.dtype).addr,
+                        len: bytes,
+                        lkey: r.lkeys[buf_index(src.buf)],
+                    };
                     2
                 } else {
                     1
@@ -590,8 +722,17 @@ impl Engine {
                 // SAFETY: the header slot stays untouched until WriteDone (hdr_busy); the
                 // payload lies in a buffer the caller keeps valid and unmodified for the
                 // operation, and the schedule does not overwrite it before this send completes.
-                unsafe { self.ep.post_write(peer, &sges[..n], ps.remote_inbox, offset, Some(ps.tx_ctr as u32), wr) }
-                    .map_err(|e| Error::transport(self.rank, "post_write", e))?;
+                unsafe {
+                    self.ep.post_write(
+                        peer,
+                        &sges[..n],
+                        ps.remote_inbox,
+                        offset,
+                        Some(ps.tx_ctr as u32),
+                        wr,
+                    )
+                }
+                .map_err(|e| Error::transport(self.rank, "post_write", e))?;
                 ps.credits -= 1;
                 ps.hdr_busy[k] = true;
                 ps.tx_ctr += 1;
@@ -617,9 +758,19 @@ impl Engine {
             Completion::SendDone { .. } => {}
             Completion::WriteImm { peer, imm, len } if imm & IMM_DIRECT != 0 => {
                 let msg = imm & !IMM_DIRECT;
-                let ok = self.running.as_ref().is_some_and(|r| r.recvq[*peer].iter().any(|pr| pr.direct && pr.msg == msg && pr.len * r.sig.dtype.size() == *len as usize));
+                let ok = self.running.as_ref().is_some_and(|r| {
+                    r.recvq[*peer].iter().any(|pr| {
+                        pr.direct && pr.msg == msg && pr.len * r.sig.dtype.size() == *len as usize
+                    })
+                });
                 if !ok {
-                    return Err(Error::Protocol { rank: self.rank, peer: *peer, msg: format!("direct write of message {msg} ({len} bytes) that no clear-to-send asked for") });
+                    return Err(Error::Protocol {
+                        rank: self.rank,
+                        peer: *peer,
+                        msg: format!(
+                            "direct write of message {msg} ({len} bytes) that no clear-to-send asked for"
+                        ),
+                    });
                 }
                 let r = self.running.as_mut().expect("running");
                 r.direct_arrived[*peer].push(msg);
@@ -629,11 +780,17 @@ impl Engine {
                 let ps = &mut self.peers[*peer];
                 let k = (*imm as usize) % self.opts.nslots;
                 let expect_lo = ps.rx_ctr as u32;
-                if imm.wrapping_sub(expect_lo) as usize >= self.opts.nslots || ps.arrived[k] || *len as usize > self.stride {
+                if imm.wrapping_sub(expect_lo) as usize >= self.opts.nslots
+                    || ps.arrived[k]
+                    || *len as usize > self.stride
+                {
                     return Err(Error::Protocol {
                         rank: self.rank,
                         peer: *peer,
-                        msg: format!("unexpected write notification {imm} ({len} bytes); expected one of the next {} after {expect_lo}", self.opts.nslots),
+                        msg: format!(
+                            "unexpected write notification {imm} ({len} bytes); expected one of the next {} after {expect_lo}",
+                            self.opts.nslots
+                        ),
                     });
                 }
                 ps.arrived[k] = true;
@@ -644,24 +801,48 @@ impl Engine {
                     let n = u32::from_le_bytes(data[4..8].try_into().expect("4")) as usize;
                     let ps = &mut self.peers[*peer];
                     if ps.credits + n > self.opts.nslots {
-                        return Err(Error::Protocol { rank: self.rank, peer: *peer, msg: format!("returned {n} credits while {} of {} were free", ps.credits, self.opts.nslots) });
+                        return Err(Error::Protocol {
+                            rank: self.rank,
+                            peer: *peer,
+                            msg: format!(
+                                "returned {n} credits while {} of {} were free",
+                                ps.credits, self.opts.nslots
+                            ),
+                        });
                     }
                     ps.credits += n;
                 }
                 Some(&CTRL_CTS) => {
-                    let (msg, cts) = Cts::decode(data, self.comm_id).ok_or_else(|| Error::Protocol { rank: self.rank, peer: *peer, msg: format!("malformed clear-to-send of {} bytes", data.len()) })?;
+                    let (msg, cts) =
+                        Cts::decode(data, self.comm_id).ok_or_else(|| Error::Protocol {
+                            rank: self.rank,
+                            peer: *peer,
+                            msg: format!("malformed clear-to-send of {} bytes", data.len()),
+                        })?;
                     let ps = &mut self.peers[*peer];
                     if ps.cts.len() >= 1 << 16 {
-                        return Err(Error::Protocol { rank: self.rank, peer: *peer, msg: "more than 65536 clear-to-send offers outstanding".into() });
+                        return Err(Error::Protocol {
+                            rank: self.rank,
+                            peer: *peer,
+                            msg: "more than 65536 clear-to-send offers outstanding".into(),
+                        });
                     }
                     ps.cts.insert((cts.sig.seq, msg), cts);
                 }
                 Some(&CTRL_ABORT) => {
                     let why = String::from_utf8_lossy(&data[1..]).into_owned();
-                    return Err(Error::PeerAborted { rank: self.rank, peer: *peer, reason: why });
+                    return Err(Error::PeerAborted {
+                        rank: self.rank,
+                        peer: *peer,
+                        reason: why,
+                    });
                 }
                 _ => {
-                    return Err(Error::Protocol { rank: self.rank, peer: *peer, msg: format!("unknown control message of {} bytes", data.len()) });
+                    return Err(Error::Protocol {
+                        rank: self.rank,
+                        peer: *peer,
+                        msg: format!("unknown control message of {} bytes", data.len()),
+                    });
                 }
             },
         }
@@ -671,11 +852,25 @@ impl Engine {
     /// Consumes arrived messages that match posted receives, in order per peer.
     fn consume(&mut self) -> Result<bool, Error> {
         let mut moved = false;
-        let Some(r) = self.running.as_mut() else { return Ok(false) };
+        let Some(r) = self.running.as_mut() else {
+            return Ok(false);
+        };
         let dt = r.sig.dtype;
-        let op = if r.sig.op == ReduceOp::Avg { ReduceOp::Sum } else { r.sig.op };
+        let op = if r.sig.op == ReduceOp::Avg {
+            ReduceOp::Sum
+        } else {
+            r.sig.op
+        };
         for peer in 0..self.world {
-            while let Some(&PostedRecv { id, len, dst, with, msg, direct }) = r.recvq[peer].front() {
+            while let Some(&PostedRecv {
+                id,
+                len,
+                dst,
+                with,
+                msg,
+                direct,
+            }) = r.recvq[peer].front()
+            {
                 if direct && let Some(i) = r.direct_arrived[peer].iter().position(|&m| m == msg) {
                     // Landed in place: nothing to copy.
                     r.direct_arrived[peer].swap_remove(i);
@@ -692,9 +887,14 @@ impl Engine {
                 let base = (peer * self.opts.nslots + k) * self.stride;
                 // SAFETY: the slot's write has completed (its notification arrived) and the
                 // sender writes it again only after we return its credit below.
-                let slot = unsafe { std::slice::from_raw_parts(self.inbox.ptr.add(base), self.stride) };
+                let slot =
+                    unsafe { std::slice::from_raw_parts(self.inbox.ptr.add(base), self.stride) };
                 let h = DataHeaderRepr::parse(&DataHeader::new_unchecked(&slot[..DATA_HEADER_LEN]))
-                    .map_err(|e| Error::Protocol { rank: self.rank, peer, msg: format!("bad data header: {e}") })?;
+                    .map_err(|e| Error::Protocol {
+                        rank: self.rank,
+                        peer,
+                        msg: format!("bad data header: {e}"),
+                    })?;
                 let bytes = len * dt.size();
                 let same_call = h.sig.seq == r.sig.seq && h.sig.coll == r.sig.coll;
                 if direct && (h.sig.seq != r.sig.seq || (same_call && h.msg > msg)) {
@@ -702,14 +902,21 @@ impl Engine {
                     // later one.
                     break;
                 }
-                if h.sig != r.sig || h.msg != msg || h.payload_len as usize != bytes || h.sender as usize != peer {
+                if h.sig != r.sig
+                    || h.msg != msg
+                    || h.payload_len as usize != bytes
+                    || h.sender as usize != peer
+                {
                     return Err(Error::Mismatch {
                         rank: self.rank,
                         peer,
                         ours: r.sig,
                         theirs: h.sig,
                         detail: if h.sig == r.sig {
-                            format!("message {} of {} bytes where message {msg} of {bytes} bytes was expected", h.msg, h.payload_len)
+                            format!(
+                                "message {} of {} bytes where message {msg} of {bytes} bytes was expected",
+                                h.msg, h.payload_len
+                            )
                         } else {
                             String::new()
                         },
@@ -723,14 +930,23 @@ impl Engine {
                     let dbuf = unsafe { std::slice::from_raw_parts_mut(d.addr as *mut u8, d.len) };
                     match with {
                         None => dbuf.copy_from_slice(payload),
-                        Some(w) if w == dst => gradsync_reduce::reduce_in_place(dt, op, dbuf, payload),
+                        Some(w) if w == dst => {
+                            gradsync_reduce::reduce_in_place(dt, op, dbuf, payload)
+                        }
                         Some(w) => {
                             let wv = slice(&r.bufs, w, len, dt);
                             if ranges_overlap(wv, d) {
-                                return Err(Error::Internal { rank: self.rank, msg: format!("{}: schedule reduces between overlapping spans", r.sig) });
+                                return Err(Error::Internal {
+                                    rank: self.rank,
+                                    msg: format!(
+                                        "{}: schedule reduces between overlapping spans",
+                                        r.sig
+                                    ),
+                                });
                             }
                             // SAFETY: bounds-checked in `start`, and not overlapping `d`.
-                            let wbuf = unsafe { std::slice::from_raw_parts(wv.addr as *const u8, wv.len) };
+                            let wbuf =
+                                unsafe { std::slice::from_raw_parts(wv.addr as *const u8, wv.len) };
                             gradsync_reduce::reduce_into(dt, op, dbuf, wbuf, payload);
                         }
                     }
@@ -769,9 +985,13 @@ impl Engine {
 
     /// The peers the running operation waits on.
     fn waiting_on(&self) -> Vec<usize> {
-        let Some(r) = self.running.as_ref() else { return Vec::new() };
+        let Some(r) = self.running.as_ref() else {
+            return Vec::new();
+        };
         let mut v: Vec<usize> = (0..self.world)
-            .filter(|&p| !r.recvq[p].is_empty() || (!r.sendq[p].is_empty() && self.peers[p].credits == 0))
+            .filter(|&p| {
+                !r.recvq[p].is_empty() || (!r.sendq[p].is_empty() && self.peers[p].credits == 0)
+            })
             .collect();
         if v.is_empty() {
             v = r.inflight.values().map(|x| x.1).collect();
@@ -785,7 +1005,11 @@ impl Engine {
         for p in self.waiting_on() {
             if !self.ep.peer_alive(p) {
                 let r = self.running.as_ref().expect("running");
-                return Err(Error::PeerLost { rank: self.rank, peer: p, sig: r.sig });
+                return Err(Error::PeerLost {
+                    rank: self.rank,
+                    peer: p,
+                    sig: r.sig,
+                });
             }
         }
         Ok(())
@@ -799,13 +1023,21 @@ impl Engine {
             .into_iter()
             .map(|p| {
                 let heard = match self.peers[p].last_heard {
-                    Some((t, seq)) => format!("last heard {:.1} s ago (seq {seq})", (now - t).as_secs_f64()),
+                    Some((t, seq)) => format!(
+                        "last heard {:.1} s ago (seq {seq})",
+                        (now - t).as_secs_f64()
+                    ),
                     None => "never heard from".to_string(),
                 };
                 format!("rank {p} ({heard})")
             })
             .collect::<Vec<_>>();
-        Error::Timeout { rank: self.rank, sig: r.sig, timeout: self.opts.timeout, waiting: waits.join(", ") }
+        Error::Timeout {
+            rank: self.rank,
+            sig: r.sig,
+            timeout: self.opts.timeout,
+            waiting: waits.join(", "),
+        }
     }
 }
 
@@ -832,7 +1064,10 @@ fn buf_index(b: Buf) -> usize {
 
 fn slice(bufs: &[RawBuf; 3], loc: Loc, len: usize, dt: DataType) -> RawBuf {
     let b = bufs[buf_index(loc.buf)];
-    RawBuf { addr: b.addr + loc.start * dt.size(), len: len * dt.size() }
+    RawBuf {
+        addr: b.addr + loc.start * dt.size(),
+        len: len * dt.size(),
+    }
 }
 
 fn ranges_overlap(a: RawBuf, b: RawBuf) -> bool {

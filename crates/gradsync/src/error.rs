@@ -116,7 +116,11 @@ pub enum Error {
 }
 
 impl Error {
-    pub(crate) fn transport(rank: usize, op: &'static str, source: gradsync_transport::TransportError) -> Self {
+    pub(crate) fn transport(
+        rank: usize,
+        op: &'static str,
+        source: gradsync_transport::TransportError,
+    ) -> Self {
         Error::Transport { rank, op, source }
     }
 }

@@ -59,16 +59,16 @@
 
 mod comm;
 mod config;
-mod engine;
 mod element;
+mod engine;
 mod error;
 pub mod logging;
 
 pub use comm::{Communicator, Pending, Work};
 pub use config::Config;
-pub use gradsync_core::schedule::plan::Algorithm;
 pub use element::Element;
 pub use error::Error;
+pub use gradsync_core::schedule::plan::Algorithm;
 pub use gradsync_core::{Collective, DataType, ReduceOp};
 
 /// Result type of this crate.

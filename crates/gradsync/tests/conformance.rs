@@ -34,23 +34,62 @@ macro_rules! float_elem {
         }
     };
 }
-float_elem!(f32, |v| v as f32, |x: f32| x.to_bits() as u64, |s: i64, w: usize| s as f32 / w as f32);
-float_elem!(f64, |v| v as f64, |x: f64| x.to_bits(), |s: i64, w: usize| s as f64 / w as f64);
-float_elem!(f16, |v| f16::from_f32(v as f32), |x: f16| x.to_bits() as u64, |s: i64, w: usize| f16::from_f32(s as f32 / w as f32));
-float_elem!(bf16, |v| bf16::from_f32(v as f32), |x: bf16| x.to_bits() as u64, |s: i64, w: usize| bf16::from_f32(s as f32 / w as f32));
-float_elem!(i32, |v| v as i32, |x: i32| x as u32 as u64, |s: i64, w: usize| (s / w as i64) as i32);
-float_elem!(i64, |v| v, |x: i64| x as u64, |s: i64, w: usize| s / w as i64);
-float_elem!(u8, |v| v as u8, |x: u8| x as u64, |s: i64, w: usize| (s as u8) / w as u8);
+float_elem!(
+    f32,
+    |v| v as f32,
+    |x: f32| x.to_bits() as u64,
+    |s: i64, w: usize| s as f32 / w as f32
+);
+float_elem!(
+    f64,
+    |v| v as f64,
+    |x: f64| x.to_bits(),
+    |s: i64, w: usize| s as f64 / w as f64
+);
+float_elem!(
+    f16,
+    |v| f16::from_f32(v as f32),
+    |x: f16| x.to_bits() as u64,
+    |s: i64, w: usize| f16::from_f32(s as f32 / w as f32)
+);
+float_elem!(
+    bf16,
+    |v| bf16::from_f32(v as f32),
+    |x: bf16| x.to_bits() as u64,
+    |s: i64, w: usize| bf16::from_f32(s as f32 / w as f32)
+);
+float_elem!(
+    i32,
+    |v| v as i32,
+    |x: i32| x as u32 as u64,
+    |s: i64, w: usize| (s / w as i64) as i32
+);
+float_elem!(i64, |v| v, |x: i64| x as u64, |s: i64, w: usize| s / w
+    as i64);
+float_elem!(u8, |v| v as u8, |x: u8| x as u64, |s: i64, w: usize| (s
+    as u8)
+    / w as u8);
 
 fn val(rank: usize, i: usize, op: ReduceOp) -> i64 {
-    if op == ReduceOp::Prod { 1 + ((i + rank) % 3 == 0) as i64 } else { ((i * 7 + rank * 3) % 5 + 1) as i64 }
+    if op == ReduceOp::Prod {
+        1 + ((i + rank).is_multiple_of(3)) as i64
+    } else {
+        ((i * 7 + rank * 3) % 5 + 1) as i64
+    }
 }
 
 fn expect<T: TestElem>(op: ReduceOp, world: usize, i: usize) -> T {
     let vals: Vec<i64> = (0..world).map(|r| val(r, i, op)).collect();
     match op {
         ReduceOp::Sum => T::from_i64(vals.iter().sum()),
-        ReduceOp::Prod => T::from_i64(vals.iter().product::<i64>() & if std::mem::size_of::<T>() == 1 { 0xff } else { -1 }),
+        ReduceOp::Prod => T::from_i64(
+            vals.iter().product::<i64>()
+                & if std::mem::size_of::<T>() == 1 {
+                    0xff
+                } else {
+                    -1
+                },
+        ),
         ReduceOp::Min => T::from_i64(*vals.iter().min().unwrap()),
         ReduceOp::Max => T::from_i64(*vals.iter().max().unwrap()),
         ReduceOp::Avg => T::avg(vals.iter().sum(), world),
@@ -60,7 +99,11 @@ fn expect<T: TestElem>(op: ReduceOp, world: usize, i: usize) -> T {
 fn check<T: TestElem>(what: &str, got: &[T], want: impl Fn(usize) -> T) {
     for (i, g) in got.iter().enumerate() {
         let w = want(i);
-        assert!(g.bits() == w.bits(), "{what}: element {i} of {}: got {g:?}, want {w:?}", got.len());
+        assert!(
+            g.bits() == w.bits(),
+            "{what}: element {i} of {}: got {g:?}, want {w:?}",
+            got.len()
+        );
     }
 }
 
@@ -79,44 +122,75 @@ fn run_dtype<T: TestElem>(c: &mut Communicator, dt: &str, tiny: bool) {
     let (r, w) = (c.rank(), c.world_size());
     for count in counts(w, tiny) {
         for op in ReduceOp::ALL {
-            let ctx = |coll: &str, place: &str| format!("rank {r}/{w} {coll} {dt} {op} count {count} {place}");
+            let ctx = |coll: &str, place: &str| {
+                format!("rank {r}/{w} {coll} {dt} {op} count {count} {place}")
+            };
             let input: Vec<T> = (0..count).map(|i| T::from_i64(val(r, i, op))).collect();
             // all_reduce, in place and out of place
             let mut buf = input.clone();
-            c.all_reduce(&mut buf, op).unwrap_or_else(|e| panic!("{}: {e}", ctx("all_reduce", "in place")));
-            check(&ctx("all_reduce", "in place"), &buf, |i| expect::<T>(op, w, i));
+            c.all_reduce(&mut buf, op)
+                .unwrap_or_else(|e| panic!("{}: {e}", ctx("all_reduce", "in place")));
+            check(&ctx("all_reduce", "in place"), &buf, |i| {
+                expect::<T>(op, w, i)
+            });
             let mut out = vec![T::default(); count];
-            c.all_reduce_into(&input, &mut out, op).unwrap_or_else(|e| panic!("{}: {e}", ctx("all_reduce", "out of place")));
-            check(&ctx("all_reduce", "out of place"), &out, |i| expect::<T>(op, w, i));
+            c.all_reduce_into(&input, &mut out, op)
+                .unwrap_or_else(|e| panic!("{}: {e}", ctx("all_reduce", "out of place")));
+            check(&ctx("all_reduce", "out of place"), &out, |i| {
+                expect::<T>(op, w, i)
+            });
             // async form
             let mut buf = input.clone();
             let p = c.all_reduce_async(&mut buf, op).unwrap();
-            p.wait().unwrap_or_else(|e| panic!("{}: {e}", ctx("all_reduce_async", "")));
-            check(&ctx("all_reduce_async", ""), &buf, |i| expect::<T>(op, w, i));
+            p.wait()
+                .unwrap_or_else(|e| panic!("{}: {e}", ctx("all_reduce_async", "")));
+            check(&ctx("all_reduce_async", ""), &buf, |i| {
+                expect::<T>(op, w, i)
+            });
             // reduce_scatter: input world*count
             let rs_in: Vec<T> = (0..count * w).map(|i| T::from_i64(val(r, i, op))).collect();
             let mut rs_out = vec![T::default(); count];
-            c.reduce_scatter(&rs_in, &mut rs_out, op).unwrap_or_else(|e| panic!("{}: {e}", ctx("reduce_scatter", "")));
-            check(&ctx("reduce_scatter", ""), &rs_out, |j| expect::<T>(op, w, r * count + j));
+            c.reduce_scatter(&rs_in, &mut rs_out, op)
+                .unwrap_or_else(|e| panic!("{}: {e}", ctx("reduce_scatter", "")));
+            check(&ctx("reduce_scatter", ""), &rs_out, |j| {
+                expect::<T>(op, w, r * count + j)
+            });
             // reduce to a rotating root
             let root = (count + op as usize) % w;
-            let mut red = if r == root { vec![T::default(); count] } else { Vec::new() };
-            c.reduce(&input, &mut red, op, root).unwrap_or_else(|e| panic!("{} root {root}: {e}", ctx("reduce", "")));
+            let mut red = if r == root {
+                vec![T::default(); count]
+            } else {
+                Vec::new()
+            };
+            c.reduce(&input, &mut red, op, root)
+                .unwrap_or_else(|e| panic!("{} root {root}: {e}", ctx("reduce", "")));
             if r == root {
-                check(&format!("{} root {root}", ctx("reduce", "")), &red, |i| expect::<T>(op, w, i));
+                check(&format!("{} root {root}", ctx("reduce", "")), &red, |i| {
+                    expect::<T>(op, w, i)
+                });
             }
         }
         let ctx = |coll: &str| format!("rank {r}/{w} {coll} {dt} count {count}");
         // all_gather
-        let input: Vec<T> = (0..count).map(|i| T::from_i64(val(r, i, ReduceOp::Sum))).collect();
+        let input: Vec<T> = (0..count)
+            .map(|i| T::from_i64(val(r, i, ReduceOp::Sum)))
+            .collect();
         let mut out = vec![T::default(); count * w];
-        c.all_gather(&input, &mut out).unwrap_or_else(|e| panic!("{}: {e}", ctx("all_gather")));
-        check(&ctx("all_gather"), &out, |k| T::from_i64(val(k / count.max(1), k % count.max(1), ReduceOp::Sum)));
+        c.all_gather(&input, &mut out)
+            .unwrap_or_else(|e| panic!("{}: {e}", ctx("all_gather")));
+        check(&ctx("all_gather"), &out, |k| {
+            T::from_i64(val(k / count.max(1), k % count.max(1), ReduceOp::Sum))
+        });
         // broadcast from every root
         for root in 0..w {
-            let mut buf: Vec<T> = (0..count).map(|i| T::from_i64(val(r, i, ReduceOp::Sum))).collect();
-            c.broadcast(&mut buf, root).unwrap_or_else(|e| panic!("{} root {root}: {e}", ctx("broadcast")));
-            check(&format!("{} root {root}", ctx("broadcast")), &buf, |i| T::from_i64(val(root, i, ReduceOp::Sum)));
+            let mut buf: Vec<T> = (0..count)
+                .map(|i| T::from_i64(val(r, i, ReduceOp::Sum)))
+                .collect();
+            c.broadcast(&mut buf, root)
+                .unwrap_or_else(|e| panic!("{} root {root}: {e}", ctx("broadcast")));
+            check(&format!("{} root {root}", ctx("broadcast")), &buf, |i| {
+                T::from_i64(val(root, i, ReduceOp::Sum))
+            });
         }
         // send/recv around the ring (even ranks send first)
         if w > 1 {
@@ -130,7 +204,9 @@ fn run_dtype<T: TestElem>(c: &mut Communicator, dt: &str, tiny: bool) {
                 c.recv(&mut got, prev).unwrap();
                 c.send(&input, next).unwrap();
             }
-            check(&ctx("send/recv"), &got, |i| T::from_i64(val(prev, i, ReduceOp::Sum)));
+            check(&ctx("send/recv"), &got, |i| {
+                T::from_i64(val(prev, i, ReduceOp::Sum))
+            });
         }
         c.barrier().unwrap();
     }
@@ -148,7 +224,9 @@ fn random_identity(c: &mut Communicator) -> u64 {
         })
         .collect();
     c.all_reduce(&mut buf, ReduceOp::Sum).unwrap();
-    buf.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, v| (h ^ v.to_bits() as u64).wrapping_mul(0x100_0000_01b3))
+    buf.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, v| {
+        (h ^ v.to_bits() as u64).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 fn run_rank(mut c: Communicator, tiny: bool, tx: mpsc::Sender<(usize, u64)>) {
@@ -166,7 +244,10 @@ fn run_rank(mut c: Communicator, tiny: bool, tx: mpsc::Sender<(usize, u64)>) {
 fn finish(rx: mpsc::Receiver<(usize, u64)>, world: usize, what: &str) {
     let hashes: Vec<(usize, u64)> = rx.iter().take(world).collect();
     assert_eq!(hashes.len(), world, "{what}: not every rank finished");
-    assert!(hashes.iter().all(|h| h.1 == hashes[0].1), "{what}: ranks differ in bits: {hashes:?}");
+    assert!(
+        hashes.iter().all(|h| h.1 == hashes[0].1),
+        "{what}: ranks differ in bits: {hashes:?}"
+    );
 }
 
 fn config(tiny: bool) -> Config {
@@ -196,7 +277,13 @@ fn mem_suite(world: usize, tiny: bool) {
 fn mem_suite_with(world: usize, tiny: bool, cfg: Config) {
     let comms = Communicator::mem_group(world, &cfg).unwrap();
     let (tx, rx) = mpsc::channel();
-    let hs: Vec<_> = comms.into_iter().map(|c| { let tx = tx.clone(); std::thread::spawn(move || run_rank(c, tiny, tx)) }).collect();
+    let hs: Vec<_> = comms
+        .into_iter()
+        .map(|c| {
+            let tx = tx.clone();
+            std::thread::spawn(move || run_rank(c, tiny, tx))
+        })
+        .collect();
     drop(tx);
     for h in hs {
         h.join().expect("rank thread panicked");

@@ -5,7 +5,11 @@ use gradsync_store::StoreServer;
 use std::time::{Duration, Instant};
 
 /// Runs `f(rank, comm)` on `world` TCP ranks in threads and returns their results.
-fn tcp_group<R: Send + 'static>(world: usize, timeout: Duration, f: impl Fn(usize, &mut Communicator) -> R + Send + Sync + 'static) -> Vec<R> {
+fn tcp_group<R: Send + 'static>(
+    world: usize,
+    timeout: Duration,
+    f: impl Fn(usize, &mut Communicator) -> R + Send + Sync + 'static,
+) -> Vec<R> {
     let server = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = server.local_addr().to_string();
     let f = std::sync::Arc::new(f);
@@ -29,12 +33,27 @@ fn count_mismatch_names_both_ranks_and_signatures() {
     let t0 = Instant::now();
     let res = tcp_group(2, Duration::from_secs(20), |rank, c| {
         let mut buf = vec![1.0f32; if rank == 0 { 100 } else { 200 }];
-        c.all_reduce(&mut buf, ReduceOp::Sum).map_err(|e| e.to_string())
+        c.all_reduce(&mut buf, ReduceOp::Sum)
+            .map_err(|e| e.to_string())
     });
-    assert!(t0.elapsed() < Duration::from_secs(10), "mismatch took {:?} to surface", t0.elapsed());
-    let errs: Vec<String> = res.into_iter().map(|r| r.expect_err("a mismatched call must fail")).collect();
-    let mism = errs.iter().find(|e| e.contains(" runs ") && e.contains(" sent ")).unwrap_or_else(|| panic!("no mismatch error in {errs:?}"));
-    assert!(mism.contains("all_reduce seq 2 float sum count 100") && mism.contains("all_reduce seq 2 float sum count 200"), "{mism}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "mismatch took {:?} to surface",
+        t0.elapsed()
+    );
+    let errs: Vec<String> = res
+        .into_iter()
+        .map(|r| r.expect_err("a mismatched call must fail"))
+        .collect();
+    let mism = errs
+        .iter()
+        .find(|e| e.contains(" runs ") && e.contains(" sent "))
+        .unwrap_or_else(|| panic!("no mismatch error in {errs:?}"));
+    assert!(
+        mism.contains("all_reduce seq 2 float sum count 100")
+            && mism.contains("all_reduce seq 2 float sum count 200"),
+        "{mism}"
+    );
     assert!(mism.contains("rank 0") && mism.contains("rank 1"), "{mism}");
 }
 
@@ -50,12 +69,20 @@ fn collective_mismatch_fails_every_rank() {
         if rank == 2 {
             c.broadcast(&mut buf, 0).map_err(|e| e.to_string())
         } else {
-            c.all_reduce(&mut buf, ReduceOp::Max).map_err(|e| e.to_string())
+            c.all_reduce(&mut buf, ReduceOp::Max)
+                .map_err(|e| e.to_string())
         }
     });
-    assert!(t0.elapsed() < Duration::from_secs(8), "took {:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() < Duration::from_secs(8),
+        "took {:?}",
+        t0.elapsed()
+    );
     let all = format!("{res:?}");
-    assert!(res.iter().all(|r| r.is_err()), "every rank must fail: {all}");
+    assert!(
+        res.iter().all(|r| r.is_err()),
+        "every rank must fail: {all}"
+    );
     assert!(all.contains("timed out after 2s waiting on rank"), "{all}");
     // Where the sides do exchange messages, the first one carries the mismatch.
     let res = tcp_group(2, Duration::from_secs(20), |rank, c| {
@@ -64,27 +91,60 @@ fn collective_mismatch_fails_every_rank() {
         if rank == 1 {
             c.all_gather(&buf, &mut out).map_err(|e| e.to_string())
         } else {
-            c.all_reduce(&mut buf, ReduceOp::Max).map_err(|e| e.to_string())
+            c.all_reduce(&mut buf, ReduceOp::Max)
+                .map_err(|e| e.to_string())
         }
     });
     let all = format!("{res:?}");
-    assert!(res.iter().all(|r| r.is_err()), "every rank must fail: {all}");
-    assert!(all.contains("all_gather seq 2 int32 count 64") && all.contains("all_reduce seq 2 int32 max count 64"), "{all}");
+    assert!(
+        res.iter().all(|r| r.is_err()),
+        "every rank must fail: {all}"
+    );
+    assert!(
+        all.contains("all_gather seq 2 int32 count 64")
+            && all.contains("all_reduce seq 2 int32 max count 64"),
+        "{all}"
+    );
 }
 
 #[test]
 fn bad_sizes_are_local_errors() {
     let comms = Communicator::mem_group(2, &Config::new("unused:0", 0, 2)).unwrap();
     let mut c = comms.into_iter().next().unwrap();
-    let e = c.reduce_scatter(&[0f32; 7], &mut [0f32; 3], ReduceOp::Sum).unwrap_err();
-    assert!(matches!(e, Error::InvalidArgument { rank: 0, op: "reduce_scatter", .. }), "{e}");
-    assert!(e.to_string().contains("input has 7 elements") && e.to_string().contains("= 6"), "{e}");
+    let e = c
+        .reduce_scatter(&[0f32; 7], &mut [0f32; 3], ReduceOp::Sum)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::InvalidArgument {
+                rank: 0,
+                op: "reduce_scatter",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("input has 7 elements") && e.to_string().contains("= 6"),
+        "{e}"
+    );
     let e = c.all_gather(&[0u8; 4], &mut [0u8; 7]).unwrap_err();
     assert!(e.to_string().contains("output has 7 elements"), "{e}");
     let e = c.broadcast(&mut [0i64; 4], 2).unwrap_err();
-    assert!(e.to_string().contains("root 2 is not a rank of a world of 2"), "{e}");
-    let e = c.all_reduce_into(&[0f64; 4], &mut [0f64; 5], ReduceOp::Sum).unwrap_err();
-    assert!(e.to_string().contains("input has 4 elements but output has 5"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("root 2 is not a rank of a world of 2"),
+        "{e}"
+    );
+    let e = c
+        .all_reduce_into(&[0f64; 4], &mut [0f64; 5], ReduceOp::Sum)
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("input has 4 elements but output has 5"),
+        "{e}"
+    );
     let e = c.send(&[0f32; 1], 0).unwrap_err();
     assert!(e.to_string().contains("peer 0 is not another rank"), "{e}");
 }
@@ -99,7 +159,8 @@ fn absent_peer_times_out_naming_it() {
             return Ok(());
         }
         let mut buf = vec![0f64; 1000];
-        c.all_reduce(&mut buf, ReduceOp::Sum).map_err(|e| e.to_string())
+        c.all_reduce(&mut buf, ReduceOp::Sum)
+            .map_err(|e| e.to_string())
     });
     let e = res[0].as_ref().unwrap_err();
     assert!(e.contains("timed out after 1.5s waiting on rank 1"), "{e}");
@@ -116,11 +177,16 @@ fn dead_peer_fails_the_waiting_rank_fast() {
         }
         std::thread::sleep(Duration::from_millis(200));
         let mut buf = vec![0f32; 1 << 20];
-        c.all_reduce(&mut buf, ReduceOp::Sum).map_err(|e| e.to_string())
+        c.all_reduce(&mut buf, ReduceOp::Sum)
+            .map_err(|e| e.to_string())
     });
     let e = res[0].as_ref().unwrap_err();
     assert!(e.contains("rank 1"), "{e}");
-    assert!(t0.elapsed() < Duration::from_secs(10), "took {:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        t0.elapsed()
+    );
 }
 
 #[test]
@@ -130,5 +196,8 @@ fn unknown_socket_interface_is_an_error_not_a_fallback() {
     cfg.host_store = false;
     cfg.socket_ifname = Some("nosuchif9".into());
     let e = Communicator::init(cfg).unwrap_err().to_string();
-    assert!(e.contains("GRADSYNC_SOCKET_IFNAME") && e.contains("nosuchif9") && e.contains("lo"), "{e}");
+    assert!(
+        e.contains("GRADSYNC_SOCKET_IFNAME") && e.contains("nosuchif9") && e.contains("lo"),
+        "{e}"
+    );
 }

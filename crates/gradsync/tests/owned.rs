@@ -15,7 +15,10 @@ fn queued_owned_all_reduces_complete_in_order() {
                     let r = c.rank() as f32;
                     let w = c.world_size() as f32;
                     let works: Vec<_> = (0..5)
-                        .map(|k| c.all_reduce_owned(vec![r + k as f32; 1000 + 37 * k], ReduceOp::Sum).unwrap())
+                        .map(|k| {
+                            c.all_reduce_owned(vec![r + k as f32; 1000 + 37 * k], ReduceOp::Sum)
+                                .unwrap()
+                        })
                         .collect();
                     let mut seen = 0;
                     while !c.test(&works[4]).unwrap() {
@@ -30,8 +33,14 @@ fn queued_owned_all_reduces_complete_in_order() {
                     for (k, wk) in works.into_iter().enumerate().rev() {
                         let buf = c.wait(wk).unwrap();
                         assert_eq!(buf.len(), 1000 + 37 * k);
-                        let want = (0..c.world_size()).map(|q| q as f32 + k as f32).sum::<f32>();
-                        assert!(buf.iter().all(|&v| v == want), "bucket {k}: {} != {want} (world {w})", buf[0]);
+                        let want = (0..c.world_size())
+                            .map(|q| q as f32 + k as f32)
+                            .sum::<f32>();
+                        assert!(
+                            buf.iter().all(|&v| v == want),
+                            "bucket {k}: {} != {want} (world {w})",
+                            buf[0]
+                        );
                     }
                     // Queue then a blocking collective that must drain it first.
                     let wk = c.all_reduce_owned(vec![2.0f64; 33], ReduceOp::Max).unwrap();
