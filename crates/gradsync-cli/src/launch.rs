@@ -6,6 +6,13 @@
 //! single node without `--master`, the store listens on `127.0.0.1` at a port the kernel picked
 //! as free a moment before.
 //!
+//! Every rank also gets the job token `GRADSYNC_TOKEN`, which authenticates the store and
+//! data connections: the launcher's own `GRADSYNC_TOKEN` when set, else, on a single node, a
+//! fresh random 32-byte token (64 hex digits) read from `/dev/urandom`. Ranks on several nodes
+//! must share one token, so with `--nnodes > 1` the launcher makes none: set the same
+//! `GRADSYNC_TOKEN` for every node's launcher (without one the job runs unauthenticated and
+//! warns).
+//!
 //! Each rank runs in its own process group with stdin closed, and its stdout and stderr lines
 //! come out of the launcher's stdout and stderr prefixed with `[rank] ` (whole lines, so ranks
 //! never interleave within a line; a line longer than 64 KiB is split). The launcher polls its
@@ -54,6 +61,9 @@ pub struct LaunchOptions {
     pub prefix: bool,
     /// Time between `SIGTERM` and `SIGKILL` when stopping ranks.
     pub grace: Duration,
+    /// After a rank fails, how long the others may take to exit on their own (gradsync ranks
+    /// fail within seconds of a peer's death and print what they saw) before they are stopped.
+    pub failure_wait: Duration,
 }
 
 impl LaunchOptions {
@@ -66,6 +76,7 @@ impl LaunchOptions {
             master: None,
             prefix: true,
             grace: Duration::from_secs(3),
+            failure_wait: Duration::from_secs(3),
         }
     }
 }
@@ -167,6 +178,7 @@ pub fn launch(opts: &LaunchOptions, program: &OsStr, args: &[OsString]) -> anyho
         None if opts.nnodes > 1 => bail!("--master HOST:PORT is required with --nnodes > 1"),
         None => ("127.0.0.1".to_string(), free_port()?),
     };
+    let token = job_token(opts.nnodes)?;
     install_signal_handlers()?;
 
     let (done_tx, done_rx) = mpsc::channel::<()>();
@@ -178,6 +190,7 @@ pub fn launch(opts: &LaunchOptions, program: &OsStr, args: &[OsString]) -> anyho
         let mut cmd = Command::new(program);
         cmd.args(args)
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .envs(token.iter().map(|t| ("GRADSYNC_TOKEN", t.as_str())))
             .stdin(Stdio::null())
             .process_group(0);
         if opts.prefix {
@@ -210,7 +223,7 @@ pub fn launch(opts: &LaunchOptions, program: &OsStr, args: &[OsString]) -> anyho
     }
     drop(done_tx);
 
-    let code = supervise(&mut ranks, opts.grace);
+    let code = supervise(&mut ranks, opts.grace, opts.failure_wait);
 
     // Output still buffered in the pipes comes out before the launcher exits, unless some
     // descendant of a rank keeps a pipe open: then give up after a while.
@@ -232,13 +245,14 @@ struct Rank {
 }
 
 /// Polls the ranks until every one has exited; returns the launcher's exit code.
-fn supervise(ranks: &mut [Rank], grace: Duration) -> i32 {
+fn supervise(ranks: &mut [Rank], grace: Duration, failure_wait: Duration) -> i32 {
     // First failure of a rank, unless the launcher was interrupted before it.
     let mut failure: Option<i32> = None;
     // Signal the launcher received and forwarded.
     let mut interrupted: Option<i32> = None;
     let mut terminated = false;
     let mut kill_at: Option<Instant> = None;
+    let mut failed_at: Option<Instant> = None;
     loop {
         let sig = SIGNALLED.swap(0, Ordering::SeqCst);
         if sig != 0 {
@@ -266,12 +280,14 @@ fn supervise(ranks: &mut [Rank], grace: Duration) -> i32 {
                     r.status = Some(status);
                     if !status.success() && failure.is_none() && interrupted.is_none() {
                         eprintln!(
-                            "gradsync launch: rank {} (pid {}) failed with {}; stopping the other ranks",
+                            "gradsync launch: rank {} (pid {}) failed with {}; stopping the other ranks in {:?} unless they exit first",
                             r.rank,
                             r.child.id(),
-                            describe(status)
+                            describe(status),
+                            failure_wait
                         );
                         failure = Some(exit_code(status));
+                        failed_at = Some(Instant::now());
                     }
                 }
                 Ok(None) => live += 1,
@@ -284,7 +300,11 @@ fn supervise(ranks: &mut [Rank], grace: Duration) -> i32 {
         if live == 0 {
             return failure.or(interrupted.map(|s| 128 + s)).unwrap_or(0);
         }
-        if failure.is_some() && !terminated && interrupted.is_none() {
+        if failure.is_some()
+            && !terminated
+            && interrupted.is_none()
+            && failed_at.is_some_and(|t| t.elapsed() >= failure_wait)
+        {
             signal_live(ranks, libc::SIGTERM);
             terminated = true;
             kill_at = Some(Instant::now() + grace);
@@ -338,6 +358,30 @@ fn signal_live(ranks: &[Rank], sig: i32) {
             }
         }
     }
+}
+
+/// The job token for the ranks: `GRADSYNC_TOKEN` from the launcher's environment, else (on a
+/// single node) a new random one; `None` for a multi-node job without one.
+fn job_token(nnodes: usize) -> anyhow::Result<Option<String>> {
+    if let Some(t) = std::env::var("GRADSYNC_TOKEN")
+        .ok()
+        .filter(|t| !t.trim().is_empty())
+    {
+        return Ok(Some(t));
+    }
+    if nnodes > 1 {
+        return Ok(None);
+    }
+    Ok(Some(random_token()?))
+}
+
+/// 32 random bytes from `/dev/urandom`, as 64 lowercase hex digits.
+pub fn random_token() -> anyhow::Result<String> {
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .context("cannot read /dev/urandom for the job token")?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.
@@ -456,6 +500,14 @@ pub fn read_line_capped(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tokens_are_random_hex() {
+        let (a, b) = (random_token().unwrap(), random_token().unwrap());
+        assert_eq!(a.len(), 64);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
 
     #[test]
     fn env_of_ranks() {

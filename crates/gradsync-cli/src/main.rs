@@ -8,6 +8,8 @@
 //!   [`mod@bench`]).
 //! - `gradsync train [--nproc N] [--accum K] [--steps S] [--batch B] [--bench-overlap] ...`
 //!   trains an MLP on Fashion-MNIST with data-parallel ranks (see [`mod@train`]).
+//! - `gradsync flight FILE|DIR...` reads the flight-recorder dumps of several ranks and names
+//!   the rank that is behind (see [`mod@flight`]).
 //!
 //! The ranks of `gradsync bench` log as `GRADSYNC_DEBUG`, `GRADSYNC_DEBUG_SUBSYS` and
 //! `GRADSYNC_DEBUG_FILE` say (see `gradsync::logging`); the launcher itself only writes its own
@@ -15,6 +17,7 @@
 
 mod bench;
 mod check;
+mod flight;
 mod launch;
 mod table;
 mod train;
@@ -46,6 +49,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Train an MLP classifier on Fashion-MNIST with data-parallel ranks.
     Train(train::TrainArgs),
+    /// Read flight-recorder dumps of several ranks and name the rank that is behind.
+    Flight(flight::FlightArgs),
 }
 
 /// Options of `gradsync launch`.
@@ -70,6 +75,10 @@ struct LaunchArgs {
     /// Seconds between SIGTERM and SIGKILL when stopping ranks.
     #[arg(long, default_value_t = 3.0)]
     grace_secs: f64,
+    /// Seconds the other ranks get to exit on their own after one fails (they report what they
+    /// saw) before they are stopped.
+    #[arg(long, default_value_t = 3.0)]
+    failure_wait_secs: f64,
     /// The command every rank runs, and its arguments.
     #[arg(
         required = true,
@@ -85,6 +94,10 @@ fn run_launch(args: &LaunchArgs) -> anyhow::Result<i32> {
         args.grace_secs.is_finite() && args.grace_secs >= 0.0,
         "--grace-secs must be a non-negative number"
     );
+    anyhow::ensure!(
+        args.failure_wait_secs.is_finite() && args.failure_wait_secs >= 0.0,
+        "--failure-wait-secs must be a non-negative number"
+    );
     let opts = launch::LaunchOptions {
         nproc: args.nproc,
         nnodes: args.nnodes,
@@ -92,6 +105,7 @@ fn run_launch(args: &LaunchArgs) -> anyhow::Result<i32> {
         master: args.master.clone(),
         prefix: !args.no_prefix,
         grace: Duration::from_secs_f64(args.grace_secs),
+        failure_wait: Duration::from_secs_f64(args.failure_wait_secs),
     };
     let (program, rest) = args.command.split_first().expect("clap requires a command");
     launch::launch(&opts, program, rest)
@@ -103,12 +117,30 @@ fn main() -> ExitCode {
         Command::Launch(args) => run_launch(args),
         Command::Bench(args) => bench::run(args),
         Command::Train(args) => train::run(args),
+        Command::Flight(args) => flight::run(args),
     };
     match result {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(e) => {
-            eprintln!("gradsync: error: {e:#}");
+            eprintln!("gradsync: error: {}", error_chain(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes joined by `: `, leaving out a cause whose text the message before
+/// it already contains (library errors carry their cause's text in their own message).
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }

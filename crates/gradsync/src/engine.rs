@@ -35,6 +35,11 @@ use std::time::{Duration, Instant};
 const CTRL_CREDIT: u8 = 1;
 const CTRL_ABORT: u8 = 2;
 const CTRL_CTS: u8 = 3;
+/// "Where are you?", sent to every peer when a collective times out.
+const CTRL_PROBE: u8 = 4;
+/// Answer to a probe: the sequence number of the collective the peer runs (or ran last) and
+/// whether it is inside it.
+const CTRL_PROBE_REPLY: u8 = 5;
 /// Length of a clear-to-send message.
 const CTS_LEN: usize = 40;
 /// Immediate-value flag of a write that went straight to the receiver's destination.
@@ -108,6 +113,9 @@ pub(crate) struct EngineOptions {
     /// Copy-receives of at least this many bytes ask the sender to write straight into the
     /// destination (clear-to-send) instead of going through an inbox slot.
     pub direct_min: usize,
+    /// Send a CRC32C of every payload in its header and verify it on arrival
+    /// (`GRADSYNC_CHECKSUM`). Direct writes carry no header, so the direct path is off with it.
+    pub checksum: bool,
 }
 
 /// A 64-byte aligned heap buffer.
@@ -215,6 +223,10 @@ pub(crate) struct Engine {
     next_wr: u64,
     running: Option<Running>,
     poisoned: Option<String>,
+    /// Sequence number of the last collective started.
+    last_seq: u64,
+    /// Answers to this rank's timeout probe, per peer: (their sequence number, inside it).
+    probe_replies: Vec<Option<(u64, bool)>>,
 }
 
 /// Size of a slot (header + payload) rounded to 64 bytes.
@@ -279,6 +291,8 @@ impl Engine {
                 next_wr: 1,
                 running: None,
                 poisoned: None,
+                last_seq: 0,
+                probe_replies: vec![None; world],
             },
             remote,
         ))
@@ -405,6 +419,7 @@ impl Engine {
             }
         }
         let w = self.world;
+        self.last_seq = sig.seq;
         self.running = Some(Running {
             sig,
             sched: Schedule::new(prog, w),
@@ -510,7 +525,7 @@ impl Engine {
                 }
             };
             if now >= deadline {
-                return Err(self.timeout_error());
+                return Err(self.diagnose_timeout());
             }
             if now - since >= self.opts.spin {
                 self.check_peers_alive()?;
@@ -569,6 +584,7 @@ impl Engine {
                     r.recv_issued[peer] += 1;
                     let bytes = len * dt.size();
                     let direct = reduce_with.is_none()
+                        && !self.opts.checksum
                         && bytes > 0
                         && bytes >= self.opts.direct_min
                         && bytes <= u32::MAX as usize;
@@ -622,6 +638,7 @@ impl Engine {
             return Ok(false);
         };
         let dsize = r.sig.dtype.size();
+        let checksum = self.opts.checksum;
         for peer in 0..self.world {
             while let Some(&(id, len, src)) = r.sendq[peer].front() {
                 let ps = &mut self.peers[peer];
@@ -631,7 +648,10 @@ impl Engine {
                     let seq = r.sig.seq;
                     ps.cts.retain(|&(s, k), _| s > seq || (s == seq && k >= m));
                 }
-                if let Some(cts) = ps.cts.remove(&(r.sig.seq, m)) {
+                // A direct write has no header to carry a checksum: with checksums on, an offer
+                // (from a peer configured otherwise) is dropped and the message goes through a
+                // slot, which the receiver accepts for a direct receive too.
+                if let Some(cts) = ps.cts.remove(&(r.sig.seq, m)).filter(|_| !checksum) {
                     if cts.sig.coll != r.sig.coll
                         || cts.sig.dtype != r.sig.dtype
                         || cts.sig.op != r.sig.op
@@ -686,11 +706,23 @@ impl Engine {
                 let hb = unsafe {
                     std::slice::from_raw_parts_mut(self.hdrs.ptr.add(hdr_off), DATA_HEADER_LEN)
                 };
+                let crc32c = checksum.then(|| {
+                    let p = slice(&r.bufs, src, len, r.sig.dtype);
+                    if p.len == 0 {
+                        return crc32c::crc32c(&[]);
+                    }
+                    // SAFETY: bounds-checked in `start`; the caller keeps the buffer valid and
+                    // the schedule does not modify this span before the send completes.
+                    crc32c::crc32c(unsafe {
+                        std::slice::from_raw_parts(p.addr as *const u8, p.len)
+                    })
+                });
                 DataHeaderRepr {
                     sig: r.sig,
                     msg: r.send_msg[peer],
                     payload_len: bytes as u32,
                     sender: self.rank as u32,
+                    crc32c,
                 }
                 .emit(&mut DataHeader::new_unchecked(hb));
                 r.send_msg[peer] += 1;
@@ -829,6 +861,22 @@ impl Engine {
                     }
                     ps.cts.insert((cts.sig.seq, msg), cts);
                 }
+                Some(&CTRL_PROBE) => {
+                    let (seq, inside) = match &self.running {
+                        Some(r) => (r.sig.seq, true),
+                        None => (self.last_seq, false),
+                    };
+                    let mut m = [0u8; 16];
+                    m[0] = CTRL_PROBE_REPLY;
+                    m[1] = inside as u8;
+                    m[8..16].copy_from_slice(&seq.to_le_bytes());
+                    // Best effort: a peer that cannot be answered is already failing.
+                    let _ = self.ep.post_send(*peer, &m, 0);
+                }
+                Some(&CTRL_PROBE_REPLY) if data.len() == 16 => {
+                    let seq = u64::from_le_bytes(data[8..16].try_into().expect("8"));
+                    self.probe_replies[*peer] = Some((seq, data[1] != 0));
+                }
                 Some(&CTRL_ABORT) => {
                     let why = String::from_utf8_lossy(&data[1..]).into_owned();
                     return Err(Error::PeerAborted {
@@ -923,6 +971,34 @@ impl Engine {
                     });
                 }
                 ps.last_heard = Some((Instant::now(), h.sig.seq));
+                // Verified before anything is reduced or copied: a damaged payload never
+                // reaches the caller's buffer.
+                match h.crc32c {
+                    Some(expected) => {
+                        let got = crc32c::crc32c(&slot[DATA_HEADER_LEN..DATA_HEADER_LEN + bytes]);
+                        if got != expected {
+                            return Err(Error::Corrupt {
+                                rank: self.rank,
+                                peer,
+                                sig: r.sig,
+                                msg,
+                                expected,
+                                got,
+                            });
+                        }
+                    }
+                    None if self.opts.checksum => {
+                        return Err(Error::Protocol {
+                            rank: self.rank,
+                            peer,
+                            msg: format!(
+                                "{}: message {msg} carries no checksum but GRADSYNC_CHECKSUM=1 on rank {}; set it alike on every rank",
+                                r.sig, self.rank
+                            ),
+                        });
+                    }
+                    None => {}
+                }
                 if bytes > 0 {
                     let payload = &slot[DATA_HEADER_LEN..DATA_HEADER_LEN + bytes];
                     let d = slice(&r.bufs, dst, len, dt);
@@ -1015,6 +1091,79 @@ impl Engine {
         Ok(())
     }
 
+    /// On a timeout, asks every peer where it is and names the ranks that do not answer (stopped,
+    /// hung, or not inside any collective) or that are behind. Every rank that times out asks
+    /// everyone, so all of them name the same culprit.
+    fn diagnose_timeout(&mut self) -> Error {
+        let window =
+            (self.opts.timeout / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
+        self.probe_replies.iter_mut().for_each(|r| *r = None);
+        let peers: Vec<usize> = (0..self.world).filter(|&p| p != self.rank).collect();
+        for &p in &peers {
+            if self.ep.peer_alive(p) {
+                let _ = self.ep.post_send(p, &[CTRL_PROBE], 0);
+            }
+        }
+        let end = Instant::now() + window;
+        let mut comps = Vec::new();
+        while Instant::now() < end
+            && peers
+                .iter()
+                .any(|&p| self.probe_replies[p].is_none() && self.ep.peer_alive(p))
+        {
+            comps.clear();
+            if self.ep.poll(&mut comps).is_err() {
+                break;
+            }
+            for c in &comps {
+                if let Err(e @ Error::PeerAborted { .. }) = self.handle_completion(c) {
+                    // Another rank finished its diagnosis first: its verdict is the job's.
+                    return e;
+                }
+            }
+            let _ = self.ep.wait(Duration::from_millis(10));
+        }
+        let seq = self.running.as_ref().map_or(self.last_seq, |r| r.sig.seq);
+        let lost: Vec<String> = peers
+            .iter()
+            .filter(|&&p| !self.ep.peer_alive(p))
+            .map(|p| p.to_string())
+            .collect();
+        let silent: Vec<String> = peers
+            .iter()
+            .filter(|&&p| self.ep.peer_alive(p) && self.probe_replies[p].is_none())
+            .map(|p| p.to_string())
+            .collect();
+        let behind: Vec<String> = peers
+            .iter()
+            .filter_map(|&p| match self.probe_replies[p] {
+                Some((s, inside)) if s < seq || (s == seq && !inside) => Some(format!(
+                    "rank {p} (at seq {s}{})",
+                    if inside { "" } else { ", not inside it" }
+                )),
+                _ => None,
+            })
+            .collect();
+        let mut verdict = Vec::new();
+        if !silent.is_empty() {
+            verdict.push(format!("rank {} did not answer within {window:?} (stopped, hung, or not calling into gradsync)", silent.join(", rank ")));
+        }
+        if !lost.is_empty() {
+            verdict.push(format!("lost connection to rank {}", lost.join(", rank ")));
+        }
+        if !behind.is_empty() {
+            verdict.push(format!("behind: {}", behind.join(", ")));
+        }
+        if verdict.is_empty() {
+            verdict.push("every peer answered and is inside this collective".into());
+        }
+        let mut e = self.timeout_error();
+        if let Error::Timeout { verdict: v, .. } = &mut e {
+            *v = verdict.join("; ");
+        }
+        e
+    }
+
     fn timeout_error(&self) -> Error {
         let r = self.running.as_ref().expect("running");
         let now = Instant::now();
@@ -1037,6 +1186,7 @@ impl Engine {
             sig: r.sig,
             timeout: self.opts.timeout,
             waiting: waits.join(", "),
+            verdict: String::new(),
         }
     }
 }

@@ -65,6 +65,25 @@ pub enum Error {
         /// What was wrong.
         msg: String,
     },
+    /// A message failed its checksum (`GRADSYNC_CHECKSUM=1`): its payload was damaged between
+    /// the sender's buffer and this rank's inbox. The payload was not reduced or copied.
+    #[error(
+        "rank {rank}: {sig}: message {msg} on the link rank {peer} -> rank {rank} is corrupt (crc32c 0x{got:08x}, sender computed 0x{expected:08x}); it was not used"
+    )]
+    Corrupt {
+        /// This rank (the receiver).
+        rank: usize,
+        /// The sender.
+        peer: usize,
+        /// The operation.
+        sig: Signature,
+        /// Index of the message within the operation, per sender and receiver.
+        msg: u32,
+        /// The checksum the sender put in the header.
+        expected: u32,
+        /// The checksum of the payload as it arrived.
+        got: u32,
+    },
     /// A peer failed and told us.
     #[error("rank {rank}: rank {peer} aborted the communicator: {reason}")]
     PeerAborted {
@@ -86,7 +105,7 @@ pub enum Error {
         sig: Signature,
     },
     /// An operation did not finish before its deadline.
-    #[error("rank {rank}: {sig} timed out after {timeout:?} waiting on {waiting}")]
+    #[error("rank {rank}: {sig} timed out after {timeout:?} waiting on {waiting}; {verdict}")]
     Timeout {
         /// This rank.
         rank: usize,
@@ -96,6 +115,8 @@ pub enum Error {
         timeout: Duration,
         /// The peers waited on and what was last heard from each.
         waiting: String,
+        /// Which ranks did not answer the timeout probe, or are behind.
+        verdict: String,
     },
     /// An earlier failure left the communicator unusable.
     #[error("rank {rank}: communicator unusable after an earlier failure: {reason}")]

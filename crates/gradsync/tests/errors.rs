@@ -165,7 +165,33 @@ fn absent_peer_times_out_naming_it() {
     let e = res[0].as_ref().unwrap_err();
     assert!(e.contains("timed out after 1.5s waiting on rank 1"), "{e}");
     assert!(e.contains("all_reduce seq 2"), "{e}");
+    assert!(e.contains("rank 1 did not answer"), "{e}");
     assert!(t0.elapsed() < Duration::from_secs(8));
+}
+
+#[test]
+fn every_rank_names_the_same_silent_rank() {
+    // Rank 3 is alive but never calls in (as a stopped process would be); ranks 0-2 wait in a
+    // ring where only rank 0 waits on rank 3 directly. All three must name rank 3.
+    let t0 = Instant::now();
+    let res = tcp_group(4, Duration::from_millis(1500), |rank, c| {
+        if rank == 3 {
+            std::thread::sleep(Duration::from_secs(4));
+            return Ok(());
+        }
+        let mut buf = vec![1f32; 1 << 18];
+        c.all_reduce(&mut buf, ReduceOp::Sum)
+            .map_err(|e| e.to_string())
+    });
+    for (rank, r) in res.iter().enumerate().take(3) {
+        let e = r.as_ref().unwrap_err();
+        assert!(e.contains("rank 3 did not answer"), "rank {rank}: {e}");
+    }
+    assert!(
+        t0.elapsed() < Duration::from_secs(8),
+        "took {:?}",
+        t0.elapsed()
+    );
 }
 
 #[test]
