@@ -63,6 +63,7 @@ mod element;
 mod engine;
 mod error;
 pub mod logging;
+pub mod recorder;
 
 pub use comm::{Communicator, Pending, Work};
 pub use config::Config;
