@@ -11,7 +11,7 @@
 //! |-------:|-----:|-------|
 //! | 0 | 2 | magic `0x4753` ("GS") |
 //! | 2 | 1 | version (1) |
-//! | 3 | 1 | flags (0) |
+//! | 3 | 1 | flags: bit 0 [`FLAG_CRC32C`] = checksum present, others 0 |
 //! | 4 | 1 | collective code |
 //! | 5 | 1 | data type code |
 //! | 6 | 1 | reduction op code |
@@ -23,7 +23,12 @@
 //! | 36 | 4 | message index within this collective, per sender and receiver |
 //! | 40 | 4 | payload length in bytes |
 //! | 44 | 4 | sender rank |
-//! | 48 | 16 | reserved (0) |
+//! | 48 | 4 | CRC32C (Castagnoli) of the payload when [`FLAG_CRC32C`] is set, else 0 |
+//! | 52 | 12 | reserved (0) |
+//!
+//! The checksum (`GRADSYNC_CHECKSUM=1`) covers the payload only: the header is already checked
+//! field by field against the receiver's own signature, so a damaged header is refused anyway.
+//! Without the flag no checksum is computed or checked, and the field stays 0.
 //!
 //! The view/repr split follows smoltcp: [`DataHeader`] is a typed view over bytes with
 //! [`DataHeader::new_checked`], and [`DataHeaderRepr`] is the parsed form with
@@ -38,6 +43,8 @@ pub const DATA_HEADER_LEN: usize = 64;
 pub const MAGIC: u16 = 0x4753;
 /// Wire version of the data header.
 pub const VERSION: u8 = 1;
+/// Flag bit: the header carries the CRC32C of the payload at offset 48.
+pub const FLAG_CRC32C: u8 = 0x01;
 
 /// Errors of parsing peer bytes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -122,6 +129,7 @@ mod field {
     pub const MSG: Range<usize> = 36..40;
     pub const LEN: Range<usize> = 40..44;
     pub const SENDER: Range<usize> = 44..48;
+    pub const CRC32C: Range<usize> = 48..52;
 }
 
 fn rd<const N: usize>(b: &[u8], r: std::ops::Range<usize>) -> [u8; N] {
@@ -208,6 +216,10 @@ impl<T: AsRef<[u8]>> DataHeader<T> {
     pub fn sender(&self) -> u32 {
         u32::from_le_bytes(rd(self.buffer.as_ref(), field::SENDER))
     }
+    /// CRC32C of the payload (meaningful only when [`FLAG_CRC32C`] is set in the flags).
+    pub fn crc32c(&self) -> u32 {
+        u32::from_le_bytes(rd(self.buffer.as_ref(), field::CRC32C))
+    }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> DataHeader<T> {
@@ -227,6 +239,8 @@ pub struct DataHeaderRepr {
     pub payload_len: u32,
     /// Sender rank.
     pub sender: u32,
+    /// CRC32C of the payload, if the sender computed one ([`FLAG_CRC32C`]).
+    pub crc32c: Option<u32>,
 }
 
 impl DataHeaderRepr {
@@ -252,6 +266,7 @@ impl DataHeaderRepr {
             msg: h.msg(),
             payload_len: h.payload_len(),
             sender: h.sender(),
+            crc32c: (h.flags() & FLAG_CRC32C != 0).then(|| h.crc32c()),
         })
     }
 
@@ -269,7 +284,11 @@ impl DataHeaderRepr {
         h.buffer.as_mut()[..DATA_HEADER_LEN].fill(0);
         h.put(field::MAGIC, &MAGIC.to_le_bytes());
         h.buffer.as_mut()[field::VERSION] = VERSION;
-        h.buffer.as_mut()[field::FLAGS] = 0;
+        h.buffer.as_mut()[field::FLAGS] = if self.crc32c.is_some() {
+            FLAG_CRC32C
+        } else {
+            0
+        };
         h.buffer.as_mut()[field::COLL] = self.sig.coll as u8;
         h.buffer.as_mut()[field::DTYPE] = self.sig.dtype as u8;
         h.buffer.as_mut()[field::OP] = self.sig.op as u8;
@@ -280,6 +299,9 @@ impl DataHeaderRepr {
         h.put(field::MSG, &self.msg.to_le_bytes());
         h.put(field::LEN, &self.payload_len.to_le_bytes());
         h.put(field::SENDER, &self.sender.to_le_bytes());
+        if let Some(crc) = self.crc32c {
+            h.put(field::CRC32C, &crc.to_le_bytes());
+        }
     }
 }
 
@@ -312,7 +334,52 @@ mod tests {
             msg: 5,
             payload_len: 256,
             sender: 3,
+            crc32c: None,
         }
+    }
+
+    /// [`BYTES`] with a checksum: flag bit 0 set, CRC32C 0xe3069283 at offset 48.
+    static BYTES_CRC: [u8; 64] = [
+        0x53, 0x47, 0x01, 0x01, 0x00, 0x02, 0x04,
+        0x00, // magic, version, flags (crc32c), coll, dtype, op
+        0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01, // comm id
+        0x2a, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // seq 42
+        0xe8, 0x03, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // count 1000
+        0x00, 0x00, 0x00, 0x00, 0x05, 0x00, 0x00, 0x00, // root 0, msg 5
+        0x00, 0x01, 0x00, 0x00, 0x03, 0x00, 0x00, 0x00, // len 256, sender 3
+        0x83, 0x92, 0x06, 0xe3, 0, 0, 0, 0, // crc32c, reserved
+        0, 0, 0, 0, 0, 0, 0, 0,
+    ];
+
+    fn repr_crc() -> DataHeaderRepr {
+        DataHeaderRepr {
+            crc32c: Some(0xe306_9283),
+            ..repr()
+        }
+    }
+
+    #[test]
+    fn emit_literal_with_checksum() {
+        let mut buf = [0xffu8; 64];
+        repr_crc().emit(&mut DataHeader::new_unchecked(&mut buf[..]));
+        assert_eq!(buf, BYTES_CRC);
+    }
+
+    #[test]
+    fn parse_literal_with_checksum() {
+        let h = DataHeader::new_checked(&BYTES_CRC[..]).unwrap();
+        assert_eq!(h.flags(), FLAG_CRC32C);
+        assert_eq!(h.crc32c(), 0xe306_9283);
+        assert_eq!(DataHeaderRepr::parse(&h).unwrap(), repr_crc());
+    }
+
+    #[test]
+    fn checksum_field_ignored_without_flag() {
+        // A value at offset 48 without the flag bit is reserved space, not a checksum.
+        let mut b = BYTES_CRC;
+        b[3] = 0;
+        let h = DataHeader::new_checked(&b[..]).unwrap();
+        assert_eq!(DataHeaderRepr::parse(&h).unwrap().crc32c, None);
     }
 
     #[test]

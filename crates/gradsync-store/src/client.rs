@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 use crate::StoreError;
+use crate::auth;
 use crate::framed::{self, DeadlineReader, FrameReadError};
 use crate::wire::{Frame, MAX_WAIT_TIMEOUT_MS, Repr, WireError};
 
@@ -17,6 +18,11 @@ pub const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(60);
 /// Added to a wait's own timeout to get the client's read deadline for the reply: the server
 /// answers at its deadline, the margin covers transfer and scheduling delays.
 pub const WAIT_REPLY_MARGIN: Duration = Duration::from_secs(5);
+
+/// Longest time a client and a server give the authentication handshake (also bounded by
+/// their I/O deadlines); a client with a token that gets no challenge within it reports that
+/// the store seems to run without a token.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// First pause between connection attempts; it doubles up to [`CONNECT_BACKOFF_MAX`].
 const CONNECT_BACKOFF_START: Duration = Duration::from_millis(10);
@@ -67,7 +73,10 @@ impl Reply {
             | Repr::Get { .. }
             | Repr::Wait { .. }
             | Repr::Add { .. }
-            | Repr::Delete { .. } => {
+            | Repr::Delete { .. }
+            | Repr::AuthChallenge { .. }
+            | Repr::AuthResponse { .. }
+            | Repr::AuthConfirm { .. } => {
                 return None;
             }
         })
@@ -101,7 +110,27 @@ impl StoreClient {
     ///
     /// The error ([`StoreError::Connect`]) names the address, the timeout, how long the client
     /// tried and the last attempt's error. An address that does not parse fails at once.
+    ///
+    /// The client sends no token: a store that requires one refuses the first request with
+    /// [`StoreError::AuthFailed`]. See [`StoreClient::connect_with_token`].
     pub fn connect(addr: &str, timeout: Duration) -> Result<StoreClient, StoreError> {
+        StoreClient::connect_with_token(addr, timeout, None, 0)
+    }
+
+    /// Connects as [`StoreClient::connect`] does, then, with a token, runs the authentication
+    /// handshake (see the [crate-level documentation](crate#authentication)) speaking for
+    /// `rank`: the client proves it holds the token and checks that the server does too,
+    /// without the token crossing the wire.
+    ///
+    /// A wrong token on either side, a store without a token, or a server that cannot prove it
+    /// holds the token fail at once (no retry) with [`StoreError::AuthFailed`] naming the
+    /// store address. With `token: None` this is [`StoreClient::connect`].
+    pub fn connect_with_token(
+        addr: &str,
+        timeout: Duration,
+        token: Option<&[u8]>,
+        rank: usize,
+    ) -> Result<StoreClient, StoreError> {
         let start = Instant::now();
         let deadline = start
             .checked_add(timeout)
@@ -113,6 +142,21 @@ impl StoreClient {
             let error = match try_connect(addr, deadline) {
                 Ok(stream) => {
                     let _ = stream.set_nodelay(true);
+                    if let Some(token) = token {
+                        let hs_timeout = DEFAULT_IO_TIMEOUT.min(HANDSHAKE_TIMEOUT);
+                        if let Err(reason) =
+                            auth::client_handshake(&stream, token, rank as u64, hs_timeout)
+                        {
+                            let _ = stream.shutdown(Shutdown::Both);
+                            let error = StoreError::AuthFailed {
+                                addr: addr.to_owned(),
+                                reason,
+                            };
+                            warn!(target: "gradsync::bootstrap", error = %error, "store authentication failed");
+                            return Err(error);
+                        }
+                        debug!(target: "gradsync::bootstrap", addr, rank, "authenticated to store");
+                    }
                     debug!(target: "gradsync::bootstrap", addr, attempts, waited = ?start.elapsed(), "connected to store");
                     return Ok(StoreClient {
                         addr: addr.to_owned(),
@@ -295,6 +339,11 @@ impl StoreClient {
                 after,
             },
             ExchangeError::Wire(source) => StoreError::Protocol { addr, op, source },
+            ExchangeError::Unexpected(kind) if kind.is_auth() => StoreError::AuthFailed {
+                addr,
+                reason: "the store requires a job token (GRADSYNC_TOKEN) and this client has none"
+                    .into(),
+            },
             ExchangeError::Unexpected(kind) => StoreError::UnexpectedReply { addr, op, kind },
         };
         warn!(target: "gradsync::bootstrap", error = %error, "store request failed; connection closed");

@@ -122,6 +122,16 @@ pub enum StoreError {
         /// The kind of reply received.
         kind: Kind,
     },
+    /// The authentication handshake failed: a wrong or missing token on one side, a store that
+    /// runs without a token while this client has one, or a server that could not prove it
+    /// holds the token. The connection is closed.
+    #[error("authentication with store {addr} failed: {reason}")]
+    AuthFailed {
+        /// The store address.
+        addr: String,
+        /// What went wrong, as far as this side can tell.
+        reason: String,
+    },
     /// An earlier I/O or protocol error closed the connection; reconnect with
     /// `StoreClient::connect`.
     #[error("{op} on store {addr} not attempted: the connection was closed by an earlier error")]

@@ -4,7 +4,7 @@ use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::time::Instant;
 
-use crate::wire::{Frame, HEADER_LEN, WireError};
+use crate::wire::{Frame, HEADER_LEN, MAX_BODY_LEN, WireError};
 
 /// Body bytes read (and allocated) per step: a peer that announces a large body gets buffer
 /// space only as fast as it actually sends bytes.
@@ -62,6 +62,16 @@ pub(crate) fn read_frame<R: ReadSome>(
     src: &mut R,
     buf: &mut Vec<u8>,
 ) -> Result<(), FrameReadError> {
+    read_frame_limited(src, buf, MAX_BODY_LEN)
+}
+
+/// As [`read_frame`], refusing (as [`WireError::BodyTooLong`]) a body longer than `max_body`
+/// before reading it: the handshake reads only small frames.
+pub(crate) fn read_frame_limited<R: ReadSome>(
+    src: &mut R,
+    buf: &mut Vec<u8>,
+    max_body: usize,
+) -> Result<(), FrameReadError> {
     buf.clear();
     buf.resize(HEADER_LEN, 0);
     if !fill(src, &mut buf[..HEADER_LEN], true)? {
@@ -69,6 +79,12 @@ pub(crate) fn read_frame<R: ReadSome>(
     }
     let frame = Frame::new_unchecked(&buf[..]);
     frame.check_header().map_err(FrameReadError::Header)?;
+    if frame.body_len() as usize > max_body {
+        return Err(FrameReadError::Header(WireError::BodyTooLong {
+            len: u64::from(frame.body_len()),
+            limit: max_body,
+        }));
+    }
     let total = frame.frame_len();
     while buf.len() < total {
         let start = buf.len();

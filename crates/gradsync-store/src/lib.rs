@@ -54,6 +54,9 @@
 //! | `0x03` | Wait     | `timeout_ms: u64, count: u32, count × key: bytes`         |
 //! | `0x04` | Add      | `key: bytes, delta: i64`                                  |
 //! | `0x05` | Delete   | `key: bytes`                                              |
+//! | `0x40` | AuthChallenge | `nonce: 32 bytes, server_id: bytes` (server to client) |
+//! | `0x41` | AuthResponse  | `rank: u64, nonce: 32 bytes, mac: 32 bytes`            |
+//! | `0x42` | AuthConfirm   | `mac: 32 bytes` (server to client)                     |
 //! | `0x80` | Ok       | empty (set done; delete removed the key)                  |
 //! | `0x81` | Value    | `value: bytes` (get)                                      |
 //! | `0x82` | Values   | `count: u32, count × value: bytes` (wait, request order)  |
@@ -74,13 +77,47 @@
 //! server cannot satisfy (store full, value not an integer) gets an `Error` reply and the
 //! connection stays open. Encoding is canonical: every `Repr` has exactly one byte form.
 //!
-//! # Versioning and authentication
+//! # Versioning
 //!
 //! The version byte is checked on every frame; a peer speaking another version gets an
-//! `Error` reply naming both versions. Kinds `0x40..=0x4f` and the header flags are reserved
-//! for an authentication handshake (a challenge-response on a shared secret) that a later
-//! version runs before the first request; a version-1 server refuses such frames, so an
-//! authenticating client learns at once that the server cannot authenticate it.
+//! `Error` reply naming both versions. The header flags are reserved (zero).
+//!
+//! # Authentication
+//!
+//! A job shares one secret, the job token (`GRADSYNC_TOKEN`; `gradsync launch` makes a random
+//! one per job). A server given a token ([`ServerConfig::token`]) makes every new connection
+//! prove it holds the token before serving any request, and proves the same in return, with a
+//! challenge-response on HMAC-SHA256; the token itself never crosses the wire:
+//!
+//! ```text
+//! server                                               client (rank r)
+//!   AuthChallenge { Ns (32 random bytes), server_id } ->
+//!                  <- AuthResponse { r, Nc (32 random bytes),
+//!                                    HMAC(token, "gradsync-store/client" || Ns || Nc || r) }
+//!   checks the proof (constant time)
+//!   AuthConfirm { HMAC(token, "gradsync-store/server" || Ns || Nc || r) } ->
+//!                                                      checks the proof (constant time)
+//! ```
+//!
+//! (`r` is a little-endian `u64`.) Why this shape: fresh nonces from both sides make every
+//! proof single-use, so a recorded handshake cannot be replayed to either side; the distinct
+//! labels keep a proof from being reflected back to its sender; the server's proof lets a
+//! rank refuse a look-alike store (for example a stale server of an earlier job on the same
+//! port); HMAC verification compares in constant time. The handshake authenticates, it does
+//! not encrypt: later frames travel in clear, as NCCL's and Gloo's do; the token only keeps
+//! strangers (and other jobs) out.
+//!
+//! A connection that sends anything else first, a wrong proof, or nothing within
+//! [`HANDSHAKE_TIMEOUT`] is logged once at warn level ("authentication failed", naming the
+//! peer address), gets an `Error` reply and is closed; other connections are not affected,
+//! and before authenticating a peer can make the server read at most a few KiB per
+//! connection. The client reports every failure as [`StoreError::AuthFailed`] naming the
+//! store address: a wrong token, a store that needs a token when the client has none (the
+//! challenge arrives as the reply to its first request), or a store that sends no challenge
+//! (it runs without a token). Kinds `0x43..=0x4f` are unassigned.
+//!
+//! The store binds the address it is given, which a job takes from `MASTER_ADDR` (rank 0's
+//! interface), never the wildcard address: it is not reachable through other interfaces.
 //!
 //! # Logging
 //!
@@ -90,13 +127,14 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod auth;
 mod client;
 mod error;
 mod framed;
 mod server;
 pub mod wire;
 
-pub use client::{DEFAULT_IO_TIMEOUT, StoreClient, WAIT_REPLY_MARGIN};
+pub use client::{DEFAULT_IO_TIMEOUT, HANDSHAKE_TIMEOUT, StoreClient, WAIT_REPLY_MARGIN};
 pub use error::StoreError;
 pub use server::{ServerConfig, StoreServer};
 pub use wire::WireError;

@@ -1,6 +1,7 @@
 //! The store server: one accept thread, one thread per connection, one shared map.
 
 use std::collections::HashMap;
+use std::fmt;
 use std::io::{self, Read};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,6 +12,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 use crate::StoreError;
+use crate::auth;
 use crate::framed::{self, FrameReadError, ReadSome};
 use crate::wire::{self, Frame, MAX_BODY_LEN, MAX_WAIT_TIMEOUT_MS, Repr};
 
@@ -32,8 +34,9 @@ const CONN_STACK: usize = 512 << 10;
 /// A connection's receive buffer is released after a frame when it grew beyond this.
 const KEEP_BUFFER: usize = 1 << 20;
 
-/// Server limits and timeouts. Create with [`ServerConfig::default`] and change fields.
-#[derive(Debug, Clone)]
+/// Server limits, timeouts and job token. Create with [`ServerConfig::default`] and change
+/// fields. Its `Debug` form does not show the token.
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct ServerConfig {
     /// Most bytes of keys plus values held at once (default 1 GiB). A set or add that would
@@ -45,6 +48,12 @@ pub struct ServerConfig {
     /// Deadline for a peer to complete a frame once its first byte arrived, and for the server
     /// to write a reply (default 60 s). Idle connections between frames are not timed out.
     pub io_timeout: Duration,
+    /// The job token (default none). With a token, every connection must pass the
+    /// challenge-response handshake of the [crate-level documentation](crate#authentication)
+    /// within [`HANDSHAKE_TIMEOUT`](crate::HANDSHAKE_TIMEOUT) before its first request; one
+    /// that fails is logged at warn level ("authentication failed", with the peer address)
+    /// and closed, and other connections are not affected.
+    pub token: Option<Vec<u8>>,
 }
 
 impl Default for ServerConfig {
@@ -53,7 +62,19 @@ impl Default for ServerConfig {
             max_total_bytes: 1 << 30,
             max_connections: 8192,
             io_timeout: Duration::from_secs(60),
+            token: None,
         }
+    }
+}
+
+impl fmt::Debug for ServerConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServerConfig")
+            .field("max_total_bytes", &self.max_total_bytes)
+            .field("max_connections", &self.max_connections)
+            .field("io_timeout", &self.io_timeout)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish()
     }
 }
 
@@ -73,6 +94,7 @@ pub struct StoreServer {
 #[derive(Debug)]
 struct Shared {
     config: ServerConfig,
+    local_addr: SocketAddr,
     state: Mutex<State>,
     changed: Condvar,
     stopping: AtomicBool,
@@ -121,6 +143,7 @@ impl StoreServer {
         listener.set_nonblocking(true).map_err(bind_err)?;
         let shared = Arc::new(Shared {
             config,
+            local_addr,
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
             stopping: AtomicBool::new(false),
@@ -314,6 +337,27 @@ fn serve(stream: &TcpStream, peer: SocketAddr, shared: &Shared) {
         warn!(target: "gradsync::bootstrap", %peer, error = %e, "store connection setup failed");
         return;
     }
+    if let Some(token) = &shared.config.token {
+        let id = shared.local_addr.to_string();
+        let timeout = shared.config.io_timeout.min(crate::HANDSHAKE_TIMEOUT);
+        match auth::server_handshake(stream, token, &id, timeout) {
+            Ok(rank) => {
+                debug!(target: "gradsync::bootstrap", %peer, rank, "store connection authenticated");
+            }
+            Err(reason) => {
+                if !shared.stopping.load(Ordering::SeqCst) {
+                    warn!(target: "gradsync::bootstrap", %peer, %reason,
+                        "store connection from {peer} refused: authentication failed");
+                    refuse(stream, "authentication failed", shared);
+                }
+                return;
+            }
+        }
+        if let Err(e) = stream.set_read_timeout(Some(IDLE_POLL)) {
+            warn!(target: "gradsync::bootstrap", %peer, error = %e, "store connection setup failed");
+            return;
+        }
+    }
     let mut buf = Vec::new();
     loop {
         let mut reader = ConnReader {
@@ -352,7 +396,7 @@ fn serve(stream: &TcpStream, peer: SocketAddr, shared: &Shared) {
         };
         if !repr.kind().is_request() {
             let kind = repr.kind();
-            warn!(target: "gradsync::bootstrap", %peer, %kind, "response frame sent to server; closing connection");
+            warn!(target: "gradsync::bootstrap", %peer, %kind, "non-request frame sent to server; closing connection");
             refuse(
                 stream,
                 &format!("unexpected {kind} frame: clients send requests"),
@@ -462,7 +506,10 @@ fn handle(repr: &Repr<'_>, peer: SocketAddr, shared: &Shared) -> Vec<u8> {
                 WaitOutcome::Stopping => error_reply("store server shutting down", peer),
             }
         }
-        // Responses are refused before `handle` is called.
+        // Responses and handshake frames are refused before `handle` is called.
+        Repr::AuthChallenge { .. } | Repr::AuthResponse { .. } | Repr::AuthConfirm { .. } => {
+            error_reply("unexpected handshake frame", peer)
+        }
         Repr::Ok
         | Repr::Value { .. }
         | Repr::Values { .. }

@@ -41,6 +41,15 @@ pub const MAX_BODY_LEN: usize = MAX_VALUE_LEN + (1 << 20);
 /// Longest wait the server honours, in milliseconds (24 hours); longer requests are clamped.
 pub const MAX_WAIT_TIMEOUT_MS: u64 = 24 * 60 * 60 * 1000;
 
+/// Length of a handshake nonce in bytes.
+pub const NONCE_LEN: usize = 32;
+
+/// Length of a handshake proof (an HMAC-SHA256 tag) in bytes.
+pub const MAC_LEN: usize = 32;
+
+/// Largest server identity in an [`Repr::AuthChallenge`], in bytes of UTF-8.
+pub const MAX_SERVER_ID_LEN: usize = 256;
+
 /// Byte ranges of the header fields.
 mod field {
     use core::ops::Range;
@@ -54,8 +63,9 @@ mod field {
 
 /// The kind byte of a frame: which request or response it carries.
 ///
-/// Requests use `0x01..=0x3f`, responses `0x80..=0xbf`. The range `0x40..=0x4f` is reserved for
-/// the authentication handshake of a later protocol version.
+/// Requests use `0x01..=0x3f`, responses `0x80..=0xbf`. The range `0x40..=0x4f` belongs to the
+/// authentication handshake (see the [crate-level documentation](crate#authentication));
+/// `0x43..=0x4f` are still unassigned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 #[non_exhaustive]
@@ -70,6 +80,12 @@ pub enum Kind {
     Add = 0x04,
     /// Request: remove a key.
     Delete = 0x05,
+    /// Handshake, server to client: the server's nonce and identity.
+    AuthChallenge = 0x40,
+    /// Handshake, client to server: the client's rank, nonce and proof of the token.
+    AuthResponse = 0x41,
+    /// Handshake, server to client: the server's proof of the token.
+    AuthConfirm = 0x42,
     /// Response: the request succeeded and has no result.
     Ok = 0x80,
     /// Response: one value.
@@ -95,6 +111,9 @@ impl Kind {
             0x03 => Kind::Wait,
             0x04 => Kind::Add,
             0x05 => Kind::Delete,
+            0x40 => Kind::AuthChallenge,
+            0x41 => Kind::AuthResponse,
+            0x42 => Kind::AuthConfirm,
             0x80 => Kind::Ok,
             0x81 => Kind::Value,
             0x82 => Kind::Values,
@@ -106,9 +125,14 @@ impl Kind {
         })
     }
 
-    /// Whether this kind is a request (client to server).
+    /// Whether this kind is a request (client to server, after any handshake).
     pub const fn is_request(self) -> bool {
-        (self as u8) < 0x80
+        (self as u8) < 0x40
+    }
+
+    /// Whether this kind belongs to the authentication handshake (`0x40..=0x4f`).
+    pub const fn is_auth(self) -> bool {
+        matches!(self as u8, 0x40..=0x4f)
     }
 }
 
@@ -120,6 +144,9 @@ impl fmt::Display for Kind {
             Kind::Wait => "wait",
             Kind::Add => "add",
             Kind::Delete => "delete",
+            Kind::AuthChallenge => "auth-challenge",
+            Kind::AuthResponse => "auth-response",
+            Kind::AuthConfirm => "auth-confirm",
             Kind::Ok => "ok",
             Kind::Value => "value",
             Kind::Values => "values",
@@ -179,7 +206,7 @@ pub enum WireError {
     /// A key, value or message is longer than its limit.
     #[error("{field} of {len} bytes exceeds the limit of {limit} bytes")]
     FieldTooLong {
-        /// Which field: `"key"`, `"value"` or `"error message"`.
+        /// Which field: `"key"`, `"value"`, `"error message"` or `"server identity"`.
         field: &'static str,
         /// The length claimed.
         len: u64,
@@ -199,7 +226,7 @@ pub enum WireError {
     /// A key or message is not valid UTF-8.
     #[error("{field} is not valid utf-8")]
     InvalidUtf8 {
-        /// Which field: `"key"` or `"error message"`.
+        /// Which field: `"key"`, `"error message"` or `"server identity"`.
         field: &'static str,
     },
     /// The body goes on after its last field.
@@ -435,6 +462,28 @@ pub enum Repr<'a> {
         /// What went wrong.
         message: &'a str,
     },
+    /// Handshake, server to client, first frame on a connection to a server with a token.
+    AuthChallenge {
+        /// The server's fresh random nonce.
+        nonce: &'a [u8; NONCE_LEN],
+        /// Who the server is (its listening address), for messages.
+        server_id: &'a str,
+    },
+    /// Handshake, client to server: the answer to [`Repr::AuthChallenge`].
+    AuthResponse {
+        /// The rank the client speaks for (covered by the proof).
+        rank: u64,
+        /// The client's fresh random nonce.
+        nonce: &'a [u8; NONCE_LEN],
+        /// HMAC-SHA256 of the token over both nonces and the rank.
+        mac: &'a [u8; MAC_LEN],
+    },
+    /// Handshake, server to client: the server's proof that it holds the token too.
+    AuthConfirm {
+        /// HMAC-SHA256 of the token over both nonces and the rank (another label than the
+        /// client's).
+        mac: &'a [u8; MAC_LEN],
+    },
 }
 
 /// Length of a length-prefixed field holding `len` bytes.
@@ -462,6 +511,9 @@ impl<'a> Repr<'a> {
             Repr::Int { .. } => Kind::Int,
             Repr::Timeout { .. } => Kind::Timeout,
             Repr::Error { .. } => Kind::Error,
+            Repr::AuthChallenge { .. } => Kind::AuthChallenge,
+            Repr::AuthResponse { .. } => Kind::AuthResponse,
+            Repr::AuthConfirm { .. } => Kind::AuthConfirm,
         }
     }
 
@@ -525,6 +577,16 @@ impl<'a> Repr<'a> {
             Kind::Error => Repr::Error {
                 message: r.str("error message", MAX_ERROR_LEN)?,
             },
+            Kind::AuthChallenge => Repr::AuthChallenge {
+                nonce: r.array()?,
+                server_id: r.str("server identity", MAX_SERVER_ID_LEN)?,
+            },
+            Kind::AuthResponse => Repr::AuthResponse {
+                rank: r.u64()?,
+                nonce: r.array()?,
+                mac: r.array()?,
+            },
+            Kind::AuthConfirm => Repr::AuthConfirm { mac: r.array()? },
         };
         let extra = r.buf.len() - r.pos;
         if extra != 0 {
@@ -583,7 +645,14 @@ impl<'a> Repr<'a> {
                     .try_for_each(|v| limit("value", v.len(), MAX_VALUE_LEN))?;
             }
             Repr::Error { message } => limit("error message", message.len(), MAX_ERROR_LEN)?,
-            Repr::Ok | Repr::NotFound | Repr::Int { .. } => {}
+            Repr::AuthChallenge { server_id, .. } => {
+                limit("server identity", server_id.len(), MAX_SERVER_ID_LEN)?;
+            }
+            Repr::Ok
+            | Repr::NotFound
+            | Repr::Int { .. }
+            | Repr::AuthResponse { .. }
+            | Repr::AuthConfirm { .. } => {}
         }
         let len = self.body_len();
         if len > MAX_BODY_LEN {
@@ -610,6 +679,11 @@ impl<'a> Repr<'a> {
             Repr::Int { .. } => 8,
             Repr::Timeout { missing } => list_len(missing.iter().map(|k| k.len())),
             Repr::Error { message } => prefixed(message.len()),
+            Repr::AuthChallenge { server_id, .. } => {
+                NONCE_LEN.saturating_add(prefixed(server_id.len()))
+            }
+            Repr::AuthResponse { .. } => 8 + NONCE_LEN + MAC_LEN,
+            Repr::AuthConfirm { .. } => MAC_LEN,
         }
     }
 
@@ -668,6 +742,16 @@ impl<'a> Repr<'a> {
                 missing.iter().for_each(|k| w.bytes(k.as_bytes()));
             }
             Repr::Error { message } => w.bytes(message.as_bytes()),
+            Repr::AuthChallenge { nonce, server_id } => {
+                w.put(&nonce[..]);
+                w.bytes(server_id.as_bytes());
+            }
+            Repr::AuthResponse { rank, nonce, mac } => {
+                w.u64(*rank);
+                w.put(&nonce[..]);
+                w.put(&mac[..]);
+            }
+            Repr::AuthConfirm { mac } => w.put(&mac[..]),
         }
         debug_assert_eq!(w.pos, w.buf.len());
     }
@@ -713,6 +797,12 @@ impl<'a> Reader<'a> {
         let mut a = [0u8; 8];
         a.copy_from_slice(b);
         Ok(u64::from_le_bytes(a))
+    }
+
+    /// A fixed-size field of `N` bytes (nonce, proof).
+    fn array<const N: usize>(&mut self) -> Result<&'a [u8; N], WireError> {
+        let b = self.take(N)?;
+        Ok(b.try_into().expect("take returned N bytes"))
     }
 
     /// A list count, checked against [`MAX_WAIT_KEYS`] before anything is sized from it.

@@ -26,6 +26,7 @@
 use std::fmt;
 use std::time::Duration;
 
+pub mod fault;
 pub mod mem;
 mod regions;
 pub mod tcp;

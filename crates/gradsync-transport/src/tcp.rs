@@ -19,6 +19,34 @@
 //! [`Endpoint::poll`] from the caller's thread; [`Endpoint::wait`] sleeps in `poll(2)`.
 //! Frames of one write travel on one stream; consecutive writes go round-robin over the streams,
 //! so their completions may arrive out of order (the engine orders them by its slot counters).
+//!
+//! # Authentication
+//!
+//! The dialing rank opens each stream with a 24-byte hello (magic `"GSTH"`, version,
+//! communicator id, its rank, stream index, streams per peer); a hello that is malformed,
+//! names another communicator or a slot already taken drops that connection. With a job token
+//! ([`TcpOptions::token`]) the hello is followed by a mutual HMAC-SHA256 challenge-response,
+//! so the token never crosses the wire:
+//!
+//! ```text
+//! acceptor                                   dialer
+//!                               <- hello
+//!   Na (32 random bytes)        ->
+//!                               <- Nd (32 random bytes), HMAC(token, "gradsync-data/dialer" || id || Na || Nd)
+//!   HMAC(token, "gradsync-data/acceptor" || id || Na || Nd) ->
+//! ```
+//!
+//! where `id` is the communicator id, dialer rank, acceptor rank and stream index (each a
+//! little-endian u64). Fresh nonces on both sides make each proof single-use (no replay), the
+//! two labels keep a proof from being reflected, and binding the communicator, both ranks and
+//! the stream keeps a proof for one stream from opening another. Proofs are compared in
+//! constant time. On the accepting side every read and write of the hello and handshake has a
+//! timeout of at most 5 s and never past the setup deadline, all message sizes are fixed, and
+//! a connection that fails is dropped with a warning while setup goes on, so the real peer can
+//! still connect: a stranger (a port scanner, another job, a sender of garbage) neither stalls
+//! setup past its deadline nor makes the rank allocate. The dialing side fails setup at once
+//! with an error naming the peer and its address, since retrying with the same token cannot
+//! help. Authentication covers who may connect; the data that follows is not encrypted.
 
 use crate::regions::RegionTable;
 use crate::{
@@ -43,8 +71,8 @@ const RX_BUDGET: usize = 8 << 20;
 /// straight into the region.
 const DIRECT_MIN: usize = 16 * 1024;
 
-/// Options of the TCP backend.
-#[derive(Clone, Debug)]
+/// Options of the TCP backend. The `Debug` form does not show the token.
+#[derive(Clone)]
 pub struct TcpOptions {
     /// Streams per peer (at least 1).
     pub nsocks: usize,
@@ -52,6 +80,10 @@ pub struct TcpOptions {
     pub sock_buf: usize,
     /// Deadline for connection setup.
     pub timeout: Duration,
+    /// The job token: with one, every stream is authenticated by the challenge-response
+    /// described in the [module documentation](self#authentication) (all ranks must use the
+    /// same token); without one, streams are not authenticated.
+    pub token: Option<Vec<u8>>,
 }
 
 impl Default for TcpOptions {
@@ -60,7 +92,19 @@ impl Default for TcpOptions {
             nsocks: 2,
             sock_buf: 0,
             timeout: Duration::from_secs(60),
+            token: None,
         }
+    }
+}
+
+impl std::fmt::Debug for TcpOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpOptions")
+            .field("nsocks", &self.nsocks)
+            .field("sock_buf", &self.sock_buf)
+            .field("timeout", &self.timeout)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish()
     }
 }
 
@@ -210,6 +254,190 @@ fn hello(comm_id: u64, rank: usize, stream: usize, nsocks: usize) -> [u8; HELLO_
     b
 }
 
+/// A parsed hello, the first 24 bytes a dialing rank sends on each stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Hello {
+    pub(crate) magic: u32,
+    pub(crate) version: u16,
+    pub(crate) comm_id: u64,
+    pub(crate) rank: usize,
+    pub(crate) stream: usize,
+    pub(crate) nsocks: usize,
+}
+
+/// Parses a hello (any 24 bytes parse; the caller checks the fields).
+pub(crate) fn parse_hello(b: &[u8; HELLO_LEN]) -> Hello {
+    Hello {
+        magic: u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        version: u16::from_le_bytes([b[4], b[5]]),
+        comm_id: u64::from_le_bytes([b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]]),
+        rank: u32::from_le_bytes([b[16], b[17], b[18], b[19]]) as usize,
+        stream: u16::from_le_bytes([b[20], b[21]]) as usize,
+        nsocks: u16::from_le_bytes([b[22], b[23]]) as usize,
+    }
+}
+
+/// A parsed frame header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FrameHeader {
+    pub(crate) kind: u8,
+    pub(crate) imm: u32,
+    pub(crate) rkey: u32,
+    pub(crate) len: u32,
+    pub(crate) off: u64,
+}
+
+/// Parses a frame header; the reserved bytes must be zero (the kind is checked by the caller).
+pub(crate) fn parse_frame_header(h: &[u8]) -> std::result::Result<FrameHeader, String> {
+    let Some(h) = h.get(..FRAME_HDR) else {
+        return Err(format!(
+            "frame header of {} bytes, need {FRAME_HDR}",
+            h.len()
+        ));
+    };
+    if h[1..4] != [0, 0, 0] {
+        return Err(format!("reserved bytes set in frame header {h:02x?}"));
+    }
+    let u32_at = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
+    let mut off = [0u8; 8];
+    off.copy_from_slice(&h[16..24]);
+    Ok(FrameHeader {
+        kind: h[0],
+        imm: u32_at(4),
+        rkey: u32_at(8),
+        len: u32_at(12),
+        off: u64::from_le_bytes(off),
+    })
+}
+
+/// Length of a data-connection handshake nonce and proof.
+const AUTH_LEN: usize = 32;
+/// Label of the dialing side's proof.
+const DIALER_LABEL: &[u8] = b"gradsync-data/dialer";
+/// Label of the accepting side's proof (another label, so that no proof can be reflected).
+const ACCEPTOR_LABEL: &[u8] = b"gradsync-data/acceptor";
+
+type HmacSha256 = hmac::Hmac<sha2::Sha256>;
+
+/// The identity of one data stream that both proofs cover.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StreamId {
+    pub(crate) comm_id: u64,
+    pub(crate) dialer: usize,
+    pub(crate) acceptor: usize,
+    pub(crate) stream: usize,
+}
+
+/// `HMAC(token, label || comm_id || dialer || acceptor || stream || nonce_a || nonce_d)`,
+/// integers as little-endian u64.
+fn stream_mac(
+    token: &[u8],
+    label: &[u8],
+    id: StreamId,
+    nonce_a: &[u8; AUTH_LEN],
+    nonce_d: &[u8; AUTH_LEN],
+) -> HmacSha256 {
+    use hmac::Mac;
+    let mut mac = HmacSha256::new_from_slice(token).expect("HMAC takes keys of any length");
+    mac.update(label);
+    mac.update(&id.comm_id.to_le_bytes());
+    mac.update(&(id.dialer as u64).to_le_bytes());
+    mac.update(&(id.acceptor as u64).to_le_bytes());
+    mac.update(&(id.stream as u64).to_le_bytes());
+    mac.update(nonce_a);
+    mac.update(nonce_d);
+    mac
+}
+
+/// A proof of one side (`dialer` true: the dialing side's).
+pub(crate) fn stream_proof(
+    token: &[u8],
+    dialer: bool,
+    id: StreamId,
+    nonce_a: &[u8; AUTH_LEN],
+    nonce_d: &[u8; AUTH_LEN],
+) -> [u8; AUTH_LEN] {
+    use hmac::Mac;
+    let label = if dialer { DIALER_LABEL } else { ACCEPTOR_LABEL };
+    stream_mac(token, label, id, nonce_a, nonce_d)
+        .finalize()
+        .into_bytes()
+        .into()
+}
+
+/// Checks a proof of one side in constant time; `proof` is peer bytes of any length.
+pub(crate) fn verify_stream_proof(
+    token: &[u8],
+    dialer: bool,
+    id: StreamId,
+    nonce_a: &[u8; AUTH_LEN],
+    nonce_d: &[u8; AUTH_LEN],
+    proof: &[u8],
+) -> bool {
+    use hmac::Mac;
+    let label = if dialer { DIALER_LABEL } else { ACCEPTOR_LABEL };
+    stream_mac(token, label, id, nonce_a, nonce_d)
+        .verify_slice(proof)
+        .is_ok()
+}
+
+fn random_nonce() -> io::Result<[u8; AUTH_LEN]> {
+    let mut nonce = [0u8; AUTH_LEN];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut nonce)?;
+    Ok(nonce)
+}
+
+/// The accepting side of the handshake, after a valid hello; the socket's read timeout is
+/// already set. Returns why it failed.
+fn accept_auth(sock: &TcpStream, token: &[u8], id: StreamId) -> std::result::Result<(), String> {
+    let nonce_a = random_nonce().map_err(|e| format!("no random nonce: {e}"))?;
+    let mut s = sock;
+    s.write_all(&nonce_a)
+        .map_err(|e| format!("sending the challenge: {e}"))?;
+    let mut answer = [0u8; 2 * AUTH_LEN];
+    s.read_exact(&mut answer)
+        .map_err(|e| format!("no answer to the challenge: {e}"))?;
+    let (nonce_d, proof) = answer.split_at(AUTH_LEN);
+    let nonce_d: [u8; AUTH_LEN] = nonce_d.try_into().expect("AUTH_LEN bytes");
+    if !verify_stream_proof(token, true, id, &nonce_a, &nonce_d, proof) {
+        return Err("wrong proof (another token, or none)".into());
+    }
+    s.write_all(&stream_proof(token, false, id, &nonce_a, &nonce_d))
+        .map_err(|e| format!("sending the proof: {e}"))
+}
+
+/// The dialing side of the handshake, after its hello, with reads bounded by `deadline`.
+fn dial_auth(
+    sock: &TcpStream,
+    token: &[u8],
+    id: StreamId,
+    deadline: Instant,
+) -> std::result::Result<(), String> {
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
+    sock.set_read_timeout(Some(left))
+        .map_err(|e| format!("setsockopt: {e}"))?;
+    let mut s = sock;
+    let mut nonce_a = [0u8; AUTH_LEN];
+    s.read_exact(&mut nonce_a)
+        .map_err(|e| format!("no challenge ({e}); does the peer run without GRADSYNC_TOKEN?"))?;
+    let nonce_d = random_nonce().map_err(|e| format!("no random nonce: {e}"))?;
+    let mut answer = [0u8; 2 * AUTH_LEN];
+    answer[..AUTH_LEN].copy_from_slice(&nonce_d);
+    answer[AUTH_LEN..].copy_from_slice(&stream_proof(token, true, id, &nonce_a, &nonce_d));
+    s.write_all(&answer)
+        .map_err(|e| format!("sending the answer: {e}"))?;
+    let mut proof = [0u8; AUTH_LEN];
+    s.read_exact(&mut proof)
+        .map_err(|e| format!("the peer refused this token ({e}); check GRADSYNC_TOKEN"))?;
+    if !verify_stream_proof(token, false, id, &nonce_a, &nonce_d, &proof) {
+        return Err("the peer could not prove that it holds the token".into());
+    }
+    sock.set_read_timeout(None)
+        .map_err(|e| format!("setsockopt: {e}"))
+}
+
 fn tune(sock: &TcpStream, opts: &TcpOptions) -> io::Result<()> {
     sock.set_nodelay(true)?;
     if opts.sock_buf > 0 {
@@ -271,6 +499,24 @@ impl TcpEndpoint {
                 (&sock)
                     .write_all(&hello(comm_id, rank, s, nsocks))
                     .map_err(io_err(peer, "hello"))?;
+                if let Some(token) = &opts.token {
+                    let id = StreamId {
+                        comm_id,
+                        dialer: rank,
+                        acceptor: peer,
+                        stream: s,
+                    };
+                    dial_auth(&sock, token, id, deadline).map_err(|why| {
+                        tracing::warn!(target: "gradsync::net", "rank {rank}: authentication failed on the connection to rank {peer} at {addr}: {why}");
+                        TransportError::Protocol {
+                            rank,
+                            peer,
+                            msg: format!(
+                                "authentication failed on the connection to rank {peer} at {addr}: {why}"
+                            ),
+                        }
+                    })?;
+                }
                 slots[peer][s] = Some(sock);
             }
         }
@@ -301,14 +547,18 @@ impl TcpEndpoint {
                     sock.set_nonblocking(false)
                         .map_err(io_err(usize::MAX, "accept"))?;
                     let _ = sock.set_read_timeout(Some(Duration::from_secs(5).min(deadline - now)));
+                    let _ =
+                        sock.set_write_timeout(Some(Duration::from_secs(5).min(deadline - now)));
                     let mut h = [0u8; HELLO_LEN];
                     let ok = (&sock).read_exact(&mut h).is_ok();
-                    let magic = u32::from_le_bytes(h[0..4].try_into().unwrap_or_default());
-                    let cid = u64::from_le_bytes(h[8..16].try_into().unwrap_or_default());
-                    let peer =
-                        u32::from_le_bytes(h[16..20].try_into().unwrap_or_default()) as usize;
-                    let s = u16::from_le_bytes(h[20..22].try_into().unwrap_or_default()) as usize;
-                    let n = u16::from_le_bytes(h[22..24].try_into().unwrap_or_default()) as usize;
+                    let Hello {
+                        magic,
+                        comm_id: cid,
+                        rank: peer,
+                        stream: s,
+                        nsocks: n,
+                        ..
+                    } = parse_hello(&h);
                     let valid = ok
                         && magic == HELLO_MAGIC
                         && cid == comm_id
@@ -321,7 +571,20 @@ impl TcpEndpoint {
                         tracing::warn!(target: "gradsync::net", "rank {rank}: dropped a connection from {from} with an invalid hello (magic 0x{magic:08x}, communicator {cid:x}, rank {peer}, stream {s}/{n})");
                         continue;
                     }
+                    if let Some(token) = &opts.token {
+                        let id = StreamId {
+                            comm_id,
+                            dialer: peer,
+                            acceptor: rank,
+                            stream: s,
+                        };
+                        if let Err(why) = accept_auth(&sock, token, id) {
+                            tracing::warn!(target: "gradsync::net", "rank {rank}: dropped a connection from {from} claiming rank {peer} stream {s}: authentication failed ({why})");
+                            continue;
+                        }
+                    }
                     let _ = sock.set_read_timeout(None);
+                    let _ = sock.set_write_timeout(None);
                     tune(&sock, opts).map_err(io_err(peer, "setsockopt"))?;
                     slots[peer][s] = Some(sock);
                     got += 1;
@@ -574,17 +837,14 @@ impl TcpEndpoint {
             match &mut st.rx {
                 Rx::Header => {
                     if st.hi - st.lo >= FRAME_HDR {
-                        let h = &st.rxbuf[st.lo..st.lo + FRAME_HDR];
-                        let kind = h[0];
-                        let imm = u32::from_le_bytes(h[4..8].try_into().expect("4"));
-                        let rkey = u32::from_le_bytes(h[8..12].try_into().expect("4"));
-                        let len = u32::from_le_bytes(h[12..16].try_into().expect("4"));
-                        let off = u64::from_le_bytes(h[16..24].try_into().expect("8"));
-                        if h[1..4] != [0, 0, 0] {
-                            return Err(proto(format!(
-                                "reserved bytes set in frame header {h:02x?}"
-                            )));
-                        }
+                        let FrameHeader {
+                            kind,
+                            imm,
+                            rkey,
+                            len,
+                            off,
+                        } = parse_frame_header(&st.rxbuf[st.lo..st.lo + FRAME_HDR])
+                            .map_err(proto)?;
                         st.lo += FRAME_HDR;
                         st.header_only = len as usize >= DIRECT_MIN;
                         st.rx = match kind {
@@ -948,5 +1208,109 @@ impl Endpoint for TcpEndpoint {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod setup_tests {
+    //! Parsers of peer bytes on data connections (fuzz-style: `PROPTEST_CASES` cases) and the
+    //! handshake proofs.
+    use super::*;
+    use proptest::prelude::*;
+
+    const ID: StreamId = StreamId {
+        comm_id: 0x1122_3344_5566_7788,
+        dialer: 2,
+        acceptor: 0,
+        stream: 1,
+    };
+
+    #[test]
+    fn hello_literal_bytes() {
+        let b = hello(0x0807_0605_0403_0201, 3, 1, 2);
+        assert_eq!(
+            b,
+            [
+                0x48, 0x54, 0x53, 0x47, 1, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 3, 0, 0, 0, 1, 0, 2, 0
+            ]
+        );
+        let h = parse_hello(&b);
+        assert_eq!(
+            (h.magic, h.version, h.comm_id, h.rank, h.stream, h.nsocks),
+            (HELLO_MAGIC, 1, 0x0807_0605_0403_0201, 3, 1, 2)
+        );
+    }
+
+    #[test]
+    fn frame_header_literal_bytes() {
+        let mut h = [0u8; FRAME_HDR];
+        h[0] = KIND_WRITE_IMM;
+        h[4..8].copy_from_slice(&7u32.to_le_bytes());
+        h[8..12].copy_from_slice(&9u32.to_le_bytes());
+        h[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
+        h[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
+        let f = parse_frame_header(&h).unwrap();
+        assert_eq!(
+            (f.kind, f.imm, f.rkey, f.len, f.off),
+            (2, 7, 9, u32::MAX, u64::MAX)
+        );
+        h[2] = 1;
+        assert!(parse_frame_header(&h).is_err());
+        assert!(parse_frame_header(&h[..FRAME_HDR - 1]).is_err());
+    }
+
+    #[test]
+    fn proofs_bind_direction_and_stream() {
+        let (a, d) = ([1u8; AUTH_LEN], [2u8; AUTH_LEN]);
+        let p = stream_proof(b"tok", true, ID, &a, &d);
+        assert!(verify_stream_proof(b"tok", true, ID, &a, &d, &p));
+        assert!(!verify_stream_proof(b"tok", false, ID, &a, &d, &p));
+        assert!(!verify_stream_proof(b"other", true, ID, &a, &d, &p));
+        assert!(!verify_stream_proof(b"tok", true, ID, &d, &a, &p));
+        let other = StreamId { stream: 0, ..ID };
+        assert!(!verify_stream_proof(b"tok", true, other, &a, &d, &p));
+        assert!(!verify_stream_proof(b"tok", true, ID, &a, &d, &p[..31]));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(
+            std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(256)
+        ))]
+
+        #[test]
+        fn fuzz_hello_parse(b in any::<[u8; HELLO_LEN]>()) {
+            let h = parse_hello(&b);
+            // Parsing is total and re-emits the fields it read.
+            if h.version == 1 && b[6..8] == [0, 0] && h.magic == HELLO_MAGIC
+                && h.rank <= u32::MAX as usize
+            {
+                prop_assert_eq!(hello(h.comm_id, h.rank, h.stream, h.nsocks), b);
+            }
+        }
+
+        #[test]
+        fn fuzz_frame_header_parse(b in proptest::collection::vec(any::<u8>(), 0..40)) {
+            match parse_frame_header(&b) {
+                Ok(f) => {
+                    prop_assert!(b.len() >= FRAME_HDR && b[1..4] == [0, 0, 0]);
+                    prop_assert_eq!(f.kind, b[0]);
+                    prop_assert_eq!(f.len.to_le_bytes(), [b[12], b[13], b[14], b[15]]);
+                }
+                Err(_) => prop_assert!(b.len() < FRAME_HDR || b[1..4] != [0, 0, 0]),
+            }
+        }
+
+        #[test]
+        fn fuzz_handshake_answer_never_verifies(
+            answer in proptest::collection::vec(any::<u8>(), 0..80),
+            a in any::<[u8; AUTH_LEN]>(),
+        ) {
+            // A stranger's answer (any bytes, any length) is refused, and checking it never
+            // panics.
+            let d: [u8; AUTH_LEN] = answer.get(..AUTH_LEN).and_then(|s| s.try_into().ok()).unwrap_or([0; AUTH_LEN]);
+            let proof = answer.get(AUTH_LEN..).unwrap_or(&[]);
+            prop_assert!(!verify_stream_proof(b"job-token", true, ID, &a, &d, proof));
+            prop_assert!(!verify_stream_proof(b"job-token", false, ID, &a, &d, proof));
+        }
     }
 }

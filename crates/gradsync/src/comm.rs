@@ -32,6 +32,9 @@ pub struct Communicator {
     p2p_seq: Vec<u64>,
     algorithm: Option<Algorithm>,
     queue: VecDeque<Queued>,
+    store: Option<StoreClient>,
+    config: Option<Config>,
+    generation: u64,
     current: Option<(u64, Box<dyn Any + Send>)>,
     finished: HashMap<u64, Box<dyn Any + Send>>,
     next_work: u64,
@@ -166,13 +169,29 @@ impl Communicator {
         crate::logging::set_rank(rank);
         let t0 = Instant::now();
         let store_sa = resolve(&config.store_addr)?;
+        let token = config.token.as_deref().map(str::as_bytes);
+        if token.is_none() {
+            static NO_TOKEN: std::sync::Once = std::sync::Once::new();
+            NO_TOKEN.call_once(|| {
+                tracing::warn!(
+                    target: "gradsync::init",
+                    "running without GRADSYNC_TOKEN: connections are not authenticated"
+                );
+            });
+        }
         let server = if config.host_store && rank == 0 {
-            Some(StoreServer::bind(store_sa).map_err(|source| Error::Store { rank, source })?)
+            let mut server_config = gradsync_store::ServerConfig::default();
+            server_config.token = token.map(<[u8]>::to_vec);
+            Some(
+                StoreServer::bind_with_config(store_sa, server_config)
+                    .map_err(|source| Error::Store { rank, source })?,
+            )
         } else {
             None
         };
-        let mut store = StoreClient::connect(&config.store_addr, config.timeout)
-            .map_err(|source| Error::Store { rank, source })?;
+        let mut store =
+            StoreClient::connect_with_token(&config.store_addr, config.timeout, token, rank)
+                .map_err(|source| Error::Store { rank, source })?;
         let st = |source| Error::Store { rank, source };
         // A fresh id per communicator; every key of this communicator lives under it.
         let comm_id = if rank == 0 {
@@ -191,6 +210,23 @@ impl Communicator {
                     .map_err(|_| Error::Config("malformed communicator id in the store".into()))?,
             )
         };
+        Self::join(store, server, comm_id, rank, world, config, t0)
+    }
+
+    /// The part of init after the communicator id is agreed: addresses and inbox keys through
+    /// the store, connections, then a barrier.
+    fn join(
+        mut store: StoreClient,
+        server: Option<StoreServer>,
+        comm_id: u64,
+        rank: usize,
+        world: usize,
+        config: Config,
+        t0: Instant,
+    ) -> Result<Self> {
+        let st = |source| Error::Store { rank, source };
+        let token = config.token.as_deref().map(str::as_bytes);
+        let store_sa = resolve(&config.store_addr)?;
         let (ip, ifname) = match &config.socket_ifname {
             Some(name) => (
                 tcp::interface_addr(name)
@@ -236,6 +272,7 @@ impl Communicator {
             nsocks: config.nsocks,
             sock_buf: config.socket_bufsize,
             timeout: config.timeout.saturating_sub(t0.elapsed()),
+            token: token.map(<[u8]>::to_vec),
         };
         let ep = TcpEndpoint::establish(rank, &addrs, listener, comm_id, &topts)
             .map_err(|e| Error::transport(rank, "connect", e))?;
@@ -265,24 +302,117 @@ impl Communicator {
         );
         // Everyone is connected before anyone may leave (rank 0 keeps the store up until then).
         let mut c = Communicator::assemble(engine, rank, world, config.algorithm, server);
+        c.store = Some(store);
+        c.config = Some(config);
         c.barrier()?;
         Ok(c)
+    }
+
+    /// The peers whose connection is gone (process exited or killed), after giving the
+    /// transport `wait` to notice. Use it after a failure to decide what to
+    /// [`shrink`](Self::shrink) away.
+    pub fn failed_ranks(&mut self, wait: Duration) -> Vec<usize> {
+        self.engine.dead_peers(wait)
+    }
+
+    /// Builds a new communicator of the ranks not in `exclude` (typically
+    /// [`failed_ranks`](Self::failed_ranks)), as `ncclCommShrink` does: every surviving rank
+    /// calls it with the same `exclude`; ranks are renumbered in order (the new rank of a
+    /// survivor is the number of survivors below it). It meets through the same rendezvous
+    /// store, so rank 0's process (which hosts the store unless it is external) must be among
+    /// the survivors. This communicator stays unusable after a failure; drop it.
+    pub fn shrink(&mut self, exclude: &[usize]) -> Result<Communicator> {
+        let t0 = Instant::now();
+        let (Some(config), Some(_)) = (self.config.clone(), self.store.as_ref()) else {
+            return Err(self.invalid(
+                "shrink",
+                "this communicator was not built through a rendezvous store".into(),
+            ));
+        };
+        if exclude.contains(&self.rank) {
+            return Err(self.invalid(
+                "shrink",
+                format!("rank {} cannot exclude itself", self.rank),
+            ));
+        }
+        if let Some(bad) = exclude.iter().find(|&&r| r >= self.world) {
+            return Err(self.invalid(
+                "shrink",
+                format!("rank {bad} is not a rank of a world of {}", self.world),
+            ));
+        }
+        let survivors: Vec<usize> = (0..self.world).filter(|r| !exclude.contains(r)).collect();
+        let new_rank = survivors
+            .iter()
+            .position(|&r| r == self.rank)
+            .expect("self survives");
+        let new_world = survivors.len();
+        self.generation += 1;
+        let key = format!(
+            "gradsync/{:016x}/shrink/{}/comm_id",
+            self.engine.comm_id, self.generation
+        );
+        let rank = self.rank;
+        let st = |source| Error::Store { rank, source };
+        let token = config.token.as_deref().map(str::as_bytes);
+        let mut store =
+            StoreClient::connect_with_token(&config.store_addr, config.timeout, token, new_rank)
+                .map_err(st)?;
+        let comm_id = if new_rank == 0 {
+            let id = new_comm_id();
+            store.set(&key, &id.to_le_bytes()).map_err(st)?;
+            id
+        } else {
+            let v = store.wait(&[key.as_str()], config.timeout).map_err(st)?;
+            u64::from_le_bytes(
+                v[0].as_slice()
+                    .try_into()
+                    .map_err(|_| Error::Config("malformed communicator id in the store".into()))?,
+            )
+        };
+        tracing::info!(target: "gradsync::init", "rank {rank}: shrinking to {new_world} ranks without {exclude:?}; new rank {new_rank}");
+        let mut cfg = config;
+        cfg.rank = new_rank;
+        cfg.world = new_world;
+        crate::logging::set_rank(new_rank);
+        Self::join(store, None, comm_id, new_rank, new_world, cfg, t0)
     }
 
     /// In-process communicators for `world` ranks joined by the in-memory transport: one per
     /// rank, to be moved into one thread each. Tunables come from `config` (its rank, world and
     /// store fields are ignored).
     pub fn mem_group(world: usize, config: &Config) -> Result<Vec<Communicator>> {
-        let eps = gradsync_transport::mem::fabric(world);
+        let eps = gradsync_transport::mem::fabric(world)
+            .into_iter()
+            .map(|ep| Box::new(ep) as Box<dyn Endpoint>)
+            .collect();
+        Self::from_endpoints(eps, config)
+    }
+
+    /// In-process communicators over endpoints that are already connected to each other, one
+    /// per rank in rank order (for example an in-memory fabric wrapped in
+    /// [`FaultyEndpoint`](gradsync_transport::fault::FaultyEndpoint)s). The inbox descriptors
+    /// are exchanged in process, so every returned communicator must be driven by its own
+    /// thread. Tunables come from `config` (its rank, world and store fields are ignored).
+    pub fn from_endpoints(
+        endpoints: Vec<Box<dyn Endpoint>>,
+        config: &Config,
+    ) -> Result<Vec<Communicator>> {
+        let world = endpoints.len();
+        for (i, ep) in endpoints.iter().enumerate() {
+            if ep.rank() != i || ep.world() != world {
+                return Err(Error::Config(format!(
+                    "endpoint {i} of {world} is rank {} of a world of {}; pass one endpoint per rank, in rank order",
+                    ep.rank(),
+                    ep.world()
+                )));
+            }
+        }
         let comm_id = new_comm_id();
         let mut engines = Vec::with_capacity(world);
         let mut inboxes = Vec::with_capacity(world);
-        for ep in eps {
-            let (e, inbox) = Engine::new(
-                Box::new(ep) as Box<dyn Endpoint>,
-                comm_id,
-                engine_options(config),
-            )?;
+        for ep in endpoints {
+            let (e, inbox) = Engine::new(ep, comm_id, engine_options(config))?;
             engines.push(e);
             inboxes.push(inbox);
         }
@@ -311,6 +441,9 @@ impl Communicator {
             p2p_seq: vec![0; world],
             algorithm,
             queue: VecDeque::new(),
+            store: None,
+            config: None,
+            generation: 0,
             current: None,
             finished: HashMap::new(),
             next_work: 1,
@@ -815,6 +948,7 @@ fn engine_options(c: &Config) -> EngineOptions {
         timeout: c.timeout,
         spin: c.spin,
         direct_min: c.direct_min,
+        checksum: c.checksum,
     }
 }
 

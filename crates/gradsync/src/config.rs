@@ -43,6 +43,19 @@ pub struct Config {
     /// into the receiver's buffer after a clear-to-send (`GRADSYNC_DIRECT_MIN`); smaller ones,
     /// and every message that is reduced on arrival, go through an inbox slot.
     pub direct_min: usize,
+    /// The job token (`GRADSYNC_TOKEN`): with one, every store and data connection is
+    /// authenticated by an HMAC-SHA256 challenge-response on it, and the token never crosses
+    /// the wire (see `gradsync_store`'s and `gradsync_transport::tcp`'s documentation). All
+    /// ranks of a job need the same token; `gradsync launch` makes one. `None`: connections
+    /// are not authenticated, and init warns once per process. The store binds rank 0's
+    /// `MASTER_ADDR` interface only, either way.
+    pub token: Option<String>,
+    /// Integrity option (`GRADSYNC_CHECKSUM`, `0` or `1`, default off): every message carries
+    /// a CRC32C of its payload in its header, and the receiver verifies it before reducing or
+    /// copying; a mismatch fails the operation with [`Error::Corrupt`] naming the link. All
+    /// messages then go through inbox slots (direct writes carry no header). Set it alike on
+    /// every rank. Off, nothing is computed.
+    pub checksum: bool,
 }
 
 /// Default `GRADSYNC_NSOCKS`.
@@ -144,6 +157,8 @@ impl Config {
             spin: DEFAULT_SPIN,
             algorithm: None,
             direct_min: DEFAULT_DIRECT_MIN,
+            token: None,
+            checksum: false,
         }
     }
 
@@ -301,6 +316,20 @@ impl Config {
                 })?
             };
         }
+        if let Some(v) = var("GRADSYNC_CHECKSUM") {
+            self.checksum = match v.trim() {
+                "0" => false,
+                "1" => true,
+                _ => {
+                    return Err(Error::Config(format!(
+                        "GRADSYNC_CHECKSUM={v:?} must be 0 or 1"
+                    )));
+                }
+            };
+        }
+        if let Some(t) = var("GRADSYNC_TOKEN") {
+            self.token = Some(t);
+        }
         if let Some(us) = env.parse::<u64>("GRADSYNC_SPIN_US")? {
             self.spin = Duration::from_micros(us);
         }
@@ -413,6 +442,18 @@ mod tests {
                 .to_string()
                 .contains("RANK=\"x\"")
         );
+    }
+
+    #[test]
+    fn checksum_option() {
+        let base = [("RANK", "0"), ("WORLD_SIZE", "1")];
+        assert!(!from(&base).unwrap().checksum);
+        let on = from(&[base[0], base[1], ("GRADSYNC_CHECKSUM", "1")]).unwrap();
+        assert!(on.checksum);
+        let off = from(&[base[0], base[1], ("GRADSYNC_CHECKSUM", "0")]).unwrap();
+        assert!(!off.checksum);
+        let e = from(&[base[0], base[1], ("GRADSYNC_CHECKSUM", "yes")]).unwrap_err();
+        assert!(e.to_string().contains("GRADSYNC_CHECKSUM=\"yes\""), "{e}");
     }
 
     #[test]

@@ -1091,6 +1091,24 @@ impl Engine {
         Ok(())
     }
 
+    /// Peers whose connection is down, after polling the transport for up to `wait`.
+    pub(crate) fn dead_peers(&mut self, wait: Duration) -> Vec<usize> {
+        let end = Instant::now() + wait;
+        let mut sink = Vec::new();
+        loop {
+            sink.clear();
+            // Errors here are about peers that are going away; what matters is who is gone.
+            let _ = self.ep.poll(&mut sink);
+            let dead: Vec<usize> = (0..self.world)
+                .filter(|&p| p != self.rank && !self.ep.peer_alive(p))
+                .collect();
+            if !dead.is_empty() || Instant::now() >= end {
+                return dead;
+            }
+            let _ = self.ep.wait(Duration::from_millis(10));
+        }
+    }
+
     /// On a timeout, asks every peer where it is and names the ranks that do not answer (stopped,
     /// hung, or not inside any collective) or that are behind. Every rank that times out asks
     /// everyone, so all of them name the same culprit.

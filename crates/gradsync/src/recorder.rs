@@ -22,6 +22,8 @@
 //!
 //! # Reading a dump
 //!
+//! An excerpt (the last two of its 41 operations) of rank 2's dump:
+//!
 //! ```text
 //! {
 //!   "rank": 2,
@@ -32,8 +34,9 @@
 //!   "dumped_unix_us": 1718000012500000,
 //!   "reason": "SIGUSR1",
 //!   "capacity": 64,
-//!   "recorded": 42,
+//!   "recorded": 41,
 //!   "ops": [
+//!     ...
 //!     {"seq":40,"op":"all_reduce","dtype":"float32","count":1048576,"root":null,"algorithm":"ring","peers":[1,3],"state":"completed","started_unix_us":1718000010000000,"ended_unix_us":1718000010004210,"bytes":4194304,"error":null},
 //!     {"seq":41,"op":"all_reduce","dtype":"float32","count":1048576,"root":null,"algorithm":"ring","peers":[1,3],"state":"completed","started_unix_us":1718000010010000,"ended_unix_us":1718000010014190,"bytes":4194304,"error":null}
 //!   ]
@@ -59,17 +62,17 @@
 //!
 //! ```text
 //! communicator 5f3a9c2e11d04b7a: world 4, 4 dumps
-//! rank  host   pid    reason   last completed     in flight                       age
-//! 0     node1  48211  timeout  41 all_reduce      42 all_reduce started           2.004 s
-//! 1     node1  48212  timeout  41 all_reduce      42 all_reduce started           2.003 s
-//! 2     node1  48213  SIGUSR1  41 all_reduce      -                               -
-//! 3     node1  48214  timeout  41 all_reduce      42 all_reduce started           2.004 s
+//! rank  host   pid    reason   last completed  in flight              age
+//! 0     node1  48211  timeout  41 all_reduce   42 all_reduce started  2.004 s
+//! 1     node1  48212  timeout  41 all_reduce   42 all_reduce started  2.004 s
+//! 2     node1  48213  SIGUSR1  41 all_reduce   -                      -
+//! 3     node1  48214  timeout  41 all_reduce   42 all_reduce started  2.004 s
 //! verdict: rank 2 is behind: ranks 0,1,3 are in all_reduce seq 42 (started), rank 2 last started seq 41 (completed)
 //! ```
 //!
 //! Here rank 2 finished seq 41 and never called seq 42: its peers wait for it in the all-reduce.
-//! The fault is in rank 2's program (it is busy elsewhere, stuck in data loading, or took another
-//! branch), not in the network. When every rank started the same `seq` and they all wait, look
+//! Look at rank 2's program, not at the network: it is busy elsewhere, stuck in data loading, or
+//! took another branch. When every rank started the same `seq` and they all wait, look
 //! at the `failed` and `timed_out` errors, and at a rank whose dump is missing: a process that
 //! died writes nothing.
 

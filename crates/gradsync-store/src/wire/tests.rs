@@ -53,6 +53,46 @@ fn vectors() -> Vec<(Repr<'static>, Vec<u8>)> {
             ],
         ),
         (
+            Repr::AuthChallenge {
+                nonce: &[0x11; 32],
+                server_id: "h:1",
+            },
+            [
+                &[
+                    0x47, 0x53, 0x4b, 0x56, 0x01, 0x40, 0x00, 0x00, 0x27, 0x00, 0x00, 0x00,
+                ][..],
+                &[0x11; 32],
+                &[0x03, 0x00, 0x00, 0x00, 0x68, 0x3a, 0x31],
+            ]
+            .concat(),
+        ),
+        (
+            Repr::AuthResponse {
+                rank: 2,
+                nonce: &[0x22; 32],
+                mac: &[0x33; 32],
+            },
+            [
+                &[
+                    0x47, 0x53, 0x4b, 0x56, 0x01, 0x41, 0x00, 0x00, 0x48, 0x00, 0x00, 0x00,
+                ][..],
+                &[0x02, 0, 0, 0, 0, 0, 0, 0],
+                &[0x22; 32],
+                &[0x33; 32],
+            ]
+            .concat(),
+        ),
+        (
+            Repr::AuthConfirm { mac: &[0x44; 32] },
+            [
+                &[
+                    0x47, 0x53, 0x4b, 0x56, 0x01, 0x42, 0x00, 0x00, 0x20, 0x00, 0x00, 0x00,
+                ][..],
+                &[0x44; 32],
+            ]
+            .concat(),
+        ),
+        (
             Repr::Ok,
             vec![
                 0x47, 0x53, 0x4b, 0x56, 0x01, 0x80, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
@@ -160,7 +200,8 @@ fn parse_gives_repr_for_every_kind() {
         let frame = Frame::new_checked(&bytes[..]).unwrap();
         assert_eq!(Repr::parse(&frame).unwrap(), repr);
         assert_eq!(frame.kind(), repr.kind() as u8);
-        assert_eq!(repr.kind().is_request(), frame.kind() < 0x80);
+        assert_eq!(repr.kind().is_request(), frame.kind() < 0x40);
+        assert_eq!(repr.kind().is_auth(), (0x40..0x50).contains(&frame.kind()));
         seen.push(repr.kind());
     }
     // One vector per kind.
@@ -175,8 +216,8 @@ fn kind_bytes_round_trip() {
             assert_eq!(kind as u8, raw);
         }
     }
-    // The handshake range stays free.
-    assert!((0x40..=0x4f).all(|raw| Kind::from_u8(raw).is_none()));
+    // The handshake uses 0x40..=0x42; the rest of its range stays free.
+    assert!((0x43..=0x4f).all(|raw| Kind::from_u8(raw).is_none()));
 }
 
 #[test]
@@ -276,8 +317,8 @@ fn header_errors() {
         Err(WireError::UnsupportedVersion { found: 2 })
     );
     assert_eq!(
-        parse_never_panics(&with(5, 0x40)),
-        Err(WireError::UnknownKind { kind: 0x40 })
+        parse_never_panics(&with(5, 0x43)),
+        Err(WireError::UnknownKind { kind: 0x43 })
     );
     assert_eq!(
         parse_never_panics(&with(7, 1)),

@@ -1,0 +1,389 @@
+//! A fault injector that wraps any [`Endpoint`]: drops, corrupts, delays writes, or kills the
+//! endpoint after a number of writes.
+//!
+//! [`FaultyEndpoint`] composes with every backend, as smoltcp's `phy` middlewares do: it
+//! implements the whole [`Endpoint`] trait by delegation and intercepts only
+//! [`post_write`](Endpoint::post_write) (and, once killed, every call). The faults are drawn
+//! from a seeded generator, so a given [`FaultConfig`] and sequence of calls always injects the
+//! same faults in the same places.
+//!
+//! - **Drop**: the write is acknowledged locally ([`Completion::WriteDone`] on the next poll)
+//!   but never reaches the peer, as a lost packet without retransmission would.
+//! - **Corrupt**: one byte of the payload is flipped on the way out. The gather list points at
+//!   the caller's memory, which must not change, so the wrapper copies the last non-empty entry
+//!   of the gather list (in a header-then-payload write, the payload) into a buffer of its own,
+//!   registered with the inner endpoint, flips one byte there and posts that copy instead. The
+//!   copy lives until the write's [`Completion::WriteDone`] has been polled.
+//! - **Delay**: the write is held and posted by the first [`poll`](Endpoint::poll) after the
+//!   delay has passed; held writes keep their order.
+//! - **Kill**: after `kill_after_writes` writes the endpoint behaves as if its process had died:
+//!   every call fails with [`TransportError::PeerClosed`], every peer is reported as not alive,
+//!   and the inner endpoint is closed so that its peers can notice.
+//!
+//! `only_peer` restricts all of this to the writes to one peer (a single bad link); writes to
+//! other peers, two-sided sends and registrations pass through untouched.
+
+use crate::{
+    Access, Completion, Endpoint, MemoryRegion, RemoteRegion, Result, Sge, TransportError,
+};
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// What a [`FaultyEndpoint`] injects. [`Default`] injects nothing.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FaultConfig {
+    /// Seed of the generator that decides which writes are dropped or corrupted, and where.
+    pub seed: u64,
+    /// Probability (0.0 to 1.0) that a write is dropped: acknowledged but never delivered.
+    pub drop_writes: f64,
+    /// Probability (0.0 to 1.0) that a delivered write has one payload byte flipped.
+    pub corrupt_writes: f64,
+    /// Hold every write this long before posting it.
+    pub delay: Option<Duration>,
+    /// After this many writes, the endpoint dies: every call fails, every peer looks gone.
+    pub kill_after_writes: Option<u64>,
+    /// Only the writes to this peer are subject to faults (and counted for `kill_after_writes`).
+    pub only_peer: Option<usize>,
+}
+
+impl Default for FaultConfig {
+    fn default() -> Self {
+        FaultConfig {
+            seed: 0,
+            drop_writes: 0.0,
+            corrupt_writes: 0.0,
+            delay: None,
+            kill_after_writes: None,
+            only_peer: None,
+        }
+    }
+}
+
+/// What a [`FaultyEndpoint`] has done so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultStats {
+    /// Writes subject to faults (to `only_peer`, or all of them).
+    pub writes: u64,
+    /// Writes dropped.
+    pub dropped: u64,
+    /// Writes posted with a flipped byte.
+    pub corrupted: u64,
+    /// Writes held for the delay.
+    pub delayed: u64,
+    /// Whether the endpoint has been killed.
+    pub killed: bool,
+}
+
+/// A write held for the delay.
+#[derive(Debug)]
+struct Held {
+    due: Instant,
+    peer: usize,
+    sges: Vec<Sge>,
+    remote: RemoteRegion,
+    offset: u64,
+    imm: Option<u32>,
+    wr_id: u64,
+}
+
+/// A corrupted copy of a gather entry, registered with the inner endpoint.
+#[derive(Debug)]
+struct OwnedCopy {
+    wr_id: u64,
+    mr: MemoryRegion,
+    /// Keeps the memory `mr` describes alive; never read by the wrapper once posted.
+    _buf: Box<[u8]>,
+}
+
+/// An [`Endpoint`] that injects faults into the writes of the endpoint it wraps.
+///
+/// See the [module documentation](self) for what each fault does.
+#[derive(Debug)]
+pub struct FaultyEndpoint<E: Endpoint> {
+    // Declared first so that it is dropped first: the inner endpoint may read the corrupted
+    // copies below until it is gone.
+    inner: E,
+    copies: Vec<OwnedCopy>,
+    cfg: FaultConfig,
+    rng: u64,
+    held: VecDeque<Held>,
+    /// Local completions of dropped writes, handed out by the next poll.
+    acked: Vec<u64>,
+    stats: FaultStats,
+}
+
+impl<E: Endpoint> FaultyEndpoint<E> {
+    /// Wraps `inner`.
+    pub fn new(inner: E, cfg: FaultConfig) -> Self {
+        FaultyEndpoint {
+            inner,
+            copies: Vec::new(),
+            rng: cfg.seed ^ 0x6a09_e667_f3bc_c908,
+            cfg,
+            held: VecDeque::new(),
+            acked: Vec::new(),
+            stats: FaultStats::default(),
+        }
+    }
+
+    /// The wrapped endpoint.
+    pub fn inner(&self) -> &E {
+        &self.inner
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &FaultConfig {
+        &self.cfg
+    }
+
+    /// Counts of the faults injected so far.
+    pub fn stats(&self) -> FaultStats {
+        self.stats
+    }
+
+    /// Next value of the generator (splitmix64).
+    fn next_u64(&mut self) -> u64 {
+        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A uniform draw in [0, 1).
+    fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    fn dead(&self, peer: usize, during: &str) -> TransportError {
+        TransportError::PeerClosed {
+            rank: self.inner.rank(),
+            peer,
+            during: format!(
+                "{during}: endpoint killed by the fault injector after {} writes",
+                self.stats.writes
+            ),
+        }
+    }
+
+    /// The peer named in errors of calls that concern no peer.
+    fn some_peer(&self) -> usize {
+        self.cfg
+            .only_peer
+            .unwrap_or_else(|| (self.inner.rank() + 1) % self.inner.world().max(1))
+    }
+
+    fn kill(&mut self) {
+        self.stats.killed = true;
+        self.held.clear();
+        self.acked.clear();
+        self.inner.close(Duration::ZERO);
+    }
+
+    /// Replaces the last non-empty entry of `sges` by a registered copy with one byte flipped.
+    ///
+    /// # Safety
+    ///
+    /// The spans of `sges` must be readable.
+    unsafe fn corrupt(&mut self, sges: &mut [Sge], wr_id: u64) -> Result<bool> {
+        let Some(i) = sges.iter().rposition(|s| s.len > 0) else {
+            return Ok(false);
+        };
+        let s = sges[i];
+        // SAFETY: the caller guarantees the span is readable for its length.
+        let src = unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.len) };
+        let mut buf: Box<[u8]> = src.into();
+        let at = (self.next_u64() % s.len as u64) as usize;
+        let bit = 1u8 << (self.next_u64() % 8);
+        buf[at] ^= bit;
+        // SAFETY: the buffer is owned by `self.copies` until the write's WriteDone has been
+        // polled (then deregistered before it is freed) or until the inner endpoint is dropped
+        // (declared before `copies`, so dropped first).
+        let mr = unsafe {
+            self.inner
+                .register(buf.as_mut_ptr(), buf.len(), Access::LOCAL_READ)
+        }?;
+        sges[i] = Sge {
+            addr: mr.addr,
+            len: mr.len,
+            lkey: mr.lkey,
+        };
+        self.copies.push(OwnedCopy {
+            wr_id,
+            mr,
+            _buf: buf,
+        });
+        Ok(true)
+    }
+
+    /// Posts the held writes whose delay has passed.
+    fn release_due(&mut self) -> Result<()> {
+        let now = Instant::now();
+        while self.held.front().is_some_and(|h| h.due <= now) {
+            let h = self.held.pop_front().expect("front");
+            // SAFETY: the caller of `post_write` keeps the spans valid until WriteDone, which
+            // the inner endpoint produces only after this post; corrupted copies are ours.
+            unsafe {
+                self.inner
+                    .post_write(h.peer, &h.sges, h.remote, h.offset, h.imm, h.wr_id)
+            }?;
+        }
+        Ok(())
+    }
+}
+
+impl<E: Endpoint> Endpoint for FaultyEndpoint<E> {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+
+    fn world(&self) -> usize {
+        self.inner.world()
+    }
+
+    /// The inner endpoint's name: the wrapper is transparent in logs.
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    unsafe fn register(
+        &mut self,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<MemoryRegion> {
+        if self.stats.killed {
+            return Err(self.dead(self.some_peer(), "register"));
+        }
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { self.inner.register(addr, len, access) }
+    }
+
+    fn deregister(&mut self, mr: &MemoryRegion) {
+        self.inner.deregister(mr);
+    }
+
+    unsafe fn post_write(
+        &mut self,
+        peer: usize,
+        sges: &[Sge],
+        remote: RemoteRegion,
+        offset: u64,
+        imm: Option<u32>,
+        wr_id: u64,
+    ) -> Result<()> {
+        if self.stats.killed {
+            return Err(self.dead(peer, "post_write"));
+        }
+        if self.cfg.only_peer.is_some_and(|p| p != peer) {
+            // SAFETY: forwarded with the caller's guarantees.
+            return unsafe {
+                self.inner
+                    .post_write(peer, sges, remote, offset, imm, wr_id)
+            };
+        }
+        self.stats.writes += 1;
+        // Two draws per write whatever the probabilities, so that changing one probability
+        // does not move the other faults.
+        let drop_roll = self.next_f64();
+        let corrupt_roll = self.next_f64();
+        let result = if drop_roll < self.cfg.drop_writes {
+            self.stats.dropped += 1;
+            self.acked.push(wr_id);
+            Ok(())
+        } else {
+            let mut sges = sges.to_vec();
+            if corrupt_roll < self.cfg.corrupt_writes {
+                // SAFETY: the caller guarantees the spans are valid.
+                if unsafe { self.corrupt(&mut sges, wr_id) }? {
+                    self.stats.corrupted += 1;
+                }
+            }
+            match self.cfg.delay {
+                Some(d) => {
+                    self.stats.delayed += 1;
+                    self.held.push_back(Held {
+                        due: Instant::now() + d,
+                        peer,
+                        sges,
+                        remote,
+                        offset,
+                        imm,
+                        wr_id,
+                    });
+                    Ok(())
+                }
+                // SAFETY: the caller's spans are valid until WriteDone, and corrupted copies
+                // are kept until then.
+                None => unsafe {
+                    self.inner
+                        .post_write(peer, &sges, remote, offset, imm, wr_id)
+                },
+            }
+        };
+        if self
+            .cfg
+            .kill_after_writes
+            .is_some_and(|n| self.stats.writes >= n)
+        {
+            self.kill();
+        }
+        result
+    }
+
+    fn post_send(&mut self, peer: usize, data: &[u8], wr_id: u64) -> Result<()> {
+        if self.stats.killed {
+            return Err(self.dead(peer, "post_send"));
+        }
+        self.inner.post_send(peer, data, wr_id)
+    }
+
+    fn peer_alive(&self, peer: usize) -> bool {
+        !self.stats.killed && self.inner.peer_alive(peer)
+    }
+
+    fn poll(&mut self, out: &mut Vec<Completion>) -> Result<()> {
+        if self.stats.killed {
+            return Err(self.dead(self.some_peer(), "poll"));
+        }
+        self.release_due()?;
+        out.extend(
+            self.acked
+                .drain(..)
+                .map(|wr_id| Completion::WriteDone { wr_id }),
+        );
+        let from = out.len();
+        self.inner.poll(out)?;
+        if !self.copies.is_empty() {
+            for c in &out[from..] {
+                if let Completion::WriteDone { wr_id } = c
+                    && let Some(i) = self.copies.iter().position(|x| x.wr_id == *wr_id)
+                {
+                    let copy = self.copies.swap_remove(i);
+                    self.inner.deregister(&copy.mr);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn wait(&mut self, timeout: Duration) -> Result<()> {
+        if self.stats.killed {
+            return Err(self.dead(self.some_peer(), "wait"));
+        }
+        if !self.acked.is_empty() {
+            return Ok(());
+        }
+        let timeout = match self.held.front() {
+            Some(h) => timeout.min(h.due.saturating_duration_since(Instant::now())),
+            None => timeout,
+        };
+        self.inner.wait(timeout)
+    }
+
+    fn close(&mut self, timeout: Duration) {
+        if !self.stats.killed {
+            self.inner.close(timeout);
+        }
+    }
+}
