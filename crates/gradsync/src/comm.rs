@@ -46,6 +46,7 @@ struct Queued {
     id: u64,
     sig: Signature,
     prog: Program,
+    algo: &'static str,
     buf: RawBuf,
     owner: Box<dyn Any + Send>,
 }
@@ -167,6 +168,8 @@ impl Communicator {
             )));
         }
         crate::logging::set_rank(rank);
+        // `kill -USR1 <pid>` writes every communicator's flight recorder (GRADSYNC_FLIGHT_DIR).
+        crate::recorder::install_sigusr1_dump();
         let t0 = Instant::now();
         let store_sa = resolve(&config.store_addr)?;
         let token = config.token.as_deref().map(str::as_bytes);
@@ -482,7 +485,7 @@ impl Communicator {
             };
             // SAFETY: the buffer is owned by `q.owner`, which the communicator keeps (in
             // `current`, then `finished`) until the operation has ended.
-            unsafe { self.engine.start(q.sig, q.prog, q.buf, q.buf)? };
+            unsafe { self.engine.start(q.sig, q.prog, q.algo, q.buf, q.buf)? };
             self.current = Some((q.id, q.owner));
             if !block {
                 self.engine.progress(false)?;
@@ -500,13 +503,15 @@ impl Communicator {
     pub fn all_reduce_owned<T: Element>(&mut self, buf: Vec<T>, op: ReduceOp) -> Result<Work<T>> {
         self.engine.check_usable_or_running()?;
         let raw_buf = raw(&buf);
-        let (sig, prog) = self.plan(Collective::AllReduce, T::DTYPE, op, 0, buf.len(), true)?;
+        let (sig, prog, algo) =
+            self.plan(Collective::AllReduce, T::DTYPE, op, 0, buf.len(), true)?;
         let id = self.next_work;
         self.next_work += 1;
         self.queue.push_back(Queued {
             id,
             sig,
             prog,
+            algo,
             buf: raw_buf,
             owner: Box::new(buf),
         });
@@ -580,7 +585,7 @@ impl Communicator {
         root: usize,
         count: usize,
         in_place: bool,
-    ) -> Result<(Signature, Program)> {
+    ) -> Result<(Signature, Program, &'static str)> {
         let bytes = count * dtype.size();
         let algorithm = match (coll, self.algorithm) {
             (Collective::AllReduce, Some(a)) => a,
@@ -617,7 +622,7 @@ impl Communicator {
             },
         };
         tracing::trace!(target: "gradsync::coll", "rank {}: plan {sig} algorithm {algorithm}", self.rank);
-        Ok((sig, prog))
+        Ok((sig, prog, algorithm.name()))
     }
 
     /// Completes queued owned-buffer operations, then plans and starts a collective.
@@ -639,9 +644,9 @@ impl Communicator {
     ) -> Result<()> {
         self.drive(true, None)?;
         self.engine.check_usable()?;
-        let (sig, prog) = self.plan(coll, dtype, op, root, count, in_place)?;
+        let (sig, prog, algo) = self.plan(coll, dtype, op, root, count, in_place)?;
         // SAFETY: forwarded from the caller.
-        unsafe { self.engine.start(sig, prog, input, output) }
+        unsafe { self.engine.start(sig, prog, algo, input, output) }
     }
 
     fn check_root(&self, op: &'static str, root: usize) -> Result<()> {
@@ -925,7 +930,7 @@ impl Communicator {
             (RawBuf::default(), buf)
         };
         // SAFETY: the buffer is borrowed by the caller for the whole call.
-        unsafe { self.engine.start(sig, prog, i, o)? };
+        unsafe { self.engine.start(sig, prog, "p2p", i, o)? };
         self.engine.progress(true).map(drop)
     }
 

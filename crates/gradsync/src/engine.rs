@@ -24,6 +24,7 @@
 //! leaves its core to the others. Every wait has a deadline.
 
 use crate::error::Error;
+use crate::recorder::{FlightRecorder, OpRecord, OpState};
 use gradsync_core::schedule::{Buf, Loc, Op, OpId, Program, Schedule};
 use gradsync_core::wire::{DATA_HEADER_LEN, DataHeader, DataHeaderRepr, Signature};
 use gradsync_core::{DataType, ReduceOp};
@@ -201,6 +202,8 @@ struct Running {
     recv_issued: Vec<u32>,
     /// Message indices, per peer, of direct writes that have landed.
     direct_arrived: Vec<Vec<u32>>,
+    /// Handle of this operation in the flight recorder.
+    record: usize,
     inflight: HashMap<u64, (OpId, usize, usize)>,
     started: Instant,
 }
@@ -227,6 +230,8 @@ pub(crate) struct Engine {
     last_seq: u64,
     /// Answers to this rank's timeout probe, per peer: (their sequence number, inside it).
     probe_replies: Vec<Option<(u64, bool)>>,
+    /// The last operations, for post-mortems.
+    pub(crate) recorder: FlightRecorder,
 }
 
 /// Size of a slot (header + payload) rounded to 64 bytes.
@@ -293,6 +298,11 @@ impl Engine {
                 poisoned: None,
                 last_seq: 0,
                 probe_replies: vec![None; world],
+                recorder: {
+                    let rec = FlightRecorder::from_env(rank, world);
+                    rec.set_comm_id(comm_id);
+                    rec
+                },
             },
             remote,
         ))
@@ -350,6 +360,7 @@ impl Engine {
         &mut self,
         sig: Signature,
         prog: Program,
+        algo: &'static str,
         input: RawBuf,
         output: RawBuf,
     ) -> Result<(), Error> {
@@ -420,6 +431,27 @@ impl Engine {
         }
         let w = self.world;
         self.last_seq = sig.seq;
+        let mut rec = OpRecord::new(sig.seq, sig.coll.name(), sig.dtype.name(), sig.count);
+        rec.algorithm = algo.into();
+        if matches!(
+            sig.coll,
+            gradsync_core::Collective::Broadcast | gradsync_core::Collective::Reduce
+        ) {
+            rec.root = Some(sig.root);
+        }
+        rec.bytes = sig.count * dsize as u64;
+        let mut peers: Vec<usize> = prog
+            .ops()
+            .iter()
+            .filter_map(|op| match *op {
+                Op::Send { peer, .. } | Op::Recv { peer, .. } => Some(peer),
+                _ => None,
+            })
+            .collect();
+        peers.sort_unstable();
+        peers.dedup();
+        rec.peers = peers;
+        let record = self.recorder.start(rec);
         self.running = Some(Running {
             sig,
             sched: Schedule::new(prog, w),
@@ -433,6 +465,7 @@ impl Engine {
             send_msg: vec![0; w],
             recv_issued: vec![0; w],
             direct_arrived: vec![Vec::new(); w],
+            record,
             inflight: HashMap::new(),
             started: Instant::now(),
         });
@@ -465,6 +498,9 @@ impl Engine {
             for mr in &r.mrs {
                 self.ep.deregister(mr);
             }
+            if r.sched.is_done() {
+                self.recorder.finish(r.record, OpState::Completed, None);
+            }
         }
     }
 
@@ -475,6 +511,26 @@ impl Engine {
         }
         let msg = e.to_string();
         self.poisoned = Some(msg.clone());
+        if let Some(r) = &self.running {
+            let state = if matches!(e, Error::Timeout { .. }) {
+                OpState::TimedOut
+            } else {
+                OpState::Failed
+            };
+            self.recorder.finish(r.record, state, Some(msg.clone()));
+        }
+        match self.recorder.dump(if matches!(e, Error::Timeout { .. }) {
+            "timeout"
+        } else {
+            "failure"
+        }) {
+            Ok(path) => {
+                tracing::warn!(target: "gradsync::coll", "rank {}: flight recorder written to {}", self.rank, path.display())
+            }
+            Err(err) => {
+                tracing::warn!(target: "gradsync::coll", "rank {}: could not write the flight recorder: {err}", self.rank)
+            }
+        }
         if !matches!(e, Error::PeerAborted { .. }) {
             let mut data = vec![CTRL_ABORT];
             data.extend_from_slice(

@@ -726,9 +726,19 @@ mod tests {
     fn recorder(rank: usize, world: usize, capacity: usize) -> FlightRecorder {
         static SCRATCH: OnceLock<PathBuf> = OnceLock::new();
         let rec = FlightRecorder::new(rank, world, capacity);
-        rec.set_dump_dir(SCRATCH.get_or_init(|| temp_dir("scratch")));
+        // Created by the first dump into it, if any.
+        rec.set_dump_dir(SCRATCH.get_or_init(|| {
+            std::env::temp_dir().join(format!(
+                "gradsync-recorder-test-{}-scratch",
+                std::process::id()
+            ))
+        }));
         rec
     }
+
+    /// Held by the tests that list a dump directory and by the test that raises `SIGUSR1`
+    /// (which makes every live recorder write into its directory).
+    static SIGNAL_LOCK: Mutex<()> = Mutex::new(());
 
     fn op(seq: u64) -> OpRecord {
         OpRecord {
@@ -880,6 +890,7 @@ mod tests {
 
     #[test]
     fn dump_writes_one_complete_file_atomically() {
+        let _serial = lock(&SIGNAL_LOCK);
         let dir = temp_dir("dump");
         let rec = recorder(2, 4, 8);
         rec.set_comm_id(0xabc);
@@ -952,6 +963,7 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn sigusr1_dumps_every_live_recorder() {
+        let _serial = lock(&SIGNAL_LOCK);
         let dir = temp_dir("sigusr1");
         let rec = recorder(1, 4, 8);
         rec.set_comm_id(0x51);
@@ -976,5 +988,11 @@ mod tests {
         assert_eq!(dump.ops.len(), 2);
         assert_eq!(dump.ops[1].state, OpState::Started);
         std::fs::remove_dir_all(&dir).unwrap();
+        // The signal also made the other tests' live recorders dump into the scratch directory.
+        std::thread::sleep(Duration::from_millis(200));
+        let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!(
+            "gradsync-recorder-test-{}-scratch",
+            std::process::id()
+        )));
     }
 }
