@@ -15,7 +15,7 @@ struct Job {
 }
 
 /// Starts 4 ranks running a long loop of 16 MiB all-reduces.
-fn start(timeout_s: &str) -> Job {
+fn start(timeout_s: &str, flight_dir: &std::path::Path) -> Job {
     let mut child = Command::new(BIN)
         .args([
             "launch",
@@ -43,6 +43,7 @@ fn start(timeout_s: &str) -> Job {
             "0",
         ])
         .env("GRADSYNC_TIMEOUT", timeout_s)
+        .env("GRADSYNC_FLIGHT_DIR", flight_dir)
         .env_remove("RANK")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -113,7 +114,8 @@ fn errors_of(lines: &[(Instant, String)], rank: usize) -> Option<(Instant, Strin
 
 #[test]
 fn killed_rank_is_named_by_every_survivor_within_5_s() {
-    let job = start("60");
+    let dir = tempdir("kill");
+    let job = start("60", &dir);
     let victim = pid_of(&job, 2);
     std::thread::sleep(Duration::from_millis(1500));
     let t_kill = Instant::now();
@@ -134,7 +136,8 @@ fn killed_rank_is_named_by_every_survivor_within_5_s() {
 
 #[test]
 fn stopped_rank_is_named_by_every_other_rank_at_the_deadline() {
-    let job = start("2");
+    let dir = tempdir("stop");
+    let job = start("2", &dir);
     let victim = pid_of(&job, 1);
     std::thread::sleep(Duration::from_millis(1000));
     let t_stop = Instant::now();
@@ -142,6 +145,7 @@ fn stopped_rank_is_named_by_every_other_rank_at_the_deadline() {
     let lines = finish(job);
     let _ = Command::new("kill")
         .args(["-CONT", &victim.to_string()])
+        .stderr(Stdio::null())
         .status();
     let all: Vec<&str> = lines.iter().map(|(_, l)| l.as_str()).collect();
     for r in [0, 2, 3] {
@@ -157,4 +161,23 @@ fn stopped_rank_is_named_by_every_other_rank_at_the_deadline() {
             "rank {r} after {after:?}: {l}"
         );
     }
+    // Every survivor wrote its flight recorder; reading them names the stopped rank, which
+    // wrote none.
+    let out = Command::new(BIN).arg("flight").arg(&dir).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    let verdict = text
+        .lines()
+        .find(|l| l.starts_with("verdict:"))
+        .unwrap_or_else(|| panic!("no verdict:\n{text}"));
+    assert!(verdict.contains("rank 1"), "{text}");
+    eprintln!("{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn tempdir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("gradsync-failures-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
 }

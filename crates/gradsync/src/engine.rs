@@ -884,71 +884,82 @@ impl Engine {
                 ps.arrived[k] = true;
                 ps.last_heard = Some((Instant::now(), ps.last_heard.map_or(0, |l| l.1)));
             }
-            Completion::Recv { peer, data } => match data.first() {
-                Some(&CTRL_CREDIT) if data.len() == 8 => {
-                    let n = u32::from_le_bytes(data[4..8].try_into().expect("4")) as usize;
-                    let ps = &mut self.peers[*peer];
-                    if ps.credits + n > self.opts.nslots {
-                        return Err(Error::Protocol {
-                            rank: self.rank,
-                            peer: *peer,
-                            msg: format!(
-                                "returned {n} credits while {} of {} were free",
-                                ps.credits, self.opts.nslots
-                            ),
-                        });
-                    }
-                    ps.credits += n;
-                }
-                Some(&CTRL_CTS) => {
-                    let (msg, cts) =
-                        Cts::decode(data, self.comm_id).ok_or_else(|| Error::Protocol {
-                            rank: self.rank,
-                            peer: *peer,
-                            msg: format!("malformed clear-to-send of {} bytes", data.len()),
-                        })?;
-                    let ps = &mut self.peers[*peer];
-                    if ps.cts.len() >= 1 << 16 {
-                        return Err(Error::Protocol {
-                            rank: self.rank,
-                            peer: *peer,
-                            msg: "more than 65536 clear-to-send offers outstanding".into(),
-                        });
-                    }
-                    ps.cts.insert((cts.sig.seq, msg), cts);
-                }
-                Some(&CTRL_PROBE) => {
-                    let (seq, inside) = match &self.running {
-                        Some(r) => (r.sig.seq, true),
-                        None => (self.last_seq, false),
-                    };
-                    let mut m = [0u8; 16];
-                    m[0] = CTRL_PROBE_REPLY;
-                    m[1] = inside as u8;
-                    m[8..16].copy_from_slice(&seq.to_le_bytes());
-                    // Best effort: a peer that cannot be answered is already failing.
-                    let _ = self.ep.post_send(*peer, &m, 0);
-                }
-                Some(&CTRL_PROBE_REPLY) if data.len() == 16 => {
-                    let seq = u64::from_le_bytes(data[8..16].try_into().expect("8"));
-                    self.probe_replies[*peer] = Some((seq, data[1] != 0));
-                }
-                Some(&CTRL_ABORT) => {
-                    let why = String::from_utf8_lossy(&data[1..]).into_owned();
-                    return Err(Error::PeerAborted {
-                        rank: self.rank,
-                        peer: *peer,
-                        reason: why,
-                    });
-                }
-                _ => {
+            Completion::Recv { peer, data } => {
+                let seq = self.running.as_ref().map_or(self.last_seq, |r| r.sig.seq);
+                self.peers[*peer].last_heard = Some((Instant::now(), seq));
+                self.handle_control(*peer, data)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A two-sided control message from `peer`: credits, clear-to-send, probes, aborts.
+    fn handle_control(&mut self, peer: usize, data: &[u8]) -> Result<(), Error> {
+        let peer = &peer;
+        match data.first() {
+            Some(&CTRL_CREDIT) if data.len() == 8 => {
+                let n = u32::from_le_bytes(data[4..8].try_into().expect("4")) as usize;
+                let ps = &mut self.peers[*peer];
+                if ps.credits + n > self.opts.nslots {
                     return Err(Error::Protocol {
                         rank: self.rank,
                         peer: *peer,
-                        msg: format!("unknown control message of {} bytes", data.len()),
+                        msg: format!(
+                            "returned {n} credits while {} of {} were free",
+                            ps.credits, self.opts.nslots
+                        ),
                     });
                 }
-            },
+                ps.credits += n;
+            }
+            Some(&CTRL_CTS) => {
+                let (msg, cts) =
+                    Cts::decode(data, self.comm_id).ok_or_else(|| Error::Protocol {
+                        rank: self.rank,
+                        peer: *peer,
+                        msg: format!("malformed clear-to-send of {} bytes", data.len()),
+                    })?;
+                let ps = &mut self.peers[*peer];
+                if ps.cts.len() >= 1 << 16 {
+                    return Err(Error::Protocol {
+                        rank: self.rank,
+                        peer: *peer,
+                        msg: "more than 65536 clear-to-send offers outstanding".into(),
+                    });
+                }
+                ps.cts.insert((cts.sig.seq, msg), cts);
+            }
+            Some(&CTRL_PROBE) => {
+                let (seq, inside) = match &self.running {
+                    Some(r) => (r.sig.seq, true),
+                    None => (self.last_seq, false),
+                };
+                let mut m = [0u8; 16];
+                m[0] = CTRL_PROBE_REPLY;
+                m[1] = inside as u8;
+                m[8..16].copy_from_slice(&seq.to_le_bytes());
+                // Best effort: a peer that cannot be answered is already failing.
+                let _ = self.ep.post_send(*peer, &m, 0);
+            }
+            Some(&CTRL_PROBE_REPLY) if data.len() == 16 => {
+                let seq = u64::from_le_bytes(data[8..16].try_into().expect("8"));
+                self.probe_replies[*peer] = Some((seq, data[1] != 0));
+            }
+            Some(&CTRL_ABORT) => {
+                let why = String::from_utf8_lossy(&data[1..]).into_owned();
+                return Err(Error::PeerAborted {
+                    rank: self.rank,
+                    peer: *peer,
+                    reason: why,
+                });
+            }
+            _ => {
+                return Err(Error::Protocol {
+                    rank: self.rank,
+                    peer: *peer,
+                    msg: format!("unknown control message of {} bytes", data.len()),
+                });
+            }
         }
         Ok(())
     }
