@@ -35,6 +35,7 @@ pub struct Communicator {
     store: Option<StoreClient>,
     config: Option<Config>,
     generation: u64,
+    closed: bool,
     current: Option<(u64, Box<dyn Any + Send>)>,
     finished: HashMap<u64, Box<dyn Any + Send>>,
     next_work: u64,
@@ -447,6 +448,7 @@ impl Communicator {
             store: None,
             config: None,
             generation: 0,
+            closed: false,
             current: None,
             finished: HashMap::new(),
             next_work: 1,
@@ -561,6 +563,29 @@ impl Communicator {
     /// Name of the transport (`tcp`, `mem`).
     pub fn transport(&self) -> &'static str {
         self.engine.ep.name()
+    }
+
+    /// Sets the deadline of the calls that follow (overrides `GRADSYNC_TIMEOUT` for them).
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.engine.opts.timeout = timeout;
+    }
+
+    /// The deadline of each call.
+    pub fn timeout(&self) -> Duration {
+        self.engine.opts.timeout
+    }
+
+    /// Aborts the communicator: every peer is told (so its pending and next calls fail at once
+    /// naming this rank) and the connections are closed. Bounded in time (about a second), also
+    /// when a peer is stopped or gone; buffers of an operation in flight are never touched
+    /// again.
+    pub fn abort(mut self, reason: &str) {
+        let e = Error::Aborted { rank: self.rank, reason: reason.to_string() };
+        self.engine.fail(&e);
+        self.queue.clear();
+        self.current = None;
+        self.engine.ep.close(Duration::from_millis(500));
+        self.closed = true;
     }
 
     /// Forces an all-reduce algorithm (`None` = automatic), as `GRADSYNC_ALGO` does.
@@ -959,6 +984,8 @@ fn engine_options(c: &Config) -> EngineOptions {
 
 impl Drop for Communicator {
     fn drop(&mut self) {
-        self.engine.ep.close(Duration::from_secs(2));
+        if !self.closed {
+            self.engine.ep.close(Duration::from_secs(2));
+        }
     }
 }

@@ -118,6 +118,14 @@ pub enum Error {
         /// Which ranks did not answer the timeout probe, or are behind.
         verdict: String,
     },
+    /// This rank aborted the communicator.
+    #[error("rank {rank}: aborted: {reason}")]
+    Aborted {
+        /// This rank.
+        rank: usize,
+        /// The reason given to `abort`.
+        reason: String,
+    },
     /// An earlier failure left the communicator unusable.
     #[error("rank {rank}: communicator unusable after an earlier failure: {reason}")]
     Poisoned {
