@@ -580,7 +580,10 @@ impl Communicator {
     /// when a peer is stopped or gone; buffers of an operation in flight are never touched
     /// again.
     pub fn abort(mut self, reason: &str) {
-        let e = Error::Aborted { rank: self.rank, reason: reason.to_string() };
+        let e = Error::Aborted {
+            rank: self.rank,
+            reason: reason.to_string(),
+        };
         self.engine.fail(&e);
         self.queue.clear();
         self.current = None;

@@ -233,7 +233,13 @@ fn abort_is_bounded_and_fails_the_peers_next_call() {
     let res = tcp_group(3, Duration::from_secs(30), |rank, c| {
         if rank == 0 {
             let t = Instant::now();
-            let c = std::mem::replace(c, Communicator::mem_group(1, &Config::new("unused:0", 0, 1)).unwrap().pop().unwrap());
+            let c = std::mem::replace(
+                c,
+                Communicator::mem_group(1, &Config::new("unused:0", 0, 1))
+                    .unwrap()
+                    .pop()
+                    .unwrap(),
+            );
             c.abort("giving up");
             return Ok(t.elapsed().as_millis().to_string());
         }
@@ -241,14 +247,20 @@ fn abort_is_bounded_and_fails_the_peers_next_call() {
         std::thread::sleep(Duration::from_millis(1500));
         let t = Instant::now();
         let mut buf = vec![1f32; 100];
-        let e = c.all_reduce(&mut buf, ReduceOp::Sum).unwrap_err().to_string();
+        let e = c
+            .all_reduce(&mut buf, ReduceOp::Sum)
+            .unwrap_err()
+            .to_string();
         Err((e, t.elapsed()))
     });
     let took: u128 = res[0].as_ref().unwrap().parse().unwrap();
     assert!(took < 1500, "abort took {took} ms");
     for r in &res[1..] {
         let (e, t) = r.as_ref().unwrap_err();
-        assert!(e.contains("rank 0 aborted the communicator") && e.contains("giving up"), "{e}");
+        assert!(
+            e.contains("rank 0 aborted the communicator") && e.contains("giving up"),
+            "{e}"
+        );
         assert!(*t < Duration::from_secs(2), "took {t:?}: {e}");
     }
 }
