@@ -116,6 +116,10 @@ pub struct BenchArgs {
     /// Start this many local ranks (through the launcher) instead of joining a running job.
     #[arg(long)]
     pub nproc: Option<usize>,
+    /// When ranks die, the survivors shrink the communicator to themselves and go on measuring
+    /// (a drill of failure recovery; rank 0 must survive, it hosts the store).
+    #[arg(long)]
+    pub shrink_on_failure: bool,
 }
 
 /// Parses `-d`: one data type, or `all`.
@@ -333,13 +337,37 @@ fn run_rank(args: &BenchArgs, plan: &Plan, comm: &mut Communicator) -> anyhow::R
                     check: args.check == 1,
                     bytes,
                 };
-                let row = dispatch!(dtype, measure(comm, &cfg)).with_context(|| {
+                let context = || {
                     format!(
                         "{} of {bytes} bytes of {dtype} ({})",
                         plan.coll,
                         op.map_or("none", ReduceOp::name)
                     )
-                })?;
+                };
+                let row = loop {
+                    match dispatch!(dtype, measure(comm, &cfg)) {
+                        Ok(row) => break row,
+                        Err(e) if args.shrink_on_failure => {
+                            let failed = comm.failed_ranks(Duration::from_secs(5));
+                            if failed.is_empty() {
+                                return Err(e.context(context()));
+                            }
+                            let old = comm.rank();
+                            let smaller = comm
+                                .shrink(&failed)
+                                .with_context(|| format!("shrinking without rank(s) {failed:?}"))?;
+                            *comm = smaller;
+                            eprintln!(
+                                "# rank {old}: lost rank(s) {failed:?} ({}); continuing as rank {} of {}",
+                                e.root_cause(),
+                                comm.rank(),
+                                comm.world_size()
+                            );
+                        }
+                        Err(e) => return Err(e.context(context())),
+                    }
+                };
+                let rank = comm.rank();
                 if rank == 0 {
                     writeln!(out, "{}", table::format_row(&row))?;
                     out.flush()?;

@@ -181,3 +181,69 @@ fn tempdir(tag: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&d).unwrap();
     d
 }
+
+#[test]
+fn survivors_of_a_killed_rank_shrink_and_go_on_correctly() {
+    let dir = tempdir("shrink");
+    let mut child = Command::new(BIN)
+        .args(["launch", "--nproc", "4", "--failure-wait-secs", "60", "--"])
+        .args([
+            BIN,
+            "bench",
+            "all_reduce",
+            "-b",
+            "4M",
+            "-e",
+            "4M",
+            "-n",
+            "300",
+            "-w",
+            "1",
+            "-c",
+            "1",
+            "--shrink-on-failure",
+        ])
+        .env("GRADSYNC_TIMEOUT", "30")
+        .env("GRADSYNC_FLIGHT_DIR", &dir)
+        .env_remove("RANK")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    for pipe in [
+        Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+        Box::new(child.stderr.take().unwrap()),
+    ] {
+        let lines = lines.clone();
+        std::thread::spawn(move || {
+            for l in BufReader::new(pipe).lines().map_while(Result::ok) {
+                lines.lock().unwrap().push((Instant::now(), l));
+            }
+        });
+    }
+    let job = Job { child, lines };
+    let victim = pid_of(&job, 2);
+    std::thread::sleep(Duration::from_millis(1000));
+    signal(victim, "-KILL");
+    let lines = finish(job);
+    let text: Vec<String> = lines.into_iter().map(|(_, l)| l).collect();
+    let all = text.join("\n");
+    for (old, new) in [(0, 0), (1, 1), (3, 2)] {
+        let want = format!("[{old}] # rank {old}: lost rank(s) [2]");
+        let l = text
+            .iter()
+            .find(|l| l.starts_with(&want))
+            .unwrap_or_else(|| panic!("rank {old} did not shrink:\n{all}"));
+        assert!(
+            l.ends_with(&format!("continuing as rank {new} of 3")),
+            "{l}"
+        );
+    }
+    assert!(
+        text.iter()
+            .any(|l| l == "[0] # Out of bounds values : 0 OK"),
+        "after the shrink the results must be exact:\n{all}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
