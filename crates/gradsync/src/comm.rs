@@ -653,6 +653,28 @@ impl Communicator {
         Ok((sig, prog, algorithm.name()))
     }
 
+    /// Runs a collective to its end (see [`start`](Self::start)).
+    ///
+    /// # Safety
+    ///
+    /// As [`start`](Self::start).
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn run(
+        &mut self,
+        coll: Collective,
+        dtype: gradsync_core::DataType,
+        op: ReduceOp,
+        root: usize,
+        count: usize,
+        input: RawBuf,
+        output: RawBuf,
+        in_place: bool,
+    ) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.start(coll, dtype, op, root, count, input, output, in_place)? };
+        self.engine.progress(true).map(drop)
+    }
+
     /// Completes queued owned-buffer operations, then plans and starts a collective.
     ///
     /// # Safety
@@ -712,7 +734,7 @@ impl Communicator {
         }
         // SAFETY: both borrows outlive the call, which runs the operation to its end.
         unsafe {
-            self.start(
+            self.run(
                 Collective::AllReduce,
                 T::DTYPE,
                 op,
@@ -721,9 +743,8 @@ impl Communicator {
                 raw(input),
                 raw(output),
                 false,
-            )?
-        };
-        self.engine.progress(true).map(drop)
+            )
+        }
     }
 
     /// Starts an in-place all-reduce; the returned handle holds `buf` until it is waited for.
@@ -777,7 +798,7 @@ impl Communicator {
         }
         // SAFETY: both borrows outlive the call, which runs the operation to its end.
         unsafe {
-            self.start(
+            self.run(
                 Collective::ReduceScatter,
                 T::DTYPE,
                 op,
@@ -786,9 +807,8 @@ impl Communicator {
                 raw(input),
                 raw(output),
                 false,
-            )?
-        };
-        self.engine.progress(true).map(drop)
+            )
+        }
     }
 
     /// All-gather: `output` (`world * input.len()` elements) gets every rank's `input`, rank r's
@@ -808,7 +828,7 @@ impl Communicator {
         }
         // SAFETY: both borrows outlive the call, which runs the operation to its end.
         unsafe {
-            self.start(
+            self.run(
                 Collective::AllGather,
                 T::DTYPE,
                 ReduceOp::Sum,
@@ -817,9 +837,8 @@ impl Communicator {
                 raw(input),
                 raw(output),
                 false,
-            )?
-        };
-        self.engine.progress(true).map(drop)
+            )
+        }
     }
 
     /// Broadcast in place: every rank's `buf` gets the root's.
@@ -828,7 +847,7 @@ impl Communicator {
         let b = raw(buf);
         // SAFETY: `buf` is borrowed for the whole call, which runs the operation to its end.
         unsafe {
-            self.start(
+            self.run(
                 Collective::Broadcast,
                 T::DTYPE,
                 ReduceOp::Sum,
@@ -837,9 +856,8 @@ impl Communicator {
                 b,
                 b,
                 true,
-            )?
-        };
-        self.engine.progress(true).map(drop)
+            )
+        }
     }
 
     /// Reduce: the root's `output` gets `op` over all ranks' `input`. Other ranks' `output` is
@@ -862,7 +880,7 @@ impl Communicator {
         };
         // SAFETY: both borrows outlive the call, which runs the operation to its end.
         unsafe {
-            self.start(
+            self.run(
                 Collective::Reduce,
                 T::DTYPE,
                 op,
@@ -871,16 +889,15 @@ impl Communicator {
                 raw(input),
                 out,
                 false,
-            )?
-        };
-        self.engine.progress(true).map(drop)
+            )
+        }
     }
 
     /// Barrier: returns once every rank has entered it.
     pub fn barrier(&mut self) -> Result<()> {
         // SAFETY: a barrier touches no caller memory.
         unsafe {
-            self.start(
+            self.run(
                 Collective::Barrier,
                 gradsync_core::DataType::U8,
                 ReduceOp::Sum,
@@ -889,9 +906,8 @@ impl Communicator {
                 RawBuf::default(),
                 RawBuf::default(),
                 false,
-            )?
-        };
-        self.engine.progress(true).map(drop)
+            )
+        }
     }
 
     fn p2p(

@@ -311,7 +311,7 @@ const NO_RANK: usize = usize::MAX;
 static RANK: AtomicUsize = AtomicUsize::new(NO_RANK);
 
 /// The host name up to its first dot, as NCCL shows it.
-fn hostname() -> &'static str {
+pub(crate) fn hostname() -> &'static str {
     static HOST: OnceLock<String> = OnceLock::new();
     HOST.get_or_init(|| {
         let full = std::fs::read_to_string("/proc/sys/kernel/hostname")

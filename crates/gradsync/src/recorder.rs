@@ -81,7 +81,7 @@ use std::fmt;
 use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -351,21 +351,6 @@ fn now_unix_us() -> u64 {
         .unwrap_or(0)
 }
 
-/// The host name up to its first dot.
-fn hostname() -> &'static str {
-    static HOST: OnceLock<String> = OnceLock::new();
-    HOST.get_or_init(|| {
-        let full = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .or_else(|_| std::fs::read_to_string("/etc/hostname"))
-            .ok()
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
-            .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
-            .unwrap_or_else(|| "localhost".to_string());
-        full.split('.').next().unwrap_or(&full).to_string()
-    })
-}
-
 /// The capacity `GRADSYNC_FLIGHT_RECORDER` asks for: a number of operations, `0` for none;
 /// [`DEFAULT_CAPACITY`] when unset, and (with a warning) when malformed.
 pub fn capacity_from_env() -> usize {
@@ -519,7 +504,7 @@ impl FlightRecorder {
         Dump {
             rank: self.inner.rank,
             world: self.inner.world,
-            host: hostname().to_string(),
+            host: crate::logging::hostname().to_string(),
             pid: std::process::id(),
             comm_id: self.comm_id(),
             dumped_unix_us: now_unix_us(),
