@@ -709,7 +709,7 @@ mod tests {
     /// A recorder whose dumps (also those a concurrent SIGUSR1 test triggers) go to a scratch
     /// directory rather than the system temporary directory.
     fn recorder(rank: usize, world: usize, capacity: usize) -> FlightRecorder {
-        static SCRATCH: OnceLock<PathBuf> = OnceLock::new();
+        static SCRATCH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
         let rec = FlightRecorder::new(rank, world, capacity);
         // Created by the first dump into it, if any.
         rec.set_dump_dir(SCRATCH.get_or_init(|| {
