@@ -219,7 +219,10 @@ struct Stream {
     hi: usize,
     txq: VecDeque<TxItem>,
     tx_off: usize,
+    /// End of stream read: nothing more will arrive on this stream.
     eof: bool,
+    /// Sending failed (the peer is gone); what it still sent may be read until `eof`.
+    tx_failed: bool,
     /// The last frame was large: read the next header alone, so that a large payload after it
     /// is read straight into place rather than through the receive buffer.
     header_only: bool,
@@ -622,6 +625,7 @@ impl TcpEndpoint {
                     txq: VecDeque::new(),
                     tx_off: 0,
                     eof: false,
+                    tx_failed: false,
                     header_only: false,
                 });
             }
@@ -668,14 +672,25 @@ impl TcpEndpoint {
         let rank = self.rank;
         let mut done = Vec::new();
         let p = self.peer_mut(peer, op)?;
-        let i = p.next_tx;
-        p.next_tx = (i + 1) % p.streams.len();
+        let n = p.streams.len();
+        let Some(i) = (0..n)
+            .map(|k| (p.next_tx + k) % n)
+            .find(|&k| !p.streams[k].tx_failed)
+        else {
+            return Err(TransportError::PeerClosed {
+                rank,
+                peer,
+                during: format!("{op}: every stream to the peer failed"),
+            });
+        };
+        p.next_tx = (i + 1) % n;
         let st = &mut p.streams[i];
         st.txq.push_back(item);
         if st.txq.len() == 1 {
             // Send at once: a small message then leaves without waiting for the next poll.
             if let Err(e) = flush(st, &mut done) {
-                p.broken = Some(format!("{op}: {e}"));
+                st.tx_failed = true;
+                st.txq.clear();
                 return Err(TransportError::Io {
                     rank,
                     peer,
@@ -1144,19 +1159,20 @@ impl Endpoint for TcpEndpoint {
             let mut done = Vec::new();
             for (i, st) in p.streams.iter_mut().enumerate() {
                 let readable = !select || self.pollfds[base + i].revents != 0 || st.hi > st.lo;
-                if !st.txq.is_empty()
-                    && let Err(e) = flush(st, &mut done)
-                {
-                    p.broken = Some(format!("send failed: {e}"));
-                    break;
+                if !st.tx_failed && !st.txq.is_empty() && flush(st, &mut done).is_err() {
+                    // The peer is going away; keep reading what it sent before it went.
+                    st.tx_failed = true;
+                    st.txq.clear();
                 }
-                if !readable {
+                if !readable || st.eof {
                     continue;
                 }
                 Self::rx_stream(rank, peer, st, &self.regions, out)?;
-                if st.eof {
-                    p.broken = Some("the peer closed the connection".into());
-                }
+            }
+            // Only once every stream is drained: data a peer sent on one stream before it
+            // closed must not be lost because another stream ended first.
+            if p.streams.iter().all(|st| st.eof) {
+                p.broken = Some("the peer closed the connection".into());
             }
             out.extend(done.into_iter().map(done_completion));
         }
@@ -1172,7 +1188,7 @@ impl Endpoint for TcpEndpoint {
             if p.broken.is_some() {
                 continue;
             }
-            for st in &p.streams {
+            for st in p.streams.iter().filter(|st| !st.eof) {
                 if st.hi > st.lo {
                     return Ok(());
                 }

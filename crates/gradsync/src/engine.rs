@@ -639,7 +639,7 @@ impl Engine {
                     let msg = r.recv_issued[peer];
                     r.recv_issued[peer] += 1;
                     let bytes = len * dt.size();
-                    let direct = reduce_with.is_none()
+                    let mut direct = reduce_with.is_none()
                         && !self.opts.checksum
                         && bytes > 0
                         && bytes >= self.opts.direct_min
@@ -651,9 +651,13 @@ impl Engine {
                             bytes: bytes as u32,
                             sig: r.sig,
                         };
-                        self.ep
-                            .post_send(peer, &cts.encode(msg), 0)
-                            .map_err(|e| Error::transport(self.rank, "clear to send", e))?;
+                        match self.ep.post_send(peer, &cts.encode(msg), 0) {
+                            Ok(()) => {}
+                            // A peer that has finished and closed already sent this message
+                            // through a slot; a peer that died is reported while we wait for it.
+                            Err(_) if !self.ep.peer_alive(peer) => direct = false,
+                            Err(e) => return Err(Error::transport(self.rank, "clear to send", e)),
+                        }
                     }
                     r.recvq[peer].push_back(PostedRecv {
                         id,
