@@ -9,6 +9,14 @@ use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gradsync");
 
+/// These tests time how fast failures surface; run them one at a time so that they do not
+/// starve each other of the machine's cores.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 struct Job {
     child: std::process::Child,
     lines: Arc<Mutex<Vec<(Instant, String)>>>,
@@ -114,6 +122,7 @@ fn errors_of(lines: &[(Instant, String)], rank: usize) -> Option<(Instant, Strin
 
 #[test]
 fn killed_rank_is_named_by_every_survivor_within_5_s() {
+    let _serial = serial();
     let dir = tempdir("kill");
     let job = start("60", &dir);
     let victim = pid_of(&job, 2);
@@ -136,6 +145,7 @@ fn killed_rank_is_named_by_every_survivor_within_5_s() {
 
 #[test]
 fn stopped_rank_is_named_by_every_other_rank_at_the_deadline() {
+    let _serial = serial();
     let dir = tempdir("stop");
     let job = start("2", &dir);
     let victim = pid_of(&job, 1);
@@ -184,6 +194,7 @@ fn tempdir(tag: &str) -> std::path::PathBuf {
 
 #[test]
 fn survivors_of_a_killed_rank_shrink_and_go_on_correctly() {
+    let _serial = serial();
     let dir = tempdir("shrink");
     let mut child = Command::new(BIN)
         .args(["launch", "--nproc", "4", "--failure-wait-secs", "60", "--"])
