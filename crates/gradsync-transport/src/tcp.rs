@@ -1158,7 +1158,13 @@ impl Endpoint for TcpEndpoint {
             idx += p.streams.len();
             let mut done = Vec::new();
             for (i, st) in p.streams.iter_mut().enumerate() {
-                let readable = !select || self.pollfds[base + i].revents != 0 || st.hi > st.lo;
+                // A stream in the middle of a frame is always visited: its last read may have
+                // ended exactly at the end of a payload (the per-poll budget ran out), and the
+                // frame's completion is pushed only on the next visit, even if no more bytes come.
+                let readable = !select
+                    || self.pollfds[base + i].revents != 0
+                    || st.hi > st.lo
+                    || !matches!(st.rx, Rx::Header);
                 if !st.tx_failed && !st.txq.is_empty() && flush(st, &mut done).is_err() {
                     // The peer is going away; keep reading what it sent before it went.
                     st.tx_failed = true;

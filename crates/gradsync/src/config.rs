@@ -68,10 +68,8 @@ pub const DEFAULT_NSLOTS: usize = 8;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 /// Default `GRADSYNC_SPIN_US`.
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(100);
-/// Default `GRADSYNC_DIRECT_MIN`: off. Direct writes are opt-in while a lost-message race
-/// seen with 4 ranks and messages of several MiB (the receiver waits for a message its peer has
-/// sent) is open; with them off every message goes through an inbox slot.
-pub const DEFAULT_DIRECT_MIN: usize = usize::MAX;
+/// Default `GRADSYNC_DIRECT_MIN`.
+pub const DEFAULT_DIRECT_MIN: usize = 64 * 1024;
 /// Default `MASTER_PORT`, as torchrun's.
 pub const DEFAULT_MASTER_PORT: u16 = 29500;
 
