@@ -24,34 +24,41 @@ struct Job {
 
 /// Starts 4 ranks running a long loop of 16 MiB all-reduces.
 fn start(timeout_s: &str, flight_dir: &std::path::Path) -> Job {
-    let mut child = Command::new(BIN)
-        .args([
-            "launch",
-            "--nproc",
-            "4",
-            "--failure-wait-secs",
-            "8",
-            "--grace-secs",
-            "1",
-            "--",
-        ])
-        .args([
-            BIN,
-            "bench",
-            "all_reduce",
-            "-b",
-            "16M",
-            "-e",
-            "16M",
-            "-n",
-            "100000",
-            "-w",
-            "1",
-            "-c",
-            "0",
-        ])
-        .env("GRADSYNC_TIMEOUT", timeout_s)
-        .env("GRADSYNC_FLIGHT_DIR", flight_dir)
+    let mut cmd = Command::new(BIN);
+    cmd.args([
+        "launch",
+        "--nproc",
+        "4",
+        "--failure-wait-secs",
+        "8",
+        "--grace-secs",
+        "1",
+        "--",
+    ])
+    .args([
+        BIN,
+        "bench",
+        "all_reduce",
+        "-b",
+        "16M",
+        "-e",
+        "16M",
+        "-n",
+        "100000",
+        "-w",
+        "1",
+        "-c",
+        "0",
+    ])
+    .env("GRADSYNC_TIMEOUT", timeout_s)
+    .env("GRADSYNC_FLIGHT_DIR", flight_dir)
+    .env_remove("RANK");
+    spawn(cmd)
+}
+
+/// Starts `cmd` with its stdout and stderr lines collected with their arrival times.
+fn spawn(mut cmd: Command) -> Job {
+    let mut child = cmd
         .env_remove("RANK")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -196,8 +203,8 @@ fn tempdir(tag: &str) -> std::path::PathBuf {
 fn survivors_of_a_killed_rank_shrink_and_go_on_correctly() {
     let _serial = serial();
     let dir = tempdir("shrink");
-    let mut child = Command::new(BIN)
-        .args(["launch", "--nproc", "4", "--failure-wait-secs", "60", "--"])
+    let mut cmd = Command::new(BIN);
+    cmd.args(["launch", "--nproc", "4", "--failure-wait-secs", "60", "--"])
         .args([
             BIN,
             "bench",
@@ -215,25 +222,8 @@ fn survivors_of_a_killed_rank_shrink_and_go_on_correctly() {
             "--shrink-on-failure",
         ])
         .env("GRADSYNC_TIMEOUT", "30")
-        .env("GRADSYNC_FLIGHT_DIR", &dir)
-        .env_remove("RANK")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let lines = Arc::new(Mutex::new(Vec::new()));
-    for pipe in [
-        Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
-        Box::new(child.stderr.take().unwrap()),
-    ] {
-        let lines = lines.clone();
-        std::thread::spawn(move || {
-            for l in BufReader::new(pipe).lines().map_while(Result::ok) {
-                lines.lock().unwrap().push((Instant::now(), l));
-            }
-        });
-    }
-    let job = Job { child, lines };
+        .env("GRADSYNC_FLIGHT_DIR", &dir);
+    let job = spawn(cmd);
     let victim = pid_of(&job, 2);
     std::thread::sleep(Duration::from_millis(1000));
     signal(victim, "-KILL");

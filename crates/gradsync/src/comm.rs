@@ -699,6 +699,30 @@ impl Communicator {
         unsafe { self.engine.start(sig, prog, algo, input, output) }
     }
 
+    /// Checks that the `big` buffer has `world` times the elements of the `small` one.
+    fn check_world_multiple(
+        &self,
+        op: &'static str,
+        big: (&str, usize),
+        small: (&str, usize),
+    ) -> Result<()> {
+        if Some(big.1) != small.1.checked_mul(self.world) {
+            return Err(self.invalid(
+                op,
+                format!(
+                    "{} has {} elements but must have world {} x {} {} = {}",
+                    big.0,
+                    big.1,
+                    self.world,
+                    small.0,
+                    small.1,
+                    small.1.saturating_mul(self.world)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     fn check_root(&self, op: &'static str, root: usize) -> Result<()> {
         if root >= self.world {
             return Err(self.invalid(
@@ -784,18 +808,11 @@ impl Communicator {
         output: &mut [T],
         op: ReduceOp,
     ) -> Result<()> {
-        if Some(input.len()) != output.len().checked_mul(self.world) {
-            return Err(self.invalid(
-                "reduce_scatter",
-                format!(
-                    "input has {} elements but must have world {} x output {} = {}",
-                    input.len(),
-                    self.world,
-                    output.len(),
-                    output.len() * self.world
-                ),
-            ));
-        }
+        self.check_world_multiple(
+            "reduce_scatter",
+            ("input", input.len()),
+            ("output", output.len()),
+        )?;
         // SAFETY: both borrows outlive the call, which runs the operation to its end.
         unsafe {
             self.run(
@@ -814,18 +831,11 @@ impl Communicator {
     /// All-gather: `output` (`world * input.len()` elements) gets every rank's `input`, rank r's
     /// at `r * input.len()`.
     pub fn all_gather<T: Element>(&mut self, input: &[T], output: &mut [T]) -> Result<()> {
-        if Some(output.len()) != input.len().checked_mul(self.world) {
-            return Err(self.invalid(
-                "all_gather",
-                format!(
-                    "output has {} elements but must have world {} x input {} = {}",
-                    output.len(),
-                    self.world,
-                    input.len(),
-                    input.len() * self.world
-                ),
-            ));
-        }
+        self.check_world_multiple(
+            "all_gather",
+            ("output", output.len()),
+            ("input", input.len()),
+        )?;
         // SAFETY: both borrows outlive the call, which runs the operation to its end.
         unsafe {
             self.run(
