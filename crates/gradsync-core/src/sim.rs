@@ -41,7 +41,8 @@
 //!
 //! Independently of the random interleaving, [`SimResult::predict`] (or [`predict`], without
 //! running anything) predicts the collective's duration under an alpha-beta [`LinkModel`]; see
-//! [`predict`] for the model.
+//! [`predict`] for the model, and [`predict_on`] for its two-level variant ([`Topology`]: one link
+//! model inside a host, another across hosts).
 //!
 //! [`Schedule::poll_action`]: crate::schedule::Schedule::poll_action
 
@@ -55,7 +56,9 @@ mod engine;
 mod timing;
 
 pub use engine::run_programs;
-pub use timing::{LinkModel, Prediction, predict, predict_programs};
+pub use timing::{
+    LinkModel, Prediction, Topology, predict, predict_on, predict_programs, predict_programs_on,
+};
 
 /// Errors the simulator reports.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -282,7 +285,13 @@ pub struct SimResult {
 impl SimResult {
     /// Predicted duration of the collective that ran, under `link` (see [`predict`]).
     pub fn predict(&self, link: &LinkModel) -> Prediction {
-        predict_programs(&self.programs, self.dtype.size(), link)
+        self.predict_on(&Topology::flat(*link))
+    }
+
+    /// Predicted duration of the collective that ran, on a two-level network (see
+    /// [`predict_on`]).
+    pub fn predict_on(&self, topo: &Topology) -> Prediction {
+        predict_programs_on(&self.programs, self.dtype.size(), topo)
             .expect("programs that ran to completion also complete in the timing model")
     }
 }

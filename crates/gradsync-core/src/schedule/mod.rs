@@ -26,6 +26,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 pub mod doubling;
+pub mod hier;
 pub mod plan;
 pub mod ring;
 pub mod tree;
@@ -345,6 +346,27 @@ impl Schedule {
     /// The program being run.
     pub fn program(&self) -> &Program {
         &self.prog
+    }
+
+    /// Puts the schedule back in its initial state, as [`new`](Self::new) left it, so the same
+    /// program runs again without being generated or indexed again (and without allocating).
+    pub fn restart(&mut self) {
+        let n = self.prog.ops.len();
+        for id in 0..n {
+            self.pending_deps[id] = self.prog.deps(id as OpId).len() as u32;
+            self.state[id] = State::Waiting;
+        }
+        self.ready.clear();
+        for q in &mut self.queues {
+            q.1 = 0;
+        }
+        self.completed = 0;
+        self.issued = 0;
+        for id in 0..n {
+            if self.pending_deps[id] == 0 {
+                self.deps_done(id as OpId);
+            }
+        }
     }
 }
 

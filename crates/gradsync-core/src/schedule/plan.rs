@@ -16,6 +16,18 @@
 //! | `reduce`         | pipelined chain             | -                   | pipelined binomial |
 //! | `barrier`        | dissemination               | dissemination       | dissemination      |
 //!
+//! | collective       | `Hierarchical`                              | `Central`              |
+//! |------------------|---------------------------------------------|------------------------|
+//! | `all_reduce`     | intra RS + inter-host all-reduce + intra AG | reduce at 0, send back |
+//! | `reduce_scatter` | intra-host RS + inter-host RS               | -                      |
+//! | `all_gather`     | inter-host AG + intra-host AG               | -                      |
+//! | `broadcast`      | -                                           | -                      |
+//! | `reduce`         | -                                           | -                      |
+//! | `barrier`        | dissemination                               | dissemination          |
+//!
+//! (RS: ring reduce-scatter, AG: ring all-gather, each over the ranks of one host or over the
+//! ranks of equal local rank on all hosts; hosts hold [`Params::local_size`] ranks each.)
+//!
 //! Under the alpha-beta model (a message of b bytes costs `alpha + b * beta`, see
 //! [`crate::sim::LinkModel`]) an all-reduce of `B` bytes over `n` ranks costs about
 //!
@@ -24,7 +36,19 @@
 //! - recursive doubling: `log2(n) alpha + log2(n) * B * beta` — latency-optimal, but it moves the
 //!   whole buffer at every step (see [`super::doubling`]);
 //! - tree: `2 log2(n) alpha + 2 log2(n) * B * beta` unpipelined; with segments the bandwidth term
-//!   approaches `2 * (fan-out) * B * beta` (see [`super::tree`]).
+//!   approaches `2 * (fan-out) * B * beta` (see [`super::tree`]);
+//! - hierarchical, over `H` hosts of `L` ranks (`n = H L`), with `alpha_l`, `beta_l` inside a host
+//!   and `alpha_h`, `beta_h` across hosts: `2 (L - 1) alpha_l + 2 (L - 1) / L * B * beta_l` for the
+//!   reduce-scatter and all-gather inside the hosts, plus
+//!   `2 (H - 1) alpha_h + 2 (H - 1) / H * (B / L) * beta_h` for the rings across hosts, which carry
+//!   only a `1 / L` share of the buffer each (see [`super::hier`]). The flat ring instead pushes
+//!   `2 (n - 1) / n * B` bytes over the links that cross hosts, so the hierarchical schedule wins
+//!   when those are slow;
+//! - central (a parameter server at rank 0): about `2 (n - 1) * B * beta` at the root, whose link
+//!   carries `n - 1` buffers in and `n - 1` out, so its algorithm bandwidth falls like
+//!   `1 / (n - 1)`. It exists as the baseline the ring is measured against (see [`super::tree`]).
+//!   The simulator's timing model limits only outgoing traffic and so predicts about
+//!   `(n - 1) * B * beta`, still linear in n.
 //!
 //! [`default_algorithm`] encodes the simplest form of this trade-off; a calibrated cost model can
 //! replace it later.
@@ -52,8 +76,10 @@
 //! already in slice `rank`. [`Params::result_range`] and [`Params::input_offset`] say where.
 //!
 //! Scratch space ([`Buf::Scratch`], [`Program::scratch_elems`]) is used by the ring
-//! reduce-scatter (two slices of `count` for partial sums), by interior ranks of a tree reduce, and
-//! by recursive doubling (one buffer of `count` to alternate with `Output`).
+//! reduce-scatter (two slices of `count` for partial sums), by interior ranks of a tree reduce, by
+//! recursive doubling (one buffer of `count` to alternate with `Output`) and by the hierarchical
+//! reduce-scatter (partial sums of the intra-host phase and the host's reduced slices, at most
+//! `3 * count * world / local_size` elements).
 //!
 //! # Segments
 //!
@@ -80,31 +106,48 @@ pub enum Algorithm {
     /// Binomial tree, pipelined by segment. For all-reduce, a binomial reduce to rank 0 followed by
     /// a binomial broadcast.
     Tree,
+    /// Two-level rings for hosts of [`Params::local_size`] ranks: all-reduce, reduce-scatter and
+    /// all-gather run rings inside each host and rings across hosts among the ranks of equal local
+    /// rank, so the links between hosts carry only a `1 / local_size` share of the buffer per rank.
+    /// Planning fails with [`PlanError::NonUniformHosts`] when `local_size` does not divide the
+    /// world.
+    Hierarchical,
+    /// Central aggregator (a parameter server at rank 0, all-reduce only): every other rank sends
+    /// its buffer to rank 0, which reduces in rank order and sends the result back. Rank 0's link
+    /// carries `n - 1` buffers each way; this is the baseline that the ring is compared against.
+    Central,
 }
 
 impl Algorithm {
     /// Every algorithm.
-    pub const ALL: [Algorithm; 3] = [
+    pub const ALL: [Algorithm; 5] = [
         Algorithm::Ring,
         Algorithm::RecursiveDoubling,
         Algorithm::Tree,
+        Algorithm::Hierarchical,
+        Algorithm::Central,
     ];
 
-    /// Name in snake case (`ring`, `recursive_doubling`, `tree`).
+    /// Name in snake case (`ring`, `recursive_doubling`, `tree`, `hierarchical`, `central`).
     pub const fn name(self) -> &'static str {
         match self {
             Algorithm::Ring => "ring",
             Algorithm::RecursiveDoubling => "recursive_doubling",
             Algorithm::Tree => "tree",
+            Algorithm::Hierarchical => "hierarchical",
+            Algorithm::Central => "central",
         }
     }
 
-    /// Parses a name (`ring`, `recursive_doubling` or `rd`, `tree`), as `GRADSYNC_ALGO` spells it.
+    /// Parses a name (`ring`, `recursive_doubling` or `rd`, `tree`, `hierarchical` or `hier`,
+    /// `central`), case-insensitively, as `GRADSYNC_ALGO` spells it.
     pub fn parse(s: &str) -> Result<Self, PlanError> {
         Ok(match s.to_ascii_lowercase().as_str() {
             "ring" => Algorithm::Ring,
             "recursive_doubling" | "recursivedoubling" | "rd" => Algorithm::RecursiveDoubling,
             "tree" => Algorithm::Tree,
+            "hierarchical" | "hier" => Algorithm::Hierarchical,
+            "central" => Algorithm::Central,
             _ => return Err(PlanError::UnknownAlgorithm(s.to_string())),
         })
     }
@@ -167,8 +210,24 @@ pub enum PlanError {
         segment: usize,
     },
     /// An algorithm name was not recognised.
-    #[error("unknown algorithm {0:?} (expected one of ring, recursive_doubling, tree)")]
+    #[error(
+        "unknown algorithm {0:?} (expected one of ring, recursive_doubling, tree, hierarchical, \
+         central)"
+    )]
     UnknownAlgorithm(String),
+    /// A hierarchical schedule was asked for, but the ranks do not split into hosts of
+    /// `local_size` ranks each (`local_size` does not divide `world`). Callers fall back to
+    /// [`Algorithm::Ring`].
+    #[error(
+        "world size {world} is not a multiple of local_size {local_size}: hierarchical schedules \
+         need hosts of equally many ranks"
+    )]
+    NonUniformHosts {
+        /// The world size.
+        world: usize,
+        /// Ranks per host given.
+        local_size: usize,
+    },
 }
 
 /// Parameters of one rank's part in one collective call.
@@ -192,6 +251,11 @@ pub struct Params {
     pub in_place: bool,
     /// Which algorithm to plan.
     pub algorithm: Algorithm,
+    /// Ranks per host. Hosts hold contiguous blocks of ranks, as `torchrun` numbers them: host `h`
+    /// holds ranks `h * local_size .. (h + 1) * local_size`. 0 means unknown, taken as a single
+    /// host of `world` ranks. Only [`Algorithm::Hierarchical`] uses it; it needs `local_size` to
+    /// divide `world` (see [`host_shape`]).
+    pub local_size: usize,
 }
 
 impl Params {
@@ -218,6 +282,14 @@ impl Params {
         if self.segment == 0 {
             return Err(PlanError::ZeroSegment);
         }
+        if self.algorithm == Algorithm::Hierarchical
+            && matches!(
+                self.coll,
+                Collective::AllReduce | Collective::ReduceScatter | Collective::AllGather
+            )
+        {
+            host_shape(self.world, self.local_size)?;
+        }
         let too_large = PlanError::TooLarge {
             coll: self.coll,
             count: self.count,
@@ -226,12 +298,20 @@ impl Params {
         };
         if self.coll != Collective::Barrier {
             // Buffers of count * world elements must be addressable, and the number of ops must
-            // fit an `OpId` with room to spare (a loose upper bound over every algorithm).
+            // fit an `OpId` with room to spare (a loose upper bound over every algorithm). The
+            // schedules that move `count` elements per peer (reduce-scatter, all-gather, the
+            // central root) have ops in proportion to `count * world`.
             self.count
                 .checked_mul(self.world)
                 .ok_or(too_large.clone())?;
             let log = self.world.next_power_of_two().trailing_zeros() as usize;
-            let segs = self.count.div_ceil(self.segment) + self.world;
+            let per_peer = matches!(self.coll, Collective::ReduceScatter | Collective::AllGather)
+                || self.algorithm == Algorithm::Central;
+            let mut segs = self.count.div_ceil(self.segment);
+            if per_peer {
+                segs = segs.checked_mul(self.world).ok_or(too_large.clone())?;
+            }
+            let segs = segs.checked_add(self.world).ok_or(too_large.clone())?;
             let bound = segs.checked_mul(8 * (log + 2)).ok_or(too_large.clone())?;
             if bound > (u32::MAX / 2) as usize {
                 return Err(too_large);
@@ -290,9 +370,13 @@ pub fn build(p: &Params) -> Result<Program, PlanError> {
     Ok(match (p.coll, p.algorithm) {
         (AllReduce, Ring) => super::ring::all_reduce(p),
         (AllReduce, RecursiveDoubling) => super::doubling::all_reduce(p),
-        (AllReduce, Tree) => super::tree::all_reduce(p),
+        (AllReduce, Tree) => super::tree::all_reduce(p, super::tree::Shape::Binomial),
         (ReduceScatter, Ring) => super::ring::reduce_scatter(p),
         (AllGather, Ring) => super::ring::all_gather(p),
+        (AllReduce, Hierarchical) => super::hier::all_reduce(p),
+        (ReduceScatter, Hierarchical) => super::hier::reduce_scatter(p),
+        (AllGather, Hierarchical) => super::hier::all_gather(p),
+        (AllReduce, Central) => super::tree::all_reduce(p, super::tree::Shape::Star),
         (Broadcast, Tree) => super::tree::broadcast(p, super::tree::Shape::Binomial),
         (Broadcast, Ring) => super::tree::broadcast(p, super::tree::Shape::Chain),
         (Reduce, Tree) => super::tree::reduce(p, super::tree::Shape::Binomial),
@@ -309,10 +393,24 @@ pub fn supports(coll: Collective, algorithm: Algorithm) -> bool {
     matches!(
         (coll, algorithm),
         (AllReduce, _)
-            | (ReduceScatter | AllGather, Ring)
+            | (ReduceScatter | AllGather, Ring | Hierarchical)
             | (Broadcast | Reduce, Ring | Tree)
             | (Barrier, _)
     )
+}
+
+/// The host layout `(hosts, local)` of a world of `world` ranks in hosts of `local_size` ranks:
+/// `local_size` 0 means a single host (`(1, world)`). Fails with [`PlanError::NonUniformHosts`]
+/// when `local_size` does not divide `world`, and with [`PlanError::EmptyWorld`] for `world == 0`.
+pub fn host_shape(world: usize, local_size: usize) -> Result<(usize, usize), PlanError> {
+    if world == 0 {
+        return Err(PlanError::EmptyWorld);
+    }
+    let local = if local_size == 0 { world } else { local_size };
+    if !world.is_multiple_of(local) {
+        return Err(PlanError::NonUniformHosts { world, local_size });
+    }
+    Ok((world / local, local))
 }
 
 /// Bytes up to which [`default_algorithm`] picks recursive doubling for an all-reduce.

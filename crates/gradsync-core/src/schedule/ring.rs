@@ -38,82 +38,130 @@
 //! the same programs read `Output` wherever they would read `Input`; the few write-after-read
 //! hazards this creates (a block overwritten by the all-gather after the reduce-scatter sent it)
 //! are explicit dependencies.
+//!
+//! The phases themselves work on any ring of ranks (`RingPos`: a position and two neighbours)
+//! and any split of the blocks into pieces, so the hierarchical schedules ([`super::hier`]) run
+//! them on rings inside and across hosts.
+
+use std::ops::Range;
 
 use super::plan::{Params, at, block_range, copy_segments, finalizes, segments};
 use super::{Buf, Loc, Op, OpId, Program};
 
+/// A ring of `n` ranks as one of them sees it. Position `pos` ends the reduce-scatter with block
+/// `pos`; `right` and `left` are the real ranks of the neighbours at `pos + 1` and `pos - 1`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RingPos {
+    /// Ranks in the ring, at least 2.
+    pub(crate) n: usize,
+    /// This rank's position.
+    pub(crate) pos: usize,
+    /// Rank that this rank sends to.
+    pub(crate) right: usize,
+    /// Rank that this rank receives from.
+    pub(crate) left: usize,
+}
+
+impl RingPos {
+    /// The ring of all ranks in rank order.
+    fn flat(p: &Params) -> Self {
+        let (n, r) = (p.world, p.rank);
+        RingPos {
+            n,
+            pos: r,
+            right: (r + 1) % n,
+            left: (r + n - 1) % n,
+        }
+    }
+}
+
+/// The pieces of every block, `(offset, len)` within the block, in the order they travel. Each
+/// piece is one message: every rank of the ring must split a block the same way.
+pub(crate) type Blocks = [Vec<(usize, usize)>];
+
+/// The pieces of blocks of the given lengths: each block cut into segments.
+pub(crate) fn segmented(
+    lens: impl Iterator<Item = usize>,
+    segment: usize,
+) -> Vec<Vec<(usize, usize)>> {
+    lens.map(|l| segments(l, segment).collect()).collect()
+}
+
 /// Ops of the reduce-scatter phase that later phases depend on.
-struct RsPhase {
-    /// Per step, per segment: the send.
-    sends: Vec<Vec<OpId>>,
-    /// Per segment of this rank's block: the last op writing its final value.
-    last: Vec<OpId>,
+pub(crate) struct RsPhase {
+    /// Per step, per piece: the send.
+    pub(crate) sends: Vec<Vec<OpId>>,
+    /// Per piece of this rank's block: the last op writing its final value.
+    pub(crate) last: Vec<OpId>,
 }
 
-/// Where the reduce-scatter phase finds and leaves data.
-struct RsLayout<I, P, L> {
-    /// Length of block `b`.
-    len: L,
-    /// This rank's contribution to block `b`.
-    input: I,
-    /// Where the partial of block `b` received at step `s` is kept (steps before the last).
-    partial: P,
-    /// Where this rank's fully reduced block goes.
-    final_loc: Loc,
-    /// Whether partials alternate between two slots that are reused every other step.
-    double_buffered: bool,
+/// Where the reduce-scatter phase finds and leaves data. Offsets are within a block.
+pub(crate) struct RsLayout<'a> {
+    /// This rank's contribution to block `b` at offset `off`.
+    pub(crate) input: &'a dyn Fn(usize, usize) -> Loc,
+    /// Ops that must complete before the contribution to block `b` at `(off, len)` is read.
+    pub(crate) input_deps: &'a dyn Fn(usize, usize, usize) -> Vec<OpId>,
+    /// Where the partial of block `b` received at step `s` is kept at offset `off` (steps before
+    /// the last).
+    pub(crate) partial: &'a dyn Fn(usize, usize, usize) -> Loc,
+    /// Where this rank's fully reduced block goes, at offset `off`.
+    pub(crate) final_loc: &'a dyn Fn(usize) -> Loc,
+    /// Whether partials alternate between two slots that are reused every other step (then all
+    /// blocks must have the same pieces).
+    pub(crate) double_buffered: bool,
+    /// Whether this rank divides its reduced block for an average (`Op::Finalize`).
+    pub(crate) finalize: bool,
 }
 
-fn rs_phase<I, P, L>(prog: &mut Program, p: &Params, lay: &RsLayout<I, P, L>) -> RsPhase
-where
-    I: Fn(usize) -> Loc,
-    P: Fn(usize, usize) -> Loc,
-    L: Fn(usize) -> usize,
-{
-    let (n, r, seg) = (p.world, p.rank, p.segment);
-    debug_assert!(n >= 2);
-    let right = (r + 1) % n;
-    let left = (r + n - 1) % n;
+/// The reduce-scatter phase over `ring`: after it, this rank holds block `ring.pos` reduced over
+/// the ring at `lay.final_loc`.
+pub(crate) fn rs_phase(
+    prog: &mut Program,
+    ring: RingPos,
+    blocks: &Blocks,
+    lay: &RsLayout<'_>,
+) -> RsPhase {
+    let (n, r) = (ring.n, ring.pos);
+    debug_assert!(n >= 2 && blocks.len() == n);
     let mut sends: Vec<Vec<OpId>> = Vec::with_capacity(n - 1);
     let mut recvs: Vec<Vec<OpId>> = Vec::with_capacity(n - 1);
     for s in 0..n - 1 {
         let sb = (r + n - 1 - s) % n;
         let rb = (r + 2 * n - 2 - s) % n;
-        let mut ss = Vec::new();
-        for (j, (off, len)) in segments((lay.len)(sb), seg).enumerate() {
+        let mut ss = Vec::with_capacity(blocks[sb].len());
+        for (j, &(off, len)) in blocks[sb].iter().enumerate() {
             let (src, deps) = if s == 0 {
-                ((lay.input)(sb), Vec::new())
+                ((lay.input)(sb, off), (lay.input_deps)(sb, off, len))
             } else {
-                ((lay.partial)(sb, s - 1), vec![recvs[s - 1][j]])
+                ((lay.partial)(sb, s - 1, off), vec![recvs[s - 1][j]])
             };
             ss.push(prog.push(
                 Op::Send {
-                    peer: right,
-                    src: at(src, off),
+                    peer: ring.right,
+                    src,
                     len,
                 },
                 &deps,
             ));
         }
-        let mut rs = Vec::new();
-        for (j, (off, len)) in segments((lay.len)(rb), seg).enumerate() {
+        let mut rs = Vec::with_capacity(blocks[rb].len());
+        for (j, &(off, len)) in blocks[rb].iter().enumerate() {
             let last_step = s == n - 2;
             let dst = if last_step {
-                lay.final_loc
+                (lay.final_loc)(off)
             } else {
-                (lay.partial)(rb, s)
+                (lay.partial)(rb, s, off)
             };
+            let mut deps = (lay.input_deps)(rb, off, len);
             // The slot written now held the partial received two steps ago, which the previous
             // step's send read.
-            let deps: Vec<OpId> = if lay.double_buffered && !last_step && s >= 2 {
-                sends[s - 1].get(j).copied().into_iter().collect()
-            } else {
-                Vec::new()
-            };
+            if lay.double_buffered && !last_step && s >= 2 {
+                deps.extend(sends[s - 1].get(j).copied());
+            }
             let op = Op::Recv {
-                peer: left,
-                dst: at(dst, off),
-                reduce_with: Some(at((lay.input)(rb), off)),
+                peer: ring.left,
+                dst,
+                reduce_with: Some((lay.input)(rb, off)),
                 len,
             };
             rs.push(prog.push(op, &deps));
@@ -122,11 +170,11 @@ where
         recvs.push(rs);
     }
     let mut last = recvs.pop().unwrap_or_default();
-    if finalizes(p) {
-        for (j, (off, len)) in segments((lay.len)(r), seg).enumerate() {
+    if lay.finalize {
+        for (j, &(off, len)) in blocks[r].iter().enumerate() {
             last[j] = prog.push(
                 Op::Finalize {
-                    loc: at(lay.final_loc, off),
+                    loc: (lay.final_loc)(off),
                     len,
                 },
                 &[last[j]],
@@ -136,88 +184,150 @@ where
     RsPhase { sends, last }
 }
 
-/// The all-gather phase: block `b` of every rank lives at `loc(b)`; this rank's own block is read
-/// from `first_src` at step 0 after `first_deps[j]`; the receive of segment `j` at step `t` waits
-/// for `recv_dep(t, j)`.
-fn ag_phase(
+/// Where the all-gather phase finds and leaves data. Offsets are within a block.
+pub(crate) struct AgLayout<'a> {
+    /// Where block `b` lives at offset `off` (for this rank's own block: where the sends after the
+    /// first step read it, which they never do).
+    pub(crate) loc: &'a dyn Fn(usize, usize) -> Loc,
+    /// Where the first step reads piece `j` (at `(off, len)`) of this rank's own block, and the
+    /// ops it waits for.
+    pub(crate) first: &'a dyn Fn(usize, usize, usize) -> (Loc, Vec<OpId>),
+    /// Ops that the receive of piece `j` of block `b` at step `t` waits for, as `(t, b, j)`.
+    pub(crate) recv_deps: &'a dyn Fn(usize, usize, usize) -> Vec<OpId>,
+}
+
+/// The all-gather phase over `ring`: every rank's block `pos` reaches every other rank. Returns,
+/// per step, the block received and its receives per piece.
+pub(crate) fn ag_phase(
     prog: &mut Program,
-    p: &Params,
-    len: impl Fn(usize) -> usize,
-    loc: impl Fn(usize) -> Loc,
-    first_src: Loc,
-    first_deps: &[OpId],
-    recv_dep: impl Fn(usize, usize) -> Option<OpId>,
-) {
-    let (n, r, seg) = (p.world, p.rank, p.segment);
-    let right = (r + 1) % n;
-    let left = (r + n - 1) % n;
-    let mut prev: Vec<OpId> = Vec::new();
+    ring: RingPos,
+    blocks: &Blocks,
+    lay: &AgLayout<'_>,
+) -> Vec<(usize, Vec<OpId>)> {
+    let (n, r) = (ring.n, ring.pos);
+    debug_assert!(n >= 2 && blocks.len() == n);
+    let mut recvs: Vec<(usize, Vec<OpId>)> = Vec::with_capacity(n - 1);
     for t in 0..n - 1 {
         let sb = (r + n - t) % n;
         let rb = (r + 2 * n - 1 - t) % n;
-        for (j, (off, l)) in segments(len(sb), seg).enumerate() {
-            let (src, deps): (Loc, Vec<OpId>) = if t == 0 {
-                (first_src, first_deps.get(j).copied().into_iter().collect())
+        for (j, &(off, len)) in blocks[sb].iter().enumerate() {
+            let (src, deps) = if t == 0 {
+                (lay.first)(j, off, len)
             } else {
-                (loc(sb), vec![prev[j]])
+                ((lay.loc)(sb, off), vec![recvs[t - 1].1[j]])
             };
             prog.push(
                 Op::Send {
-                    peer: right,
-                    src: at(src, off),
-                    len: l,
+                    peer: ring.right,
+                    src,
+                    len,
                 },
                 &deps,
             );
         }
-        let mut cur = Vec::new();
-        for (j, (off, l)) in segments(len(rb), seg).enumerate() {
-            let deps: Vec<OpId> = recv_dep(t, j).into_iter().collect();
+        let mut cur = Vec::with_capacity(blocks[rb].len());
+        for (j, &(off, len)) in blocks[rb].iter().enumerate() {
+            let deps = (lay.recv_deps)(t, rb, j);
             let op = Op::Recv {
-                peer: left,
-                dst: at(loc(rb), off),
+                peer: ring.left,
+                dst: (lay.loc)(rb, off),
                 reduce_with: None,
-                len: l,
+                len,
             };
             cur.push(prog.push(op, &deps));
         }
-        prev = cur;
+        recvs.push((rb, cur));
     }
+    recvs
+}
+
+/// The ring all-reduce of the elements `range` of `src` into the same range of `Output`, over
+/// `ring`: reduce-scatter then all-gather. `input_deps(off, len)` are the ops that must complete
+/// before the input at offset `off` of the range is read. For `ReduceOp::Avg` the owner of each
+/// block divides it when `finalize` is set. Returns the ops that last write the result, as
+/// `(offset, len, op)` pieces that cover the range (offsets relative to its start).
+pub(crate) fn all_reduce_range(
+    prog: &mut Program,
+    ring: RingPos,
+    src: Buf,
+    range: Range<usize>,
+    segment: usize,
+    input_deps: &dyn Fn(usize, usize) -> Vec<OpId>,
+    finalize: bool,
+) -> Vec<(usize, usize, OpId)> {
+    let (n, start, count) = (ring.n, range.start, range.len());
+    let bstart = |b: usize| block_range(count, n, b).start;
+    let blocks = segmented((0..n).map(|b| block_range(count, n, b).len()), segment);
+    let input = |b: usize, off: usize| Loc::new(src, start + bstart(b) + off);
+    let out = |b: usize, off: usize| Loc::new(Buf::Output, start + bstart(b) + off);
+    let rs = rs_phase(
+        prog,
+        ring,
+        &blocks,
+        &RsLayout {
+            input: &input,
+            input_deps: &|b, off, len| input_deps(bstart(b) + off, len),
+            partial: &|b, _s, off| out(b, off),
+            final_loc: &|off| out(ring.pos, off),
+            double_buffered: false,
+            finalize,
+        },
+    );
+    // All-gather step t overwrites block pos - 1 - t, which reduce-scatter step t sent: from
+    // `Output` (a hazard) except at step 0 when the input is elsewhere.
+    let reads_output = src == Buf::Output;
+    let recv_deps = |t: usize, _b: usize, j: usize| -> Vec<OpId> {
+        if reads_output || t > 0 {
+            rs.sends[t].get(j).copied().into_iter().collect()
+        } else {
+            Vec::new()
+        }
+    };
+    let own = ring.pos;
+    let first = |j: usize, off: usize, _len: usize| (out(own, off), vec![rs.last[j]]);
+    let recvs = ag_phase(
+        prog,
+        ring,
+        &blocks,
+        &AgLayout {
+            loc: &out,
+            first: &first,
+            recv_deps: &recv_deps,
+        },
+    );
+    let mut cover: Vec<(usize, usize, OpId)> = Vec::new();
+    let mut add = |b: usize, ids: &[OpId]| {
+        for (&(off, len), &id) in blocks[b].iter().zip(ids) {
+            cover.push((bstart(b) + off, len, id));
+        }
+    };
+    add(own, &rs.last);
+    for (b, ids) in &recvs {
+        add(*b, ids);
+    }
+    cover
 }
 
 /// Ring all-reduce: reduce-scatter then all-gather over `Output`.
 pub(crate) fn all_reduce(p: &Params) -> Program {
     let mut prog = Program::new();
-    let (n, count) = (p.world, p.count);
     let src_buf = if p.in_place { Buf::Output } else { Buf::Input };
-    if n == 1 {
+    if p.world == 1 {
         if !p.in_place {
             let (i, o) = (Loc::new(Buf::Input, 0), Loc::new(Buf::Output, 0));
-            copy_segments(&mut prog, i, o, count, p.segment, |_| None);
+            copy_segments(&mut prog, i, o, p.count, p.segment, |_| None);
         }
         return prog;
     }
-    let start = |b: usize| block_range(count, n, b).start;
-    let len = |b: usize| block_range(count, n, b).len();
-    let lay = RsLayout {
-        len,
-        input: |b| Loc::new(src_buf, start(b)),
-        partial: |b, _s| Loc::new(Buf::Output, start(b)),
-        final_loc: Loc::new(Buf::Output, start(p.rank)),
-        double_buffered: false,
-    };
-    let rs = rs_phase(&mut prog, p, &lay);
-    let out = |b: usize| Loc::new(Buf::Output, start(b));
-    // All-gather step t overwrites block r - 1 - t, which reduce-scatter step t sent: from
-    // `Output` (a hazard) except at step 0 out of place, where it came from `Input`.
-    let in_place = p.in_place;
-    let rs_sends = &rs.sends;
-    let recv_dep = |t: usize, j: usize| {
-        (in_place || t > 0)
-            .then(|| rs_sends[t].get(j).copied())
-            .flatten()
-    };
-    ag_phase(&mut prog, p, len, out, out(p.rank), &rs.last, recv_dep);
+    all_reduce_range(
+        &mut prog,
+        RingPos::flat(p),
+        src_buf,
+        0..p.count,
+        p.segment,
+        &|_, _| Vec::new(),
+        finalizes(p),
+    );
     prog
 }
 
@@ -237,14 +347,20 @@ pub(crate) fn reduce_scatter(p: &Params) -> Program {
     if n > 2 {
         prog.reserve_scratch(2 * count);
     }
-    let lay = RsLayout {
-        len: |_b| count,
-        input: |b| Loc::new(src_buf, b * count),
-        partial: |_b, s| Loc::new(Buf::Scratch, (s % 2) * count),
-        final_loc,
-        double_buffered: true,
-    };
-    rs_phase(&mut prog, p, &lay);
+    let blocks = segmented((0..n).map(|_| count), p.segment);
+    rs_phase(
+        &mut prog,
+        RingPos::flat(p),
+        &blocks,
+        &RsLayout {
+            input: &|b, off| Loc::new(src_buf, b * count + off),
+            input_deps: &|_, _, _| Vec::new(),
+            partial: &|_b, s, off| Loc::new(Buf::Scratch, (s % 2) * count + off),
+            final_loc: &|off| at(final_loc, off),
+            double_buffered: true,
+            finalize: finalizes(p),
+        },
+    );
     prog
 }
 
@@ -269,7 +385,16 @@ pub(crate) fn all_gather(p: &Params) -> Program {
     if n == 1 {
         return prog;
     }
-    let out = |b: usize| Loc::new(Buf::Output, b * count);
-    ag_phase(&mut prog, p, |_| count, out, first_src, &[], |_, _| None);
+    let blocks = segmented((0..n).map(|_| count), p.segment);
+    ag_phase(
+        &mut prog,
+        RingPos::flat(p),
+        &blocks,
+        &AgLayout {
+            loc: &|b, off| Loc::new(Buf::Output, b * count + off),
+            first: &|_, off, _| (at(first_src, off), Vec::new()),
+            recv_deps: &|_, _, _| Vec::new(),
+        },
+    );
     prog
 }

@@ -40,12 +40,77 @@ fn deps_and_fifo_order() {
     assert!(!s.is_done());
     s.handle_complete(s0);
     assert!(s.is_done());
+    // A restarted schedule runs the same program again, in the same order.
+    s.restart();
+    assert!(!s.is_done());
+    assert_eq!(s.in_flight(), 0);
+    assert_eq!(s.poll_action().map(|x| x.0), Some(r0));
+    assert_eq!(s.poll_action(), None);
+    s.handle_complete(r0);
+    assert_eq!(s.poll_action().map(|x| x.0), Some(s0));
+    assert_eq!(s.poll_action().map(|x| x.0), Some(s1));
+    s.handle_complete(s1);
+    s.handle_complete(s0);
+    assert!(s.is_done());
+}
+
+/// Restarting a schedule halfway, or after it finished, leaves it exactly as new: every
+/// generated program hands out the same op sequence again.
+#[test]
+fn restart_replays_every_program() {
+    use plan::{Algorithm, Params, build};
+    for algorithm in Algorithm::ALL {
+        for (world, local_size) in [(4, 2), (3, 0), (6, 3)] {
+            let params = Params {
+                coll: crate::Collective::AllReduce,
+                rank: 1,
+                world,
+                count: 37,
+                root: 0,
+                op: crate::ReduceOp::Sum,
+                segment: 5,
+                in_place: false,
+                algorithm,
+                local_size,
+            };
+            let prog = build(&params).unwrap();
+            // Drive to completion, completing ops in issue order; record the sequence.
+            let run = |s: &mut Schedule, stop_after: usize| {
+                let mut seq = Vec::new();
+                while let Some((id, _)) = s.poll_action() {
+                    seq.push(id);
+                    if seq.len() == stop_after {
+                        return seq;
+                    }
+                    s.handle_complete(id);
+                }
+                seq
+            };
+            let mut fresh = Schedule::new(prog.clone(), world);
+            let want = run(&mut fresh, usize::MAX);
+            assert!(fresh.is_done(), "{algorithm}");
+            fresh.restart();
+            assert_eq!(
+                run(&mut fresh, usize::MAX),
+                want,
+                "{algorithm} after finishing"
+            );
+            let mut half = Schedule::new(prog, world);
+            run(&mut half, want.len() / 2);
+            half.restart();
+            assert_eq!(
+                run(&mut half, usize::MAX),
+                want,
+                "{algorithm} after a partial run"
+            );
+        }
+    }
 }
 
 mod plan_tests {
     use super::super::plan::{
         Algorithm, Params, PlanError, SMALL_ALL_REDUCE_BYTES, block_range, build,
-        bus_bandwidth_factor, default_algorithm, supports,
+        bus_bandwidth_factor, default_algorithm, host_shape, supports,
     };
     use super::*;
     use crate::{Collective, ReduceOp};
@@ -67,6 +132,7 @@ mod plan_tests {
             segment: usize::MAX,
             in_place: false,
             algorithm,
+            local_size: 0,
         }
     }
 
@@ -151,6 +217,24 @@ mod plan_tests {
         assert!(matches!(build(&huge), Err(PlanError::TooLarge { .. })));
         let huge = p(AllGather, Ring, 0, 1 << 20, usize::MAX >> 10);
         assert!(matches!(build(&huge), Err(PlanError::TooLarge { .. })));
+        // Schedules with ops per peer and segment count those against the limit too.
+        let many = Params {
+            segment: 1,
+            ..p(AllReduce, Ring, 0, 512, 1 << 20)
+        };
+        assert!(many.validate().is_ok());
+        for q in [
+            Params {
+                algorithm: Central,
+                ..many
+            },
+            Params {
+                coll: AllGather,
+                ..many
+            },
+        ] {
+            assert!(matches!(q.validate(), Err(PlanError::TooLarge { .. })));
+        }
         assert_eq!(
             PlanError::RootOutOfRange {
                 coll: Broadcast,
@@ -190,10 +274,112 @@ mod plan_tests {
             assert_eq!(alg.to_string(), alg.name());
         }
         assert_eq!(Algorithm::parse("RD"), Ok(Algorithm::RecursiveDoubling));
+        assert_eq!(Algorithm::parse("hier"), Ok(Algorithm::Hierarchical));
+        assert_eq!(
+            Algorithm::parse("Hierarchical"),
+            Ok(Algorithm::Hierarchical)
+        );
+        assert_eq!(Algorithm::parse("CENTRAL"), Ok(Algorithm::Central));
         assert_eq!(
             Algorithm::parse("star"),
             Err(PlanError::UnknownAlgorithm("star".into()))
         );
+        let msg = PlanError::UnknownAlgorithm("star".into()).to_string();
+        for alg in Algorithm::ALL {
+            assert!(msg.contains(alg.name()), "{msg}");
+        }
+    }
+
+    #[test]
+    fn host_shapes() {
+        assert_eq!(host_shape(8, 0), Ok((1, 8)));
+        assert_eq!(host_shape(8, 8), Ok((1, 8)));
+        assert_eq!(host_shape(8, 4), Ok((2, 4)));
+        assert_eq!(host_shape(8, 1), Ok((8, 1)));
+        assert_eq!(host_shape(1, 1), Ok((1, 1)));
+        assert_eq!(host_shape(0, 4), Err(PlanError::EmptyWorld));
+        for (world, local_size) in [(6, 4), (4, 8), (7, 2)] {
+            assert_eq!(
+                host_shape(world, local_size),
+                Err(PlanError::NonUniformHosts { world, local_size })
+            );
+        }
+    }
+
+    #[test]
+    fn hierarchical_needs_uniform_hosts() {
+        use Algorithm::*;
+        use Collective::*;
+        for coll in [AllReduce, ReduceScatter, AllGather] {
+            for (world, local_size) in [(6, 4), (4, 8), (5, 2)] {
+                let q = Params {
+                    local_size,
+                    ..p(coll, Hierarchical, 0, world, 8)
+                };
+                assert_eq!(
+                    build(&q).unwrap_err(),
+                    PlanError::NonUniformHosts { world, local_size }
+                );
+                // Other algorithms ignore the host layout.
+                build(&Params {
+                    algorithm: Ring,
+                    ..q
+                })
+                .unwrap();
+            }
+        }
+        // So does the barrier, whatever the algorithm.
+        build(&Params {
+            local_size: 4,
+            ..p(Barrier, Hierarchical, 0, 6, 0)
+        })
+        .unwrap();
+        assert_eq!(
+            PlanError::NonUniformHosts {
+                world: 6,
+                local_size: 4
+            }
+            .to_string(),
+            "world size 6 is not a multiple of local_size 4: hierarchical schedules need hosts of \
+             equally many ranks"
+        );
+    }
+
+    /// Op lists and dependencies of two programs are the same.
+    fn same_program(a: &Program, b: &Program) -> bool {
+        a.ops() == b.ops()
+            && a.scratch_elems() == b.scratch_elems()
+            && (0..a.len()).all(|i| a.deps(i as OpId) == b.deps(i as OpId))
+    }
+
+    #[test]
+    fn hierarchical_on_one_level_is_the_ring() {
+        use Collective::*;
+        for coll in [AllReduce, ReduceScatter, AllGather] {
+            for world in [1, 2, 3, 6] {
+                for local_size in [0, 1, world] {
+                    for in_place in [false, true] {
+                        for rank in 0..world {
+                            let ring = Params {
+                                in_place,
+                                segment: 3,
+                                op: ReduceOp::Avg,
+                                ..p(coll, Algorithm::Ring, rank, world, 10)
+                            };
+                            let hier = Params {
+                                local_size,
+                                algorithm: Algorithm::Hierarchical,
+                                ..ring
+                            };
+                            assert!(
+                                same_program(&build(&ring).unwrap(), &build(&hier).unwrap()),
+                                "{hier:?}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]
@@ -280,7 +466,12 @@ mod plan_tests {
                 if !supports(coll, alg) {
                     continue;
                 }
-                for world in [1, 2, 3, 5, 8] {
+                let shapes: &[(usize, usize)] = if alg == Algorithm::Hierarchical {
+                    &[(1, 0), (2, 1), (4, 2), (6, 2), (6, 3), (8, 4), (8, 2)]
+                } else {
+                    &[(1, 0), (2, 0), (3, 0), (5, 0), (8, 0)]
+                };
+                for &(world, local_size) in shapes {
                     for count in [0, 1, 3, 10, 37] {
                         for segment in [1, 4, usize::MAX] {
                             for in_place in [false, true] {
@@ -291,6 +482,7 @@ mod plan_tests {
                                             op,
                                             segment,
                                             in_place,
+                                            local_size,
                                             ..p(coll, alg, rank, world, count)
                                         };
                                         out.push((params, build(&params).unwrap()));
@@ -470,6 +662,111 @@ mod plan_tests {
                 ..base
             };
             assert_eq!(sends(&world_of(seg)), 4 * (n - 1));
+            // Central: every rank to the root and back.
+            assert_eq!(
+                sends(&world_of(Params {
+                    algorithm: Central,
+                    ..base
+                })),
+                2 * (n - 1)
+            );
+        }
+        // Hierarchical over hosts x local ranks: rings of L inside and of H across hosts; the
+        // intra-host phases of all-gather and reduce-scatter send the H slices of a column apart.
+        for (hosts, local) in [(2, 2), (3, 2), (2, 3), (2, 4), (4, 1), (1, 4)] {
+            let n = hosts * local;
+            let base = Params {
+                local_size: local,
+                ..p(AllReduce, Hierarchical, 0, n, 8 * n)
+            };
+            let (h1, l1) = (hosts - 1, local - 1);
+            assert_eq!(sends(&world_of(base)), n * 2 * (l1 + h1), "{hosts}x{local}");
+            let columns = if hosts > 1 && local > 1 { hosts } else { 1 };
+            for coll in [ReduceScatter, AllGather] {
+                assert_eq!(
+                    sends(&world_of(Params { coll, ..base })),
+                    n * (l1 * columns + h1),
+                    "{coll} {hosts}x{local}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn central_root_reduces_in_rank_order() {
+        for n in [2, 3, 5, 8] {
+            let base = Params {
+                segment: 3,
+                op: ReduceOp::Avg,
+                ..p(Collective::AllReduce, Algorithm::Central, 0, n, 10)
+            };
+            let root = build(&base).unwrap();
+            let recvs: Vec<(usize, Option<Loc>)> = root
+                .ops()
+                .iter()
+                .filter_map(|o| match *o {
+                    Op::Recv {
+                        peer, reduce_with, ..
+                    } => Some((peer, reduce_with)),
+                    _ => None,
+                })
+                .collect();
+            // Per segment: ranks 1, 2, ..., n - 1, the first folded into the input.
+            assert_eq!(recvs.len(), 4 * (n - 1));
+            for (i, &(peer, with)) in recvs.iter().enumerate() {
+                assert_eq!(peer, 1 + i % (n - 1));
+                let buf = with.map(|w| w.buf);
+                let want = if i % (n - 1) == 0 {
+                    Buf::Input
+                } else {
+                    Buf::Output
+                };
+                assert_eq!(buf, Some(want));
+            }
+            // Other ranks only send their input and receive the result.
+            for rank in 1..n {
+                let prog = build(&Params { rank, ..base }).unwrap();
+                assert!(prog.ops().iter().all(|o| match *o {
+                    Op::Send { peer, .. } | Op::Recv { peer, .. } => peer == 0,
+                    _ => false,
+                }));
+            }
+        }
+    }
+
+    #[test]
+    fn hierarchical_and_central_average_once() {
+        use Collective::*;
+        for (coll, alg, local_size) in [
+            (AllReduce, Algorithm::Central, 0),
+            (AllReduce, Algorithm::Hierarchical, 2),
+            (AllReduce, Algorithm::Hierarchical, 3),
+            (ReduceScatter, Algorithm::Hierarchical, 2),
+            (ReduceScatter, Algorithm::Hierarchical, 3),
+        ] {
+            for count in [1, 7, 100] {
+                for in_place in [false, true] {
+                    let base = Params {
+                        op: ReduceOp::Avg,
+                        segment: 4,
+                        in_place,
+                        local_size,
+                        ..p(coll, alg, 0, 6, count)
+                    };
+                    let divided: usize = world_of(base)
+                        .iter()
+                        .flat_map(|prog| prog.ops())
+                        .map(|o| match o {
+                            Op::Finalize { len, .. } => *len,
+                            _ => 0,
+                        })
+                        .sum();
+                    // All-reduce: every element of the result once; reduce-scatter: every
+                    // rank's slice once.
+                    let want = if coll == AllReduce { count } else { 6 * count };
+                    assert_eq!(divided, want, "{base:?}");
+                }
+            }
         }
     }
 

@@ -1,4 +1,5 @@
-//! Tree schedules: broadcast, reduce, and the tree all-reduce (reduce to rank 0, then broadcast).
+//! Tree schedules: broadcast, reduce, the tree all-reduce (reduce to rank 0, then broadcast), and
+//! the central all-reduce on a star.
 //!
 //! Ranks are renumbered relative to the root (`v = (rank - root) mod n`) and arranged in a
 //! tree; data flows down it for a broadcast and up it for a reduce, one segment at a time.
@@ -17,6 +18,15 @@
 //! Rank `v` receives from `v - 1` and sends to `v + 1`. Unsegmented that is `n - 1` latencies,
 //! but pipelined in `S` segments it takes `(n - 1 + S)` segment times: for large buffers
 //! (`S >> n`) every link carries the buffer exactly once, the bandwidth optimum.
+//!
+//! # Star ([`Algorithm::Central`](super::plan::Algorithm::Central) for all-reduce)
+//!
+//! Rank 0 is the parent of every other rank: the central aggregator, or parameter server. In the
+//! all-reduce every rank sends its whole buffer to rank 0, which folds the contributions in rank
+//! order `((x_0 op x_1) op x_2) op ...`, segment by segment as they arrive, and sends the result
+//! back to every rank. Rank 0's link thus carries `n - 1` buffers in and `n - 1` out, about
+//! `2 (n - 1) * B * beta` against the ring's `2 (n - 1) / n * B * beta`: its bandwidth falls like
+//! `1 / (n - 1)`. It is the baseline that benchmarks compare the ring against.
 //!
 //! # Pipelining
 //!
@@ -44,6 +54,8 @@ pub(crate) enum Shape {
     Binomial,
     /// Chain `0 -> 1 -> ... -> n - 1`.
     Chain,
+    /// Star: rank 0 is the parent of every other rank.
+    Star,
 }
 
 /// Parent of relative rank `v`, `None` at the root.
@@ -52,6 +64,7 @@ fn parent(shape: Shape, v: usize) -> Option<usize> {
         (0, _) => None,
         (_, Shape::Binomial) => Some(v & (v - 1)),
         (_, Shape::Chain) => Some(v - 1),
+        (_, Shape::Star) => Some(0),
     }
 }
 
@@ -75,6 +88,8 @@ fn children(shape: Shape, v: usize, n: usize) -> Vec<usize> {
             kids
         }
         Shape::Chain => (v + 1 < n).then_some(v + 1).into_iter().collect(),
+        Shape::Star if v == 0 => (1..n).collect(),
+        Shape::Star => Vec::new(),
     }
 }
 
@@ -210,11 +225,12 @@ pub(crate) fn reduce(p: &Params, shape: Shape) -> Program {
     prog
 }
 
-/// Tree all-reduce: binomial reduce to rank 0, then binomial broadcast from rank 0, both
-/// pipelined by segment and accumulating in `Output`.
-pub(crate) fn all_reduce(p: &Params) -> Program {
+/// Tree all-reduce: reduce to rank 0 up a tree of `shape`, then broadcast from rank 0 down the same
+/// tree, both pipelined by segment and accumulating in `Output`. With [`Shape::Star`] this is the
+/// central all-reduce.
+pub(crate) fn all_reduce(p: &Params, shape: Shape) -> Program {
     let mut prog = Program::new();
-    let me = node(Shape::Binomial, p.rank, 0, p.world);
+    let me = node(shape, p.rank, 0, p.world);
     let own_buf = if p.in_place { Buf::Output } else { Buf::Input };
     if p.world == 1 {
         if !p.in_place {

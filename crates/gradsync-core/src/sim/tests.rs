@@ -454,6 +454,7 @@ fn params(coll: Collective, algorithm: Algorithm, world: usize, count: usize) ->
             segment: usize::MAX,
             in_place: false,
             algorithm,
+            local_size: 0,
         })
         .collect()
 }
@@ -626,6 +627,322 @@ fn predicts_large_worlds_on_paper() {
     let t = predict(&ps, DataType::F32, &LinkModel::default()).unwrap();
     assert_eq!(t.rank_time_s.len(), 256);
     assert!(t.time_s > 0.0);
+}
+
+/// Parameters of a two-level world of `hosts` x `local` ranks.
+fn two_level(
+    coll: Collective,
+    algorithm: Algorithm,
+    hosts: usize,
+    local: usize,
+    count: usize,
+) -> Vec<Params> {
+    params(coll, algorithm, hosts * local, count)
+        .into_iter()
+        .map(|p| Params {
+            local_size: local,
+            ..p
+        })
+        .collect()
+}
+
+#[test]
+fn hierarchical_results_do_not_depend_on_timing() {
+    // Random floats make the bits depend on the order of reduction; that order is fixed, so every
+    // interleaving (buffered or rendezvous sends) gives the same bits on every rank.
+    for coll in [Collective::AllReduce, Collective::ReduceScatter] {
+        for (hosts, local) in [(2, 2), (3, 2), (2, 3)] {
+            for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Prod] {
+                let ps: Vec<Params> = two_level(coll, Algorithm::Hierarchical, hosts, local, 301)
+                    .into_iter()
+                    .map(|p| Params {
+                        segment: 16,
+                        op,
+                        ..p
+                    })
+                    .collect();
+                let inputs: Vec<Vec<u8>> = ps
+                    .iter()
+                    .map(|p| {
+                        gen_input(
+                            DataType::F32,
+                            op,
+                            InputKind::Random,
+                            p.input_elems(),
+                            p.rank as u64,
+                        )
+                    })
+                    .collect();
+                let mut first: Option<Vec<Vec<u8>>> = None;
+                for seed in 0..8 {
+                    let opts = SimOptions {
+                        rendezvous: seed % 2 == 1,
+                        ..SimOptions::new(seed)
+                    };
+                    let res = run_with(ps.clone(), DataType::F32, inputs.clone(), &opts).unwrap();
+                    match &first {
+                        None => first = Some(res.outputs),
+                        Some(f) => assert_eq!(f, &res.outputs, "{coll} {hosts}x{local} {op}"),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `prog` with op `i`'s dependencies restricted to those `keep` accepts.
+fn drop_deps(prog: &Program, i: usize, keep: impl Fn(OpId) -> bool) -> Program {
+    let mut out = Program::new();
+    out.reserve_scratch(prog.scratch_elems());
+    for (id, op) in prog.ops().iter().enumerate() {
+        let deps: Vec<OpId> = prog
+            .deps(id as OpId)
+            .iter()
+            .copied()
+            .filter(|&d| id != i || keep(d))
+            .collect();
+        out.push(*op, &deps);
+    }
+    out
+}
+
+/// For every op of `prog`: which ops have surely completed when it is issued, through its
+/// dependencies and the FIFO order of its (peer, direction) queue.
+fn completed_before(prog: &Program) -> Vec<Vec<bool>> {
+    let n = prog.len();
+    let mut before: Vec<Vec<bool>> = Vec::with_capacity(n);
+    let mut queue_tail: std::collections::HashMap<(usize, bool), usize> = Default::default();
+    for (i, op) in prog.ops().iter().enumerate() {
+        let mut b = vec![false; n];
+        for &d in prog.deps(i as OpId) {
+            b[d as usize] = true;
+            for (x, &y) in b.iter_mut().zip(&before[d as usize]) {
+                *x |= y;
+            }
+        }
+        let queue = match *op {
+            Op::Send { peer, .. } => Some((peer, true)),
+            Op::Recv { peer, .. } => Some((peer, false)),
+            _ => None,
+        };
+        if let Some(q) = queue {
+            if let Some(&prev) = queue_tail.get(&q) {
+                for (x, &y) in b.iter_mut().zip(&before[prev]) {
+                    *x |= y;
+                }
+            }
+            queue_tail.insert(q, i);
+        }
+        before.push(b);
+    }
+    before
+}
+
+#[test]
+fn race_detector_catches_missing_hierarchical_dependencies() {
+    // The dependencies between the intra-host and inter-host phases are what make the
+    // hierarchical schedules correct. Dropping those of any one op of rank 0 must show up as a
+    // race on rank 0 under some interleaving.
+    let (hosts, local) = (2, 2);
+    let same_host = |a: usize, b: usize| a / local == b / local;
+    let mut mutations = 0;
+    for coll in [
+        Collective::AllReduce,
+        Collective::ReduceScatter,
+        Collective::AllGather,
+    ] {
+        for in_place in [false, true] {
+            let ps: Vec<Params> = two_level(coll, Algorithm::Hierarchical, hosts, local, 10)
+                .into_iter()
+                .map(|p| Params {
+                    segment: 2,
+                    in_place,
+                    ..p
+                })
+                .collect();
+            let programs: Vec<Program> = ps.iter().map(|p| plan::build(p).unwrap()).collect();
+            let prog = &programs[0];
+            // Whether an op talks inside the host (`Some(true)`), across (`Some(false)`), or is
+            // local (`None`).
+            let class = |id: OpId| match prog.ops()[id as usize] {
+                Op::Send { peer, .. } | Op::Recv { peer, .. } => Some(same_host(0, peer)),
+                _ => None,
+            };
+            for i in 0..prog.len() {
+                let me = class(i as OpId);
+                let crosses = |d: OpId| me.is_some() && class(d).is_some() && class(d) != me;
+                if !prog.deps(i as OpId).iter().any(|&d| crosses(d)) {
+                    continue;
+                }
+                let mutated = drop_deps(prog, i, |d| !crosses(d));
+                // Skip dependencies that the FIFO order of the queues still implies.
+                let implied = &completed_before(&mutated)[i];
+                if prog
+                    .deps(i as OpId)
+                    .iter()
+                    .all(|&d| !crosses(d) || implied[d as usize])
+                {
+                    continue;
+                }
+                mutations += 1;
+                let caught = (0..200).any(|seed| {
+                    let setups: Vec<RankSetup> = ps
+                        .iter()
+                        .zip(&programs)
+                        .map(|(p, prog)| {
+                            let program = if p.rank == 0 {
+                                mutated.clone()
+                            } else {
+                                prog.clone()
+                            };
+                            let elems = p.input_elems();
+                            let input = gen_input(
+                                DataType::F32,
+                                ReduceOp::Sum,
+                                InputKind::Exact,
+                                elems,
+                                p.rank as u64,
+                            );
+                            let mut output = vec![0; p.output_elems() * 4];
+                            let input = if in_place {
+                                output[p.input_offset() * 4..][..input.len()]
+                                    .copy_from_slice(&input);
+                                Vec::new()
+                            } else {
+                                input
+                            };
+                            RankSetup {
+                                program,
+                                input,
+                                output,
+                                in_place,
+                                op: ReduceOp::Sum,
+                            }
+                        })
+                        .collect();
+                    let res = run_programs(setups, DataType::F32, &SimOptions::new(seed));
+                    matches!(res, Err(SimError::Race { rank: 0, .. }))
+                });
+                assert!(
+                    caught,
+                    "{coll} in place {in_place}: dropping op {i}'s cross-phase deps went unseen"
+                );
+            }
+        }
+    }
+    assert!(mutations >= 30, "only {mutations} mutations");
+}
+
+fn time(ps: &[Params], topo: &Topology) -> f64 {
+    predict_on(ps, DataType::F32, topo).unwrap().time_s
+}
+
+#[test]
+fn two_level_prediction_matches_formulas() {
+    let intra = LinkModel {
+        alpha_s: 1e-6,
+        beta_s_per_byte: 1e-11,
+    };
+    let inter = LinkModel {
+        alpha_s: 2e-5,
+        beta_s_per_byte: 1e-9,
+    };
+    let topo = Topology::two_level(2, intra, inter);
+    let count = 1024;
+    let bytes = 4 * count;
+    // Unsegmented hierarchical all-reduce over 2 x 2: one intra-host step of B / 2, two steps of
+    // the inter-host ring on B / 4, one more intra-host step of B / 2.
+    let ps = two_level(Collective::AllReduce, Algorithm::Hierarchical, 2, 2, count);
+    let want = 2.0 * intra.message_s(bytes / 2) + 2.0 * inter.message_s(bytes / 4);
+    let t = time(&ps, &topo);
+    assert!(close(t, want), "{t} vs {want}");
+    // The flat ring crosses hosts at 1 -> 2 and 3 -> 0: 6 steps paced by the slow link.
+    let ps = two_level(Collective::AllReduce, Algorithm::Ring, 2, 2, count);
+    let want = 6.0 * inter.message_s(bytes / 4);
+    let t = time(&ps, &topo);
+    assert!(close(t, want), "{t} vs {want}");
+    // Equal links on both levels: a ring, which sends on one link per rank, is timed as flat.
+    let ps = two_level(Collective::AllReduce, Algorithm::Ring, 2, 4, 4096);
+    let same = Topology::two_level(4, inter, inter);
+    assert_eq!(
+        predict_on(&ps, DataType::F32, &same).unwrap(),
+        predict(&ps, DataType::F32, &inter).unwrap()
+    );
+    // The simulator's prediction agrees.
+    let ps = two_level(Collective::AllReduce, Algorithm::Hierarchical, 2, 2, 64);
+    let res = run(ps.clone(), DataType::F32, zeros(&ps, DataType::F32), 0).unwrap();
+    assert_eq!(res.predict_on(&topo).time_s, time(&ps, &topo));
+    // Central over n ranks, unsegmented: all send to the root at once (incoming links are not
+    // limited), then the root sends n - 1 buffers one after the other.
+    for n in [2, 4, 8] {
+        let ps = params(Collective::AllReduce, Algorithm::Central, n, count);
+        let t = predict(&ps, DataType::F32, &inter).unwrap().time_s;
+        let want = n as f64 * inter.message_s(bytes);
+        assert!(close(t, want), "n = {n}: {t} vs {want}");
+    }
+}
+
+#[test]
+fn hierarchical_beats_the_ring_over_slow_links_between_hosts() {
+    // 2 hosts x 2 ranks, 64 MiB of f32 in 1 MiB segments; fast links inside a host (100 GB/s),
+    // 12.5 GB/s (100 Gb/s) between hosts.
+    let topo = Topology::two_level(
+        2,
+        LinkModel::new(2e-6, 100e9),
+        LinkModel::new(10e-6, 12.5e9),
+    );
+    let count = 16 << 20;
+    let segmented = |alg| -> Vec<Params> {
+        two_level(Collective::AllReduce, alg, 2, 2, count)
+            .into_iter()
+            .map(|p| Params {
+                segment: 1 << 18,
+                ..p
+            })
+            .collect()
+    };
+    let ring = time(&segmented(Algorithm::Ring), &topo);
+    let hier = time(&segmented(Algorithm::Hierarchical), &topo);
+    // The ring pushes 1.5 B over the links between hosts, the hierarchical schedule 0.5 B (plus
+    // B over the fast links, largely overlapped by the pipeline).
+    let b = (4 * count) as f64 / 12.5e9;
+    assert!(ring > 1.5 * b, "ring {ring}");
+    assert!(hier < 0.5 * ring, "hierarchical {hier} vs ring {ring}");
+    assert!(hier > 0.5 * b, "hierarchical {hier}");
+}
+
+#[test]
+fn central_time_grows_linearly_while_the_ring_stays_flat() {
+    let link = LinkModel::default();
+    let count = 1 << 20;
+    let at = |alg, n| -> f64 {
+        let ps: Vec<Params> = params(Collective::AllReduce, alg, n, count)
+            .into_iter()
+            .map(|p| Params {
+                segment: 1 << 16,
+                ..p
+            })
+            .collect();
+        predict(&ps, DataType::F32, &link).unwrap().time_s
+    };
+    let b = link.message_s(4 * count);
+    for n in [2, 3, 4, 6, 8] {
+        let (central, ring) = (at(Algorithm::Central, n), at(Algorithm::Ring, n));
+        // The root sends n - 1 buffers; the ring at most 2 per rank.
+        let per_peer = central / (n - 1) as f64;
+        assert!(
+            per_peer > 0.9 * b && per_peer < 1.3 * b,
+            "central, n = {n}: {central} s, {per_peer} s per peer against {b} s per buffer"
+        );
+        assert!(ring < 2.0 * b, "ring, n = {n}: {ring}");
+    }
+    let ratio = |alg| at(alg, 8) / at(alg, 2);
+    assert!(
+        ratio(Algorithm::Central) > 5.0,
+        "{}",
+        ratio(Algorithm::Central)
+    );
+    assert!(ratio(Algorithm::Ring) < 2.0, "{}", ratio(Algorithm::Ring));
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! Time prediction under an alpha-beta link model.
+//! Time prediction under an alpha-beta link model, flat or two-level (hosts of several ranks).
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, VecDeque};
@@ -43,6 +43,61 @@ impl Default for LinkModel {
     }
 }
 
+/// A two-level network: ranks on the same host talk over one kind of link (shared memory,
+/// NVLink), ranks on different hosts over another (the network).
+///
+/// Hosts hold contiguous blocks of `local_size` ranks, as [`Params::local_size`] describes them;
+/// `local_size` 0 means a single host.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Topology {
+    /// Ranks per host; 0 for a single host.
+    pub local_size: usize,
+    /// Links between two ranks of the same host.
+    pub intra: LinkModel,
+    /// Links between ranks of different hosts.
+    pub inter: LinkModel,
+}
+
+impl Topology {
+    /// Every rank on one host, connected by `link`: the flat model.
+    pub fn flat(link: LinkModel) -> Self {
+        Topology {
+            local_size: 0,
+            intra: link,
+            inter: link,
+        }
+    }
+
+    /// Hosts of `local_size` ranks, `intra` inside a host and `inter` across hosts.
+    pub fn two_level(local_size: usize, intra: LinkModel, inter: LinkModel) -> Self {
+        Topology {
+            local_size,
+            intra,
+            inter,
+        }
+    }
+
+    /// Whether ranks `a` and `b` share a host.
+    pub fn same_host(&self, a: usize, b: usize) -> bool {
+        self.local_size == 0 || a / self.local_size == b / self.local_size
+    }
+
+    /// The link a message from `a` to `b` takes.
+    pub fn link(&self, a: usize, b: usize) -> &LinkModel {
+        if self.same_host(a, b) {
+            &self.intra
+        } else {
+            &self.inter
+        }
+    }
+}
+
+impl From<LinkModel> for Topology {
+    fn from(link: LinkModel) -> Self {
+        Topology::flat(link)
+    }
+}
+
 /// Predicted duration of a collective.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Prediction {
@@ -70,17 +125,37 @@ pub struct Prediction {
 /// reductions on arrival take no time. This is the textbook model behind the ring's
 /// `2 (n - 1) (alpha + B / n * beta)`; it ignores contention in the network, CPU cost of
 /// reductions and eager-versus-rendezvous protocol effects.
+///
+/// [`predict_on`] extends the model to two levels.
 pub fn predict(
     params_per_rank: &[Params],
     dtype: DataType,
     link: &LinkModel,
+) -> Result<Prediction, SimError> {
+    predict_on(params_per_rank, dtype, &Topology::flat(*link))
+}
+
+/// [`predict`] on a two-level network.
+///
+/// # Model
+///
+/// As in [`predict`], but every rank has two outgoing links, each carrying one message at a time
+/// in the order the sends become ready: one to the ranks of its own host, costed by
+/// [`Topology::intra`], and one to the other hosts, costed by [`Topology::inter`]. A rank may
+/// thus send inside its host and across hosts at the same time (as a GPU drives NVLink and its NIC
+/// independently). On a single host (or with one rank per host) only one of the links is ever
+/// used, and the prediction is [`predict`]'s with that link.
+pub fn predict_on(
+    params_per_rank: &[Params],
+    dtype: DataType,
+    topo: &Topology,
 ) -> Result<Prediction, SimError> {
     let programs = params_per_rank
         .iter()
         .enumerate()
         .map(|(r, p)| plan::build(p).map_err(|source| SimError::Plan { rank: r, source }))
         .collect::<Result<Vec<_>, _>>()?;
-    predict_programs(&programs, dtype.size(), link)
+    predict_programs_on(&programs, dtype.size(), topo)
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -116,10 +191,12 @@ impl Ord for Event {
 }
 
 struct Timer<'a> {
-    link: &'a LinkModel,
+    topo: &'a Topology,
     elem: usize,
     world: usize,
     scheds: Vec<Schedule>,
+    /// Per (rank, link): whether the link is sending, and the sends waiting for it. Link 0 leads
+    /// into the rank's host, link 1 out of it.
     busy: Vec<bool>,
     queue: Vec<VecDeque<(OpId, usize, usize)>>,
     /// Per (src, dst): messages arrived before their receive, and receives posted before their
@@ -144,10 +221,18 @@ impl Timer<'_> {
     }
 
     /// Issues everything rank `r` may start at time `t`.
+    /// Index of the link from `r` to `peer` in `busy` and `queue`.
+    fn link_index(&self, r: usize, peer: usize) -> usize {
+        2 * r + usize::from(!self.topo.same_host(r, peer))
+    }
+
     fn drain(&mut self, r: usize, t: f64) {
         while let Some((id, op)) = self.scheds[r].poll_action() {
             match op {
-                Op::Send { peer, len, .. } => self.queue[r].push_back((id, peer, len)),
+                Op::Send { peer, len, .. } => {
+                    let k = self.link_index(r, peer);
+                    self.queue[k].push_back((id, peer, len));
+                }
                 Op::Recv { peer, .. } => {
                     let c = peer * self.world + r;
                     if self.arrived[c] > 0 {
@@ -162,22 +247,23 @@ impl Timer<'_> {
                 }
             }
         }
-        self.start_link(r, t);
+        self.start_link(2 * r, t);
+        self.start_link(2 * r + 1, t);
     }
 
-    fn start_link(&mut self, r: usize, t: f64) {
-        if self.busy[r] {
+    /// Starts the next send on link `k` if it is idle.
+    fn start_link(&mut self, k: usize, t: f64) {
+        if self.busy[k] {
             return;
         }
-        if let Some((op, peer, len)) = self.queue[r].pop_front() {
-            self.busy[r] = true;
+        if let Some((op, peer, len)) = self.queue[k].pop_front() {
+            self.busy[k] = true;
+            let r = k / 2;
             let bytes = len * self.elem;
             self.messages += 1;
             self.bytes += bytes as u64;
-            self.push(
-                t + self.link.message_s(bytes),
-                Kind::Sent { rank: r, op, peer },
-            );
+            let dt = self.topo.link(r, peer).message_s(bytes);
+            self.push(t + dt, Kind::Sent { rank: r, op, peer });
         }
     }
 
@@ -193,6 +279,15 @@ pub fn predict_programs(
     programs: &[Program],
     elem_size: usize,
     link: &LinkModel,
+) -> Result<Prediction, SimError> {
+    predict_programs_on(programs, elem_size, &Topology::flat(*link))
+}
+
+/// [`predict_on`] for explicit programs (one per rank) with elements of `elem_size` bytes.
+pub fn predict_programs_on(
+    programs: &[Program],
+    elem_size: usize,
+    topo: &Topology,
 ) -> Result<Prediction, SimError> {
     let world = programs.len();
     for (r, p) in programs.iter().enumerate() {
@@ -210,15 +305,15 @@ pub fn predict_programs(
         }
     }
     let mut tm = Timer {
-        link,
+        topo,
         elem: elem_size,
         world,
         scheds: programs
             .iter()
             .map(|p| Schedule::new(p.clone(), world))
             .collect(),
-        busy: vec![false; world],
-        queue: vec![VecDeque::new(); world],
+        busy: vec![false; 2 * world],
+        queue: vec![VecDeque::new(); 2 * world],
         arrived: vec![0; world * world],
         posted: vec![VecDeque::new(); world * world],
         finish: vec![0.0; world],
@@ -234,7 +329,8 @@ pub fn predict_programs(
         match ev.kind {
             Kind::Complete { rank, op } => tm.complete(rank, op, ev.t),
             Kind::Sent { rank, op, peer } => {
-                tm.busy[rank] = false;
+                let k = tm.link_index(rank, peer);
+                tm.busy[k] = false;
                 let c = rank * world + peer;
                 match tm.posted[c].pop_front() {
                     Some(recv) => tm.push(

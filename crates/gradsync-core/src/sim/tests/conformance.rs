@@ -5,18 +5,37 @@
 //! exactly the reference, and that random floats are within tolerance. The full cross product
 //! runs on the small counts; the larger counts run every world x segment x in-place configuration
 //! with the dtype x op pairs in rotation (segment 1 on fewer worlds for 10007).
+//!
+//! The hierarchical schedules run the same sweep over two-level topologies (hosts x ranks per
+//! host in [`TOPOLOGIES`]) instead of flat worlds.
 
 use super::*;
 
 const WORLDS: [usize; 9] = [1, 2, 3, 4, 5, 6, 7, 8, 16];
 const SEGMENTS: [usize; 3] = [1, 7, usize::MAX];
 const SEEDS: usize = 3;
+/// `(hosts, ranks per host)` of the hierarchical sweep.
+const TOPOLOGIES: [(usize, usize); 7] = [(1, 1), (1, 4), (4, 1), (2, 2), (3, 2), (2, 3), (2, 4)];
+
+/// A world to sweep: its size and `Params::local_size`.
+type Shape = (usize, usize);
+
+/// The flat worlds, as shapes.
+fn flat_worlds() -> Vec<Shape> {
+    WORLDS.iter().map(|&w| (w, 0)).collect()
+}
+
+/// The two-level topologies, as shapes.
+fn topologies() -> Vec<Shape> {
+    TOPOLOGIES.iter().map(|&(h, l)| (h * l, l)).collect()
+}
 
 #[derive(Clone, Copy, Debug)]
 struct Case {
     coll: Collective,
     algorithm: Algorithm,
     world: usize,
+    local_size: usize,
     count: usize,
     root: usize,
     dtype: DataType,
@@ -57,6 +76,7 @@ impl Case {
                 segment: self.segment,
                 in_place: self.in_place,
                 algorithm: self.algorithm,
+                local_size: self.local_size,
             })
             .collect();
         let kind = self.kind();
@@ -138,10 +158,10 @@ fn small_counts(world: usize) -> Vec<usize> {
 }
 
 /// The full cross product over the small counts.
-fn small(coll: Collective, algorithm: Algorithm) -> usize {
+fn small(coll: Collective, algorithm: Algorithm, shapes: &[Shape]) -> usize {
     let mut cases = Vec::new();
     let mut i = 0usize;
-    for world in WORLDS {
+    for &(world, local_size) in shapes {
         for count in small_counts(world) {
             for segment in SEGMENTS {
                 for in_place in [false, true] {
@@ -153,6 +173,7 @@ fn small(coll: Collective, algorithm: Algorithm) -> usize {
                                 coll,
                                 algorithm,
                                 world,
+                                local_size,
                                 count,
                                 root,
                                 dtype,
@@ -170,12 +191,13 @@ fn small(coll: Collective, algorithm: Algorithm) -> usize {
     sweep(cases)
 }
 
-/// `count` elements: every world x segment x in-place configuration (segment 1 only for
+/// `count` elements: every shape x segment x in-place configuration (segment 1 only for worlds in
 /// `seg1_worlds`) with `per_config` dtype x op pairs, the pairs, seeds and roots in rotation so
 /// that every pair occurs.
 fn large(
     coll: Collective,
     algorithm: Algorithm,
+    shapes: &[Shape],
     count: usize,
     seg1_worlds: &[usize],
     per_config: usize,
@@ -183,7 +205,7 @@ fn large(
     let pairs = dtype_ops(coll);
     let mut cases = Vec::new();
     let mut i = 0usize;
-    for world in WORLDS {
+    for &(world, local_size) in shapes {
         for segment in SEGMENTS {
             for in_place in [false, true] {
                 if segment == 1 && !seg1_worlds.contains(&world) {
@@ -197,6 +219,7 @@ fn large(
                         coll,
                         algorithm,
                         world,
+                        local_size,
                         count,
                         root,
                         dtype,
@@ -218,18 +241,53 @@ macro_rules! conformance {
             use super::*;
             $(#[test] fn $name() {
                 assert!(supports(Collective::$coll, Algorithm::$alg));
-                small(Collective::$coll, Algorithm::$alg);
+                small(Collective::$coll, Algorithm::$alg, &flat_worlds());
             })*
         }
         mod count_1000 {
             use super::*;
-            $(#[test] fn $name() { large(Collective::$coll, Algorithm::$alg, 1000, &WORLDS, 2); })*
+            $(#[test] fn $name() {
+                large(Collective::$coll, Algorithm::$alg, &flat_worlds(), 1000, &WORLDS, 2);
+            })*
         }
         mod count_10007 {
             use super::*;
-            $(#[test] fn $name() { large(Collective::$coll, Algorithm::$alg, 10007, &[2, 3], 1); })*
+            $(#[test] fn $name() {
+                large(Collective::$coll, Algorithm::$alg, &flat_worlds(), 10007, &[2, 3], 1);
+            })*
         }
     };
+}
+
+/// The sweep of a hierarchical schedule over [`TOPOLOGIES`]: small counts in full, 1000 with
+/// segment 1 everywhere, 10007 with segment 1 on the 2 x 2 topology.
+macro_rules! hierarchical {
+    ($($name:ident: $coll:ident;)*) => {
+        mod hierarchical {
+            use super::*;
+            $(mod $name {
+                use super::*;
+                const COLL: Collective = Collective::$coll;
+                #[test] fn small_counts() {
+                    assert!(supports(COLL, Algorithm::Hierarchical));
+                    small(COLL, Algorithm::Hierarchical, &topologies());
+                }
+                #[test] fn count_1000() {
+                    let worlds: Vec<usize> = topologies().iter().map(|s| s.0).collect();
+                    large(COLL, Algorithm::Hierarchical, &topologies(), 1000, &worlds, 2);
+                }
+                #[test] fn count_10007() {
+                    large(COLL, Algorithm::Hierarchical, &topologies(), 10007, &[4], 1);
+                }
+            })*
+        }
+    };
+}
+
+hierarchical! {
+    all_reduce: AllReduce;
+    reduce_scatter: ReduceScatter;
+    all_gather: AllGather;
 }
 
 conformance! {
@@ -242,6 +300,7 @@ conformance! {
     broadcast_chain: Broadcast Ring;
     reduce_tree: Reduce Tree;
     reduce_chain: Reduce Ring;
+    all_reduce_central: AllReduce Central;
 }
 
 #[test]
@@ -252,6 +311,7 @@ fn barrier_every_world_and_algorithm() {
                 coll: Collective::Barrier,
                 algorithm,
                 world,
+                local_size: 0,
                 count: 0,
                 root: 0,
                 dtype: DataType::U8,
@@ -292,6 +352,7 @@ fn every_root() {
                             coll,
                             algorithm,
                             world,
+                            local_size: 0,
                             count,
                             root,
                             dtype,
