@@ -27,8 +27,10 @@ use std::fmt;
 use std::time::Duration;
 
 pub mod fault;
+pub mod hybrid;
 pub mod mem;
 mod regions;
+pub mod shm;
 pub mod tcp;
 
 /// Largest payload of a two-sided [`Endpoint::post_send`].
@@ -192,6 +194,27 @@ pub enum TransportError {
         /// Which check failed.
         why: &'static str,
     },
+    /// A write this rank posted was refused on the writer's side by the target's region
+    /// directory: unknown key, no remote-write right, or past the end of the region.
+    #[error(
+        "rank {rank}: write of {len} bytes at offset {offset} into rank {peer}'s region 0x{rkey:08x} ({region_len} bytes) rejected: {why}"
+    )]
+    RemoteAccess {
+        /// This rank (the writer).
+        rank: usize,
+        /// The target of the write.
+        peer: usize,
+        /// The key presented.
+        rkey: u32,
+        /// Offset asked for.
+        offset: u64,
+        /// Bytes to write.
+        len: u64,
+        /// Length of the region (0 when the key is unknown).
+        region_len: u64,
+        /// Which check failed.
+        why: &'static str,
+    },
     /// A local call was invalid (bad peer, unregistered span, oversized send).
     #[error("rank {rank}: invalid {op}: {msg}")]
     Invalid {
@@ -254,7 +277,8 @@ impl TransportError {
             TransportError::BadKey { peer, .. }
             | TransportError::OutOfBounds { peer, .. }
             | TransportError::PeerClosed { peer, .. }
-            | TransportError::Protocol { peer, .. } => Some(*peer),
+            | TransportError::Protocol { peer, .. }
+            | TransportError::RemoteAccess { peer, .. } => Some(*peer),
             TransportError::Io { peer, .. } if *peer != usize::MAX => Some(*peer),
             _ => None,
         }
@@ -319,6 +343,14 @@ pub trait Endpoint: Send + fmt::Debug {
 
     /// Blocks until [`poll`](Self::poll) may return something, or `timeout` passes.
     fn wait(&mut self, timeout: Duration) -> Result<()>;
+
+    /// Memory of `len` bytes that peers on this host can map directly, for a region the caller is
+    /// about to register (the engine's inbox); `None` where the backend has none (the caller then
+    /// allocates ordinary memory). It stays valid until the endpoint is dropped.
+    fn alloc_shared(&mut self, len: usize) -> Option<*mut u8> {
+        let _ = len;
+        None
+    }
 
     /// Closes every connection gracefully, waiting at most `timeout` for peers to close theirs.
     fn close(&mut self, timeout: Duration) {

@@ -1,0 +1,250 @@
+//! One endpoint over two backends: shared memory to the ranks on this host, the network to the
+//! others.
+//!
+//! [`HybridEndpoint`] routes every post by peer: a peer on the same host (as decided at
+//! rendezvous from host identities, never guessed from addresses) goes through the
+//! [`shm`](crate::shm) backend, every other peer through the network backend (TCP). Both backends
+//! see every registration under the **same key**, so a peer's [`RemoteRegion`] is valid whichever
+//! path the peer uses: the network backend picks the key and the shared-memory backend registers
+//! the same span under it ([`ShmEndpoint::register_with_key`]).
+//!
+//! Polling asks both backends. When every peer is local the network backend carries nothing but
+//! could still report a closed connection, so it is polled only every few milliseconds, keeping
+//! the shared-memory fast path free of system calls. Waiting blocks in the backend that carries
+//! traffic; with both in use it sleeps in the shared-memory backend in short slices and checks the
+//! sockets between them.
+
+use crate::TransportError;
+use crate::shm::ShmEndpoint;
+use crate::{Access, Completion, Endpoint, MemoryRegion, RemoteRegion, Result, Sge};
+use std::fmt;
+use std::time::{Duration, Instant};
+
+/// Which backend carries the traffic to one peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// This rank itself (no traffic).
+    Own,
+    /// Shared memory (same host).
+    Shm,
+    /// The network backend.
+    Net,
+}
+
+impl Route {
+    /// `shm`, `tcp`-like backend name, or `self`.
+    pub fn name(self, net: &'static str) -> &'static str {
+        match self {
+            Route::Own => "self",
+            Route::Shm => "shm",
+            Route::Net => net,
+        }
+    }
+}
+
+/// Slice of a mixed wait spent in the shared-memory backend before the sockets are checked.
+const MIXED_WAIT_SLICE: Duration = Duration::from_micros(500);
+/// How often the network backend is polled when it carries no traffic (closed connections).
+const IDLE_NET_POLL: Duration = Duration::from_millis(5);
+
+/// Shared memory to local peers, a network backend to the rest.
+pub struct HybridEndpoint {
+    rank: usize,
+    world: usize,
+    net: Box<dyn Endpoint>,
+    shm: ShmEndpoint,
+    routes: Vec<Route>,
+    net_peers: usize,
+    shm_peers: usize,
+    last_net_poll: Instant,
+}
+
+impl fmt::Debug for HybridEndpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HybridEndpoint")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .field("routes", &self.routes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HybridEndpoint {
+    /// Combines a network endpoint connected to every peer with a shared-memory endpoint
+    /// connected to the local ones. Peers for which `shm.is_local(peer)` holds go through shared
+    /// memory. Fails if the two disagree on rank or world size.
+    pub fn new(net: Box<dyn Endpoint>, shm: ShmEndpoint) -> Result<Self> {
+        let (rank, world) = (net.rank(), net.world());
+        if shm.rank() != rank || shm.world() != world {
+            return Err(TransportError::Invalid {
+                rank,
+                op: "hybrid endpoint",
+                msg: format!(
+                    "network endpoint is rank {rank} of {world} but shared-memory endpoint is rank {} of {}",
+                    shm.rank(),
+                    shm.world()
+                ),
+            });
+        }
+        let routes: Vec<Route> = (0..world)
+            .map(|p| {
+                if p == rank {
+                    Route::Own
+                } else if shm.is_local(p) {
+                    Route::Shm
+                } else {
+                    Route::Net
+                }
+            })
+            .collect();
+        let shm_peers = routes.iter().filter(|r| **r == Route::Shm).count();
+        let net_peers = routes.iter().filter(|r| **r == Route::Net).count();
+        Ok(HybridEndpoint {
+            rank,
+            world,
+            net,
+            shm,
+            routes,
+            net_peers,
+            shm_peers,
+            last_net_poll: Instant::now(),
+        })
+    }
+
+    /// The backend that carries traffic to each rank, indexed by rank.
+    pub fn routes(&self) -> &[Route] {
+        &self.routes
+    }
+
+    /// Name of the network backend (`tcp`).
+    pub fn net_name(&self) -> &'static str {
+        self.net.name()
+    }
+
+    fn route(&self, peer: usize, op: &'static str) -> Result<Route> {
+        match self.routes.get(peer) {
+            Some(Route::Own) | None => Err(TransportError::Invalid {
+                rank: self.rank,
+                op,
+                msg: format!(
+                    "peer {peer} is not another rank of a world of {}",
+                    self.world
+                ),
+            }),
+            Some(r) => Ok(*r),
+        }
+    }
+}
+
+impl Endpoint for HybridEndpoint {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world(&self) -> usize {
+        self.world
+    }
+
+    fn name(&self) -> &'static str {
+        match (self.shm_peers > 0, self.net_peers > 0) {
+            (true, true) => "shm+tcp",
+            (true, false) => "shm",
+            _ => self.net.name(),
+        }
+    }
+
+    unsafe fn register(
+        &mut self,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<MemoryRegion> {
+        // SAFETY: the caller's promise about the span is passed on unchanged.
+        let mr = unsafe { self.net.register(addr, len, access) }?;
+        // SAFETY: as above; the same span under the key the network backend chose.
+        match unsafe { self.shm.register_with_key(addr, len, access, mr.rkey) } {
+            Ok(_) => Ok(mr),
+            Err(e) => {
+                self.net.deregister(&mr);
+                Err(e)
+            }
+        }
+    }
+
+    fn deregister(&mut self, mr: &MemoryRegion) {
+        self.shm.deregister(mr);
+        self.net.deregister(mr);
+    }
+
+    unsafe fn post_write(
+        &mut self,
+        peer: usize,
+        sges: &[Sge],
+        remote: RemoteRegion,
+        offset: u64,
+        imm: Option<u32>,
+        wr_id: u64,
+    ) -> Result<()> {
+        match self.route(peer, "post_write")? {
+            // SAFETY: the caller's promise about `sges` is passed on unchanged.
+            Route::Shm => unsafe { self.shm.post_write(peer, sges, remote, offset, imm, wr_id) },
+            // SAFETY: as above.
+            _ => unsafe { self.net.post_write(peer, sges, remote, offset, imm, wr_id) },
+        }
+    }
+
+    fn post_send(&mut self, peer: usize, data: &[u8], wr_id: u64) -> Result<()> {
+        match self.route(peer, "post_send")? {
+            Route::Shm => self.shm.post_send(peer, data, wr_id),
+            _ => self.net.post_send(peer, data, wr_id),
+        }
+    }
+
+    fn peer_alive(&self, peer: usize) -> bool {
+        match self.routes.get(peer) {
+            Some(Route::Shm) => self.shm.peer_alive(peer) && self.net.peer_alive(peer),
+            Some(Route::Net) => self.net.peer_alive(peer),
+            _ => true,
+        }
+    }
+
+    fn poll(&mut self, out: &mut Vec<Completion>) -> Result<()> {
+        if self.shm_peers > 0 {
+            self.shm.poll(out)?;
+        }
+        if self.net_peers > 0 {
+            self.net.poll(out)?;
+        } else {
+            let now = Instant::now();
+            if now.duration_since(self.last_net_poll) >= IDLE_NET_POLL {
+                self.last_net_poll = now;
+                self.net.poll(out)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn wait(&mut self, timeout: Duration) -> Result<()> {
+        match (self.shm_peers > 0, self.net_peers > 0) {
+            (true, true) => {
+                self.shm.wait(timeout.min(MIXED_WAIT_SLICE))?;
+                self.net.wait(Duration::ZERO)
+            }
+            (true, false) => self.shm.wait(timeout),
+            _ => self.net.wait(timeout),
+        }
+    }
+
+    fn alloc_shared(&mut self, len: usize) -> Option<*mut u8> {
+        if self.shm_peers > 0 {
+            self.shm.alloc_shared(len)
+        } else {
+            None
+        }
+    }
+
+    fn close(&mut self, timeout: Duration) {
+        self.shm.close(timeout);
+        self.net.close(timeout);
+    }
+}
