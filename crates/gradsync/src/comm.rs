@@ -1,14 +1,18 @@
 //! The communicator: bootstrap and the collective calls.
 
 use crate::config::Config;
-use crate::engine::{Engine, EngineOptions, RawBuf};
+use crate::config::TransportMode;
+use crate::engine::{Engine, EngineOptions, Planned, RawBuf};
 use crate::error::Error;
+use crate::topology::{self, Topology};
 use crate::{Element, Result};
 use gradsync_core::schedule::plan::{self, Algorithm, Params};
 use gradsync_core::schedule::{Buf, Loc, Op, Program};
 use gradsync_core::wire::Signature;
 use gradsync_core::{Collective, ReduceOp};
 use gradsync_store::{StoreClient, StoreServer};
+use gradsync_transport::hybrid::{HybridEndpoint, Route};
+use gradsync_transport::shm::{ShmEndpoint, ShmInfo, ShmSetup};
 use gradsync_transport::tcp::{self, TcpEndpoint, TcpOptions};
 use gradsync_transport::{Endpoint, RemoteRegion};
 use std::any::Any;
@@ -16,6 +20,9 @@ use std::collections::{HashMap, VecDeque};
 use std::marker::PhantomData;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
 use std::time::{Duration, Instant, SystemTime};
+
+/// How long a waiting rank polls without yielding when every local rank has a core.
+const BUSY_SPIN: Duration = Duration::from_micros(50);
 
 /// A group of ranks that run collectives together.
 ///
@@ -39,14 +46,48 @@ pub struct Communicator {
     current: Option<(u64, Box<dyn Any + Send>)>,
     finished: HashMap<u64, Box<dyn Any + Send>>,
     next_work: u64,
+    /// Where every rank is and how this rank reaches it.
+    layout: Layout,
     _store: Option<StoreServer>,
+}
+
+/// What init learned about the placement of ranks.
+#[derive(Clone, Debug)]
+struct Layout {
+    /// Host index of every rank.
+    host_of: Vec<usize>,
+    /// Host identity string of every rank.
+    host_ids: Vec<String>,
+    /// Ranks per host when hosts are uniform contiguous blocks, else 0.
+    local_size: usize,
+    /// Transport name to every rank (`self` for this rank).
+    routes: Vec<&'static str>,
+    /// Network interface of the data connections (empty in process).
+    ifname: String,
+    /// Listening address of every rank (empty in process).
+    addrs: Vec<SocketAddr>,
+}
+
+impl Layout {
+    fn single_host(world: usize, rank: usize, transport: &'static str) -> Self {
+        Layout {
+            host_of: vec![0; world],
+            host_ids: vec![String::new(); world],
+            local_size: world,
+            routes: (0..world)
+                .map(|p| if p == rank { "self" } else { transport })
+                .collect(),
+            ifname: String::new(),
+            addrs: Vec::new(),
+        }
+    }
 }
 
 /// An operation on an owned buffer, waiting for its turn.
 struct Queued {
     id: u64,
     sig: Signature,
-    prog: Program,
+    prog: Planned,
     algo: &'static str,
     buf: RawBuf,
     owner: Box<dyn Any + Send>,
@@ -250,27 +291,54 @@ impl Communicator {
                 (ip, name)
             }
         };
+        let placement = topology::numa_placement(&ifname, config.numa_bind);
+        tracing::info!(target: "gradsync::init", "rank {rank}: interface {ifname}: {placement}");
         let listener =
             tcp::listen(ip).map_err(|e| Error::Config(format!("cannot listen on {ip}: {e}")))?;
         let my_addr = listener
             .local_addr()
             .map_err(|e| Error::Config(format!("listener address: {e}")))?;
         let prefix = format!("gradsync/{comm_id:016x}");
+        let host_id = config
+            .host_id
+            .clone()
+            .unwrap_or_else(topology::host_identity);
         store
             .set(
                 &format!("{prefix}/addr/{rank}"),
                 my_addr.to_string().as_bytes(),
             )
             .map_err(st)?;
-        let keys: Vec<String> = (0..world).map(|r| format!("{prefix}/addr/{r}")).collect();
+        store
+            .set(&format!("{prefix}/host/{rank}"), host_id.as_bytes())
+            .map_err(st)?;
+        let keys: Vec<String> = (0..world)
+            .map(|r| format!("{prefix}/addr/{r}"))
+            .chain((0..world).map(|r| format!("{prefix}/host/{r}")))
+            .collect();
         let krefs: Vec<&str> = keys.iter().map(String::as_str).collect();
         let vals = store.wait(&krefs, config.timeout).map_err(st)?;
         let mut addrs = Vec::with_capacity(world);
-        for (r, v) in vals.iter().enumerate() {
+        for (r, v) in vals[..world].iter().enumerate() {
             let s = String::from_utf8_lossy(v);
             addrs.push(s.parse::<SocketAddr>().map_err(|_| {
                 Error::Config(format!("rank {r} published a malformed address {s:?}"))
             })?);
+        }
+        let host_ids: Vec<String> = vals[world..]
+            .iter()
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .collect();
+        let topo = Topology::from_identities(&host_ids);
+        let local = topo.local_ranks(rank);
+        if config.transport == TransportMode::Shm
+            && let Some(p) = (0..world).find(|p| !local.contains(p))
+        {
+            return Err(Error::Config(format!(
+                "GRADSYNC_TRANSPORT=shm: rank {rank} (host {}) and rank {p} (host {}) are on different hosts",
+                topology::host_label(&host_ids[rank]),
+                topology::host_label(&host_ids[p])
+            )));
         }
         let topts = TcpOptions {
             nsocks: config.nsocks,
@@ -278,9 +346,69 @@ impl Communicator {
             timeout: config.timeout.saturating_sub(t0.elapsed()),
             token: token.map(<[u8]>::to_vec),
         };
-        let ep = TcpEndpoint::establish(rank, &addrs, listener, comm_id, &topts)
+        let net = TcpEndpoint::establish(rank, &addrs, listener, comm_id, &topts)
             .map_err(|e| Error::transport(rank, "connect", e))?;
-        let (mut engine, inbox) = Engine::new(Box::new(ep), comm_id, engine_options(&config))?;
+        let shm = if config.transport != TransportMode::Tcp && local.len() > 1 {
+            match Self::setup_shm(&mut store, &prefix, rank, world, &local, &config) {
+                Ok(shm) => Some(shm),
+                Err(why) if config.transport == TransportMode::Shm => {
+                    return Err(Error::Config(format!(
+                        "GRADSYNC_TRANSPORT=shm: rank {rank}: {why}"
+                    )));
+                }
+                Err(why) => {
+                    tracing::warn!(target: "gradsync::init", "rank {rank}: shared memory unavailable, ranks on this host use tcp: {why}");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let (ep, routes): (Box<dyn Endpoint>, Vec<&'static str>) = match shm {
+            Some(shm) => {
+                let h = HybridEndpoint::new(Box::new(net), shm)
+                    .map_err(|e| Error::transport(rank, "connect", e))?;
+                let routes = h.routes().iter().map(|r| r.name("tcp")).collect();
+                (Box::new(h), routes)
+            }
+            None => (
+                Box::new(net),
+                (0..world)
+                    .map(|p| {
+                        if p == rank {
+                            Route::Own.name("tcp")
+                        } else {
+                            "tcp"
+                        }
+                    })
+                    .collect(),
+            ),
+        };
+        for (p, t) in routes.iter().enumerate().filter(|(p, _)| *p != rank) {
+            tracing::info!(
+                target: "gradsync::init",
+                "rank {rank} -> rank {p}: {t} ({} host {}, {})",
+                if topo.host_of[p] == topo.host_of[rank] { "same" } else { "other" },
+                topology::host_label(&host_ids[p]),
+                addrs[p]
+            );
+        }
+        let layout = Layout {
+            host_of: topo.host_of.clone(),
+            host_ids,
+            local_size: topo.uniform_local_size(),
+            routes,
+            ifname: ifname.clone(),
+            addrs,
+        };
+        let mut eopts = engine_options(&config);
+        // Poll without yielding for a while when every rank of this host has a core: a peer's
+        // shared-memory write then lands within the spin (sub-microsecond latency).
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if local.len() <= cores {
+            eopts.busy_spin = BUSY_SPIN.min(config.spin);
+        }
+        let (mut engine, inbox) = Engine::new(ep, comm_id, eopts)?;
         store
             .set(&format!("{prefix}/inbox/{rank}"), &inbox.to_bytes())
             .map_err(st)?;
@@ -296,8 +424,11 @@ impl Communicator {
         engine.connect_peers(&inboxes);
         tracing::info!(
             target: "gradsync::init",
-            "gradsync {} rank {rank}/{world} interface {ifname} {ip} transport tcp streams/peer {} chunk {} KiB x {} slots timeout {:?} (init {:.1} ms)",
+            "gradsync {} rank {rank}/{world} interface {ifname} {ip} transport {} hosts {} local ranks {} tcp streams/peer {} chunk {} KiB x {} slots timeout {:?} (init {:.1} ms)",
             crate::VERSION,
+            engine.ep.name(),
+            topo.hosts(),
+            local.len(),
             config.nsocks,
             config.chunk_bytes / 1024,
             config.nslots,
@@ -306,10 +437,107 @@ impl Communicator {
         );
         // Everyone is connected before anyone may leave (rank 0 keeps the store up until then).
         let mut c = Communicator::assemble(engine, rank, world, config.algorithm, server);
+        c.layout = layout;
         c.store = Some(store);
         c.config = Some(config);
         c.barrier()?;
         Ok(c)
+    }
+
+    /// Connects the shared-memory backend to the other ranks of this host. Every local rank
+    /// publishes its segment (or an empty value when it could not make one), then whether it
+    /// could map every peer's; shared memory is used only when all of them succeeded, so the
+    /// ranks of a host always agree on the transport of each pair.
+    fn setup_shm(
+        store: &mut StoreClient,
+        prefix: &str,
+        rank: usize,
+        world: usize,
+        local: &[usize],
+        config: &Config,
+    ) -> std::result::Result<ShmEndpoint, String> {
+        let st = |e: gradsync_store::StoreError| format!("store: {e}");
+        let made = ShmSetup::new(rank, world, local);
+        let mine = match &made {
+            Ok((_, info)) => info.to_bytes().to_vec(),
+            Err(_) => Vec::new(),
+        };
+        store
+            .set(&format!("{prefix}/shm/info/{rank}"), &mine)
+            .map_err(st)?;
+        let keys: Vec<String> = local
+            .iter()
+            .map(|r| format!("{prefix}/shm/info/{r}"))
+            .collect();
+        let krefs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let vals = store.wait(&krefs, config.timeout).map_err(st)?;
+        let (setup, _) = made.map_err(|e| e.to_string())?;
+        let mut infos = Vec::with_capacity(local.len());
+        for (i, v) in vals.iter().enumerate() {
+            match ShmInfo::from_bytes(v) {
+                Some(info) => infos.push(info),
+                None => {
+                    return Err(format!(
+                        "rank {} could not create its shared-memory segment",
+                        local[i]
+                    ));
+                }
+            }
+        }
+        let connected = setup.connect(&infos, config.timeout);
+        let ok: &[u8] = if connected.is_ok() { b"1" } else { b"0" };
+        store
+            .set(&format!("{prefix}/shm/ok/{rank}"), ok)
+            .map_err(st)?;
+        let keys: Vec<String> = local
+            .iter()
+            .map(|r| format!("{prefix}/shm/ok/{r}"))
+            .collect();
+        let krefs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let vals = store.wait(&krefs, config.timeout).map_err(st)?;
+        let shm = connected.map_err(|e| e.to_string())?;
+        if let Some(i) = vals.iter().position(|v| v.as_slice() != b"1") {
+            return Err(format!(
+                "rank {} could not map the shared-memory segments of this host",
+                local[i]
+            ));
+        }
+        Ok(shm)
+    }
+
+    /// The transport that carries traffic between this rank and `peer`: `shm`, `tcp`, `mem`,
+    /// or `self`.
+    pub fn peer_transport(&self, peer: usize) -> &'static str {
+        self.layout.routes.get(peer).copied().unwrap_or("?")
+    }
+
+    /// Host index of `rank` (hosts numbered in order of their lowest rank).
+    pub fn host_of(&self, rank: usize) -> usize {
+        self.layout.host_of.get(rank).copied().unwrap_or(0)
+    }
+
+    /// Short name (hostname) of `rank`'s host, as its host identity gives it.
+    pub fn host_name(&self, rank: usize) -> &str {
+        self.layout
+            .host_ids
+            .get(rank)
+            .map_or("", |s| topology::host_label(s))
+    }
+
+    /// Listening address of `rank`'s data connections (`None` in process).
+    pub fn peer_addr(&self, rank: usize) -> Option<SocketAddr> {
+        self.layout.addrs.get(rank).copied()
+    }
+
+    /// Network interface of this rank's data connections (empty in process).
+    pub fn interface(&self) -> &str {
+        &self.layout.ifname
+    }
+
+    /// Ranks per host when every host holds one contiguous block of equally many ranks (what
+    /// the hierarchical all-reduce needs), else 0.
+    pub fn local_size(&self) -> usize {
+        self.layout.local_size
     }
 
     /// The peers whose connection is gone (process exited or killed), after giving the
@@ -437,6 +665,7 @@ impl Communicator {
         algorithm: Option<Algorithm>,
         store: Option<StoreServer>,
     ) -> Self {
+        let layout = Layout::single_host(world, rank, engine.ep.name());
         Communicator {
             engine,
             rank,
@@ -452,6 +681,7 @@ impl Communicator {
             current: None,
             finished: HashMap::new(),
             next_work: 1,
+            layout,
             _store: store,
         }
     }
@@ -613,10 +843,18 @@ impl Communicator {
         root: usize,
         count: usize,
         in_place: bool,
-    ) -> Result<(Signature, Program, &'static str)> {
+    ) -> Result<(Signature, Planned, &'static str)> {
         let bytes = count * dtype.size();
+        let local = self.layout.local_size;
         let algorithm = match (coll, self.algorithm) {
             (Collective::AllReduce, Some(a)) => a,
+            // Several hosts of several ranks each: reduce inside the host over shared memory,
+            // across hosts over the network, one inter-host ring per local rank.
+            (Collective::AllReduce, None)
+                if bytes > plan::SMALL_ALL_REDUCE_BYTES && local > 1 && local < self.world =>
+            {
+                Algorithm::Hierarchical
+            }
             _ => plan::default_algorithm(coll, self.world, bytes),
         };
         let params = Params {
@@ -629,8 +867,12 @@ impl Communicator {
             segment: self.engine.segment_elems(dtype),
             in_place,
             algorithm,
+            local_size: local,
         };
-        let prog = plan::build(&params).map_err(|e| self.invalid(coll.name(), e.to_string()))?;
+        let prog = self
+            .engine
+            .schedule_for(&params)
+            .map_err(|e| self.invalid(coll.name(), e.to_string()))?;
         self.seq += 1;
         let reduces = matches!(
             coll,
@@ -984,7 +1226,7 @@ impl Communicator {
             (RawBuf::default(), buf)
         };
         // SAFETY: the buffer is borrowed by the caller for the whole call.
-        unsafe { self.engine.start(sig, prog, "p2p", i, o)? };
+        unsafe { self.engine.start(sig, prog.into(), "p2p", i, o)? };
         self.engine.progress(true).map(drop)
     }
 
@@ -1006,6 +1248,7 @@ fn engine_options(c: &Config) -> EngineOptions {
         nslots: c.nslots,
         timeout: c.timeout,
         spin: c.spin,
+        busy_spin: Duration::ZERO,
         direct_min: c.direct_min,
         checksum: c.checksum,
     }

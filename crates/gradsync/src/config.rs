@@ -56,6 +56,40 @@ pub struct Config {
     /// messages then go through inbox slots (direct writes carry no header). Set it alike on
     /// every rank. Off, nothing is computed.
     pub checksum: bool,
+    /// Which transport carries each pair (`GRADSYNC_TRANSPORT`): automatic (shared memory
+    /// between ranks of one host, TCP otherwise), or one forced for every pair.
+    pub transport: TransportMode,
+    /// Host identity override (`GRADSYNC_HOST_ID`): ranks that give the same string are treated
+    /// as one host. `None`: hostname, boot id and network namespace identify the host.
+    pub host_id: Option<String>,
+    /// Whether init binds the calling thread to the NUMA node of the network interface when the
+    /// machine has more than one node (`GRADSYNC_NUMA_BIND`, `1` default, `0` off).
+    pub numa_bind: bool,
+}
+
+/// `GRADSYNC_TRANSPORT`: how the transport of each rank pair is chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum TransportMode {
+    /// `auto`: shared memory to ranks on the same host, TCP to the others. When the kernel
+    /// refuses cross-memory attach, local pairs fall back to TCP (logged at WARN).
+    #[default]
+    Auto,
+    /// `tcp`: every pair over TCP.
+    Tcp,
+    /// `shm`: every pair over shared memory; an error if a peer is on another host.
+    Shm,
+}
+
+impl TransportMode {
+    /// Parses `auto`, `tcp` or `shm`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Some(TransportMode::Auto),
+            "tcp" | "net" | "socket" => Some(TransportMode::Tcp),
+            "shm" => Some(TransportMode::Shm),
+            _ => None,
+        }
+    }
 }
 
 /// Default `GRADSYNC_NSOCKS`.
@@ -159,6 +193,9 @@ impl Config {
             direct_min: DEFAULT_DIRECT_MIN,
             token: None,
             checksum: false,
+            transport: TransportMode::Auto,
+            host_id: None,
+            numa_bind: true,
         }
     }
 
@@ -333,6 +370,25 @@ impl Config {
         if let Some(us) = env.parse::<u64>("GRADSYNC_SPIN_US")? {
             self.spin = Duration::from_micros(us);
         }
+        if let Some(v) = var("GRADSYNC_TRANSPORT") {
+            self.transport = TransportMode::parse(&v).ok_or_else(|| {
+                Error::Config(format!("GRADSYNC_TRANSPORT={v:?} must be auto, tcp or shm"))
+            })?;
+        }
+        if let Some(v) = var("GRADSYNC_NUMA_BIND") {
+            self.numa_bind = match v.trim() {
+                "0" => false,
+                "1" => true,
+                _ => {
+                    return Err(Error::Config(format!(
+                        "GRADSYNC_NUMA_BIND={v:?} must be 0 or 1"
+                    )));
+                }
+            };
+        }
+        if let Some(v) = var("GRADSYNC_HOST_ID") {
+            self.host_id = Some(v);
+        }
         if let Some(a) = var("GRADSYNC_ALGO") {
             self.algorithm = if a.eq_ignore_ascii_case("auto") {
                 None
@@ -442,6 +498,20 @@ mod tests {
                 .to_string()
                 .contains("RANK=\"x\"")
         );
+    }
+
+    #[test]
+    fn transport_option() {
+        let base = [("RANK", "0"), ("WORLD_SIZE", "1")];
+        assert_eq!(from(&base).unwrap().transport, TransportMode::Auto);
+        let c = from(&[base[0], base[1], ("GRADSYNC_TRANSPORT", "SHM")]).unwrap();
+        assert_eq!(c.transport, TransportMode::Shm);
+        let c = from(&[base[0], base[1], ("GRADSYNC_TRANSPORT", "tcp")]).unwrap();
+        assert_eq!(c.transport, TransportMode::Tcp);
+        let e = from(&[base[0], base[1], ("GRADSYNC_TRANSPORT", "ib")]).unwrap_err();
+        assert!(e.to_string().contains("GRADSYNC_TRANSPORT=\"ib\""), "{e}");
+        let c = from(&[base[0], base[1], ("GRADSYNC_HOST_ID", "node-a")]).unwrap();
+        assert_eq!(c.host_id.as_deref(), Some("node-a"));
     }
 
     #[test]

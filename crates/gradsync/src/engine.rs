@@ -25,6 +25,7 @@
 
 use crate::error::Error;
 use crate::recorder::{FlightRecorder, OpRecord, OpState};
+use gradsync_core::schedule::plan::{self, Params, PlanError};
 use gradsync_core::schedule::{Buf, Loc, Op, OpId, Program, Schedule};
 use gradsync_core::wire::{DATA_HEADER_LEN, DataHeader, DataHeaderRepr, Signature};
 use gradsync_core::{DataType, ReduceOp};
@@ -111,6 +112,9 @@ pub(crate) struct EngineOptions {
     pub timeout: Duration,
     /// Spin this long before sleeping.
     pub spin: Duration,
+    /// Of that, poll this long without yielding the core first: worth it only when every
+    /// local rank has a core of its own (shared-memory latency), zero otherwise.
+    pub busy_spin: Duration,
     /// Copy-receives of at least this many bytes ask the sender to write straight into the
     /// destination (clear-to-send) instead of going through an inbox slot.
     pub direct_min: usize,
@@ -124,6 +128,8 @@ pub(crate) struct EngineOptions {
 pub(crate) struct AlignedBuf {
     ptr: *mut u8,
     len: usize,
+    /// Whether this buffer owns its allocation (false: memory a transport lent, freed by it).
+    owned: bool,
 }
 
 // SAFETY: AlignedBuf exclusively owns its allocation, like a Vec<u8>.
@@ -137,7 +143,21 @@ impl AlignedBuf {
         if ptr.is_null() {
             std::alloc::handle_alloc_error(layout);
         }
-        AlignedBuf { ptr, len }
+        AlignedBuf {
+            ptr,
+            len,
+            owned: true,
+        }
+    }
+
+    /// Memory the transport allocated ([`Endpoint::alloc_shared`]); it stays valid as long as
+    /// the transport, which frees it.
+    fn lent(ptr: *mut u8, len: usize) -> Self {
+        AlignedBuf {
+            ptr,
+            len,
+            owned: false,
+        }
     }
     pub(crate) fn addr(&self) -> usize {
         self.ptr as usize
@@ -146,6 +166,9 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         let layout = Layout::from_size_align(self.len.max(64), 64).expect("layout");
         // SAFETY: allocated in `zeroed` with this layout.
         unsafe { std::alloc::dealloc(self.ptr, layout) };
@@ -186,11 +209,41 @@ struct PostedRecv {
     direct: bool,
 }
 
+/// A schedule ready to start, with the parameters it was planned from (for reuse).
+#[derive(Debug)]
+pub(crate) struct Planned {
+    pub(crate) sched: Schedule,
+    pub(crate) params: Option<Params>,
+}
+
+impl From<Program> for Planned {
+    fn from(prog: Program) -> Self {
+        let world = prog
+            .ops()
+            .iter()
+            .filter_map(|op| match *op {
+                Op::Send { peer, .. } | Op::Recv { peer, .. } => Some(peer + 1),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        Planned {
+            sched: Schedule::new(prog, world),
+            params: None,
+        }
+    }
+}
+
+/// Schedules kept for reuse: a training loop calls the same collectives with the same sizes
+/// every step, and a restarted schedule costs no generation and no allocation.
+const SCHEDULE_CACHE: usize = 8;
+
 /// One operation in flight.
 #[derive(Debug)]
 struct Running {
     sig: Signature,
     sched: Schedule,
+    params: Option<Params>,
     bufs: [RawBuf; 3],
     mrs: Vec<MemoryRegion>,
     lkeys: [u32; 3],
@@ -232,6 +285,60 @@ pub(crate) struct Engine {
     probe_replies: Vec<Option<(u64, bool)>>,
     /// The last operations, for post-mortems.
     pub(crate) recorder: FlightRecorder,
+    /// Registrations of caller buffers kept from one operation to the next.
+    regs: RegCache,
+    /// Scratch space of small operations and its registration.
+    scratch_pool: Option<(AlignedBuf, MemoryRegion)>,
+    /// Finished schedules by the parameters they were planned from, most recent last.
+    sched_cache: Vec<(Params, Schedule)>,
+}
+
+/// Operations needing at most this much scratch use the engine's scratch buffer.
+const SCRATCH_POOL: usize = 256 * 1024;
+
+/// Caller buffers are registered once and reused while the same span comes back (a training
+/// loop passes the same gradient buffers every step), never per operation: a bounded cache of
+/// `(address, length, access)` -> region, least recently used out first.
+#[derive(Debug, Default)]
+struct RegCache {
+    entries: Vec<(MemoryRegion, u64)>,
+    tick: u64,
+}
+
+/// Registrations the cache keeps.
+const REG_CACHE_ENTRIES: usize = 16;
+
+impl RegCache {
+    /// The cached region for exactly this span and access, marked used.
+    fn lookup(&mut self, addr: usize, len: usize, access: Access) -> Option<MemoryRegion> {
+        self.tick += 1;
+        let tick = self.tick;
+        self.entries
+            .iter_mut()
+            .find(|(mr, _)| mr.addr == addr && mr.len == len && mr.access == access)
+            .map(|(mr, used)| {
+                *used = tick;
+                *mr
+            })
+    }
+
+    /// Adds a region; returns the one evicted to make room, to be deregistered.
+    fn insert(&mut self, mr: MemoryRegion) -> Option<MemoryRegion> {
+        self.tick += 1;
+        let evicted = if self.entries.len() >= REG_CACHE_ENTRIES {
+            let (i, _) = self
+                .entries
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, (_, used))| *used)
+                .expect("non-empty");
+            Some(self.entries.swap_remove(i).0)
+        } else {
+            None
+        };
+        self.entries.push((mr, self.tick));
+        evicted
+    }
 }
 
 /// Size of a slot (header + payload) rounded to 64 bytes.
@@ -250,7 +357,12 @@ impl Engine {
         let rank = ep.rank();
         let world = ep.world();
         let stride = slot_stride(opts.slot_bytes);
-        let inbox = AlignedBuf::zeroed(stride * opts.nslots * world);
+        let inbox_len = stride * opts.nslots * world;
+        // On a shared-memory transport peers copy straight into a mapping of the inbox.
+        let inbox = match ep.alloc_shared(inbox_len) {
+            Some(p) if (p as usize).is_multiple_of(64) => AlignedBuf::lent(p, inbox_len),
+            _ => AlignedBuf::zeroed(inbox_len),
+        };
         // SAFETY: the inbox is owned by the engine, outlives its registration (deregistered in
         // Drop before it is freed) and is read only after a write's completion arrived.
         let inbox_mr = unsafe {
@@ -303,6 +415,9 @@ impl Engine {
                     rec.set_comm_id(comm_id);
                     rec
                 },
+                regs: RegCache::default(),
+                scratch_pool: None,
+                sched_cache: Vec::new(),
             },
             remote,
         ))
@@ -359,22 +474,51 @@ impl Engine {
     pub(crate) unsafe fn start(
         &mut self,
         sig: Signature,
-        prog: Program,
+        planned: Planned,
         algo: &'static str,
         input: RawBuf,
         output: RawBuf,
     ) -> Result<(), Error> {
         self.check_usable()?;
+        let Planned { sched, params } = planned;
+        let prog = sched.program();
         let dsize = sig.dtype.size();
         let scratch_len = prog.scratch_elems() * dsize;
-        let scratch = (scratch_len > 0).then(|| AlignedBuf::zeroed(scratch_len));
-        let sbuf = scratch
-            .as_ref()
-            .map(|s| RawBuf {
+        // Small scratch comes from a buffer the engine keeps (registered once); large scratch
+        // is allocated for the operation.
+        let pooled = scratch_len > 0 && scratch_len <= SCRATCH_POOL;
+        if pooled && self.scratch_pool.is_none() {
+            let buf = AlignedBuf::zeroed(SCRATCH_POOL);
+            // SAFETY: owned by the engine, deregistered in Drop before it is freed; peers write
+            // into it only after a clear-to-send of the running operation.
+            let mr = unsafe {
+                self.ep.register(
+                    buf.ptr,
+                    buf.len,
+                    Access::LOCAL_READ.union(Access::REMOTE_WRITE),
+                )
+            }
+            .map_err(|e| Error::transport(self.rank, "register scratch", e))?;
+            self.scratch_pool = Some((buf, mr));
+        }
+        let scratch = (scratch_len > 0 && !pooled).then(|| AlignedBuf::zeroed(scratch_len));
+        let sbuf = match (&scratch, &self.scratch_pool) {
+            (Some(s), _) => RawBuf {
                 addr: s.addr(),
                 len: scratch_len,
-            })
-            .unwrap_or_default();
+            },
+            (None, Some((pool, _))) if pooled => {
+                // Programs see zeroed scratch, as a fresh allocation would give.
+                // SAFETY: the pool holds SCRATCH_POOL >= scratch_len bytes and no operation is
+                // running (check_usable above), so nothing else touches it.
+                unsafe { std::ptr::write_bytes(pool.ptr, 0, scratch_len) };
+                RawBuf {
+                    addr: pool.addr(),
+                    len: scratch_len,
+                }
+            }
+            _ => RawBuf::default(),
+        };
         let bufs = [input, output, sbuf];
         let mut mrs = Vec::new();
         let mut lkeys = [0u32; 3];
@@ -389,15 +533,38 @@ impl Engine {
             } else {
                 Access::LOCAL_READ.union(Access::REMOTE_WRITE)
             };
-            // SAFETY: the caller keeps these buffers valid for the operation and leaves them
-            // alone until it ends; peers write into them only during our progress calls (tcp)
-            // or before the completion we wait for (mem); regions are deregistered when the
-            // operation ends.
-            let mr = unsafe { self.ep.register(b.addr as *mut u8, b.len, access) }
-                .map_err(|e| Error::transport(self.rank, "register buffer", e))?;
+            // Pooled scratch has its registration; fresh scratch is registered for this
+            // operation only; caller buffers go through the cache.
+            let cacheable = i < 2;
+            let cached = if cacheable {
+                self.regs.lookup(b.addr, b.len, access)
+            } else if pooled {
+                self.scratch_pool.as_ref().map(|(_, mr)| *mr)
+            } else {
+                None
+            };
+            let mr = match cached {
+                Some(mr) => mr,
+                None => {
+                    // SAFETY: the caller keeps these buffers valid for the operation and leaves
+                    // them alone until it ends; peers write into them only during our progress
+                    // calls (tcp, shm) or before the completion we wait for (mem), and only
+                    // after a clear-to-send of the running operation. A cached registration
+                    // outlives the operation, but no clear-to-send names it afterwards.
+                    let mr = unsafe { self.ep.register(b.addr as *mut u8, b.len, access) }
+                        .map_err(|e| Error::transport(self.rank, "register buffer", e))?;
+                    if cacheable {
+                        if let Some(old) = self.regs.insert(mr) {
+                            self.ep.deregister(&old);
+                        }
+                    } else {
+                        mrs.push(mr);
+                    }
+                    mr
+                }
+            };
             lkeys[i] = mr.lkey;
             rkeys[i] = mr.rkey;
-            mrs.push(mr);
         }
         // Bounds of every op against the buffers, so no peer or generator bug can reach
         // outside them.
@@ -454,7 +621,8 @@ impl Engine {
         let record = self.recorder.start(rec);
         self.running = Some(Running {
             sig,
-            sched: Schedule::new(prog, w),
+            sched,
+            params,
             bufs,
             mrs,
             lkeys,
@@ -487,10 +655,30 @@ impl Engine {
                 Ok(done)
             }
             Err(e) => {
+                let e = self.abort_behind(e);
                 self.fail(&e);
                 Err(e)
             }
         }
+    }
+
+    /// A lost connection may be the consequence of an abort whose message is already here (the
+    /// aborting rank's message arrived, then a third rank that read it closed): report the
+    /// abort, the cause, rather than the connection.
+    fn abort_behind(&mut self, e: Error) -> Error {
+        if !matches!(e, Error::Transport { .. } | Error::PeerLost { .. }) {
+            return e;
+        }
+        let mut comps = Vec::new();
+        if self.ep.poll(&mut comps).is_err() {
+            return e;
+        }
+        for c in &comps {
+            if let Err(a @ Error::PeerAborted { .. }) = self.handle_completion(c) {
+                return a;
+            }
+        }
+        e
     }
 
     fn finish(&mut self) {
@@ -500,8 +688,32 @@ impl Engine {
             }
             if r.sched.is_done() {
                 self.recorder.finish(r.record, OpState::Completed, None);
+                if let Some(p) = r.params {
+                    if self.sched_cache.len() >= SCHEDULE_CACHE {
+                        self.sched_cache.remove(0);
+                    }
+                    self.sched_cache.push((p, r.sched));
+                }
             }
         }
+    }
+
+    /// The schedule of `params`: a finished one restarted when the same parameters ran
+    /// recently, else newly generated.
+    pub(crate) fn schedule_for(&mut self, params: &Params) -> Result<Planned, PlanError> {
+        if let Some(i) = self.sched_cache.iter().position(|(p, _)| p == params) {
+            let (p, mut sched) = self.sched_cache.remove(i);
+            sched.restart();
+            return Ok(Planned {
+                sched,
+                params: Some(p),
+            });
+        }
+        let prog = plan::build(params)?;
+        Ok(Planned {
+            sched: Schedule::new(prog, self.world),
+            params: Some(*params),
+        })
     }
 
     /// Poisons the communicator and tells every peer why (best effort).
@@ -589,6 +801,8 @@ impl Engine {
                 self.ep
                     .wait(left.min(Duration::from_millis(200)))
                     .map_err(|e| Error::transport(self.rank, "wait", e))?;
+            } else if now - since < self.opts.busy_spin {
+                std::hint::spin_loop();
             } else {
                 // Yield rather than spin: with more ranks than cores the peer we wait on may
                 // need this core; with a free core the yield returns at once.
@@ -1286,6 +1500,13 @@ impl Drop for Engine {
             // Never leave a peer's write landing in memory we no longer own: the inbox is ours,
             // caller buffers are never written by the transport.
             self.finish();
+        }
+        for (mr, _) in std::mem::take(&mut self.regs.entries) {
+            self.ep.deregister(&mr);
+        }
+        if let Some((_, mr)) = &self.scratch_pool {
+            let mr = *mr;
+            self.ep.deregister(&mr);
         }
         let (a, b) = (self.inbox_mr, self.hdr_mr);
         self.ep.deregister(&a);

@@ -64,9 +64,10 @@ mod engine;
 mod error;
 pub mod logging;
 pub mod recorder;
+pub mod topology;
 
 pub use comm::{Communicator, Pending, Work};
-pub use config::Config;
+pub use config::{Config, TransportMode};
 pub use element::Element;
 pub use error::Error;
 pub use gradsync_core::schedule::plan::Algorithm;

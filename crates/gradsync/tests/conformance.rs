@@ -1,12 +1,14 @@
 //! The conformance suite: every collective, dtype and op, in place and out of place, over
-//! every world size 1..=8, on the in-memory and the TCP transport, with a tiny message size
-//! that forces many pipeline steps and with the default one.
+//! every world size 1..=8, on the in-memory, TCP and shared-memory transports and on emulated
+//! hosts (shared memory inside a host, TCP across, with the hierarchical and central
+//! all-reduce), with a tiny message size that forces many pipeline steps and with the default
+//! one.
 //!
 //! Inputs are small integers whose reduction is exact in every dtype, so each rank's result
 //! is compared bit for bit against a locally computed expectation; a random-float all-reduce
 //! checks that every rank ends with the same bits.
 
-use gradsync::{Communicator, Config, ReduceOp};
+use gradsync::{Algorithm, Communicator, Config, ReduceOp, TransportMode};
 use gradsync_store::StoreServer;
 use half::{bf16, f16};
 use std::fmt::Debug;
@@ -292,7 +294,26 @@ fn mem_suite_with(world: usize, tiny: bool, cfg: Config) {
 }
 
 fn tcp_suite(world: usize, tiny: bool) {
-    tcp_suite_with(world, tiny, config(tiny));
+    let mut cfg = config(tiny);
+    cfg.transport = TransportMode::Tcp;
+    tcp_suite_with(world, tiny, cfg);
+}
+
+/// Every pair over shared memory (all ranks are threads of this process, one host).
+fn shm_suite(world: usize, tiny: bool) {
+    let mut cfg = config(tiny);
+    cfg.transport = TransportMode::Shm;
+    tcp_suite_with(world, tiny, cfg);
+}
+
+/// `hosts` emulated hosts of `world / hosts` ranks each (`GRADSYNC_HOST_ID`), automatic
+/// transport choice: shared memory inside a host, TCP across, with the automatic algorithm
+/// choice and then with every all-reduce forced to `algo`.
+fn hosts_suite(world: usize, hosts: usize, tiny: bool, algo: Option<Algorithm>) {
+    let mut cfg = config(tiny);
+    cfg.algorithm = algo;
+    cfg.host_id = Some(format!("hosts{hosts}"));
+    tcp_suite_with(world, tiny, cfg);
 }
 
 fn mem_direct(world: usize, _: bool) {
@@ -300,7 +321,15 @@ fn mem_direct(world: usize, _: bool) {
 }
 
 fn tcp_direct(world: usize, _: bool) {
-    tcp_suite_with(world, true, config_direct());
+    let mut cfg = config_direct();
+    cfg.transport = TransportMode::Tcp;
+    tcp_suite_with(world, true, cfg);
+}
+
+fn shm_direct(world: usize, _: bool) {
+    let mut cfg = config_direct();
+    cfg.transport = TransportMode::Shm;
+    tcp_suite_with(world, true, cfg);
 }
 
 fn tcp_suite_with(world: usize, tiny: bool, base: Config) {
@@ -315,7 +344,34 @@ fn tcp_suite_with(world: usize, tiny: bool, base: Config) {
             cfg.host_store = false;
             cfg.rank = rank;
             cfg.world = world;
-            std::thread::spawn(move || run_rank(Communicator::init(cfg).unwrap(), tiny, tx))
+            if let Some(tag) = &base.host_id {
+                // `hostsN`: N emulated hosts holding contiguous blocks of ranks.
+                if let Some(h) = tag
+                    .strip_prefix("hosts")
+                    .and_then(|h| h.parse::<usize>().ok())
+                {
+                    cfg.host_id = Some(format!("emulated-host-{}", rank / world.div_ceil(h)));
+                }
+            }
+            let (transport, emulated) = (base.transport, base.host_id.is_some());
+            std::thread::spawn(move || {
+                let c = Communicator::init(cfg).unwrap();
+                let want = match transport {
+                    TransportMode::Tcp => "tcp",
+                    TransportMode::Shm => "shm",
+                    TransportMode::Auto => "",
+                };
+                for p in (0..world).filter(|&p| p != rank && !want.is_empty()) {
+                    assert_eq!(c.peer_transport(p), want, "rank {rank} -> {p}");
+                }
+                if emulated {
+                    for p in (0..world).filter(|&p| p != rank) {
+                        let same = c.host_of(p) == c.host_of(rank);
+                        assert_eq!(c.peer_transport(p), if same { "shm" } else { "tcp" });
+                    }
+                }
+                run_rank(c, tiny, tx)
+            })
         })
         .collect();
     drop(tx);
@@ -326,10 +382,10 @@ fn tcp_suite_with(world: usize, tiny: bool, base: Config) {
 }
 
 macro_rules! suite {
-    ($($name:ident: $f:ident($w:expr, $tiny:expr);)*) => {$(
+    ($($name:ident: $f:ident($($arg:expr),*);)*) => {$(
         #[test]
         fn $name() {
-            $f($w, $tiny);
+            $f($($arg),*);
         }
     )*};
 }
@@ -359,4 +415,20 @@ suite! {
     tcp_direct_w2: tcp_direct(2, true);
     tcp_direct_w3: tcp_direct(3, true);
     tcp_direct_w4: tcp_direct(4, true);
+    shm_w1: shm_suite(1, false);
+    shm_w2: shm_suite(2, false);
+    shm_w2_tiny: shm_suite(2, true);
+    shm_w3: shm_suite(3, false);
+    shm_w4_tiny: shm_suite(4, true);
+    shm_w5: shm_suite(5, false);
+    shm_w8: shm_suite(8, false);
+    shm_direct_w2: shm_direct(2, true);
+    shm_direct_w4: shm_direct(4, true);
+    hosts_2x2: hosts_suite(4, 2, false, None);
+    hosts_2x2_tiny_hier: hosts_suite(4, 2, true, Some(Algorithm::Hierarchical));
+    hosts_2x2_hier: hosts_suite(4, 2, false, Some(Algorithm::Hierarchical));
+    hosts_3x2_hier: hosts_suite(6, 3, false, Some(Algorithm::Hierarchical));
+    hosts_2x3_hier: hosts_suite(6, 2, false, Some(Algorithm::Hierarchical));
+    hosts_4x1_hier: hosts_suite(4, 4, true, Some(Algorithm::Hierarchical));
+    hosts_3x2_central: hosts_suite(6, 3, true, Some(Algorithm::Central));
 }

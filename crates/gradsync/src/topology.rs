@@ -1,0 +1,295 @@
+//! Which ranks share a host, and facts about this host's network interface and NUMA layout.
+//!
+//! Host identity is exchanged at rendezvous, never guessed from addresses: two ranks are on the
+//! same host when their [`host_identity`] strings are equal. The string joins the hostname, the
+//! kernel's boot id and the network namespace, so ranks in different network namespaces of one
+//! machine (the emulated hosts of the test harness, or containers) count as different hosts,
+//! exactly as they would have to talk over the network to each other. `GRADSYNC_HOST_ID`
+//! overrides it.
+
+use std::fs;
+
+/// This process's host identity: `hostname/boot-id/net-namespace`.
+pub fn host_identity() -> String {
+    let read = |p: &str| {
+        fs::read_to_string(p)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    };
+    let host = read("/proc/sys/kernel/hostname");
+    let boot = read("/proc/sys/kernel/random/boot_id");
+    let netns = fs::read_link("/proc/self/ns/net")
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    format!("{host}/{boot}/{netns}")
+}
+
+/// The short name of a host identity (its hostname part) for messages.
+pub fn host_label(identity: &str) -> &str {
+    identity.split('/').next().unwrap_or(identity)
+}
+
+/// Which host every rank is on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Topology {
+    /// Host index of every rank; hosts are numbered in the order of their lowest rank.
+    pub host_of: Vec<usize>,
+}
+
+impl Topology {
+    /// Groups ranks by identical identity strings (`ids[r]` is rank r's).
+    pub fn from_identities(ids: &[String]) -> Self {
+        let mut seen: Vec<&str> = Vec::new();
+        let host_of = ids
+            .iter()
+            .map(|id| match seen.iter().position(|s| *s == id.as_str()) {
+                Some(h) => h,
+                None => {
+                    seen.push(id);
+                    seen.len() - 1
+                }
+            })
+            .collect();
+        Topology { host_of }
+    }
+
+    /// Number of hosts.
+    pub fn hosts(&self) -> usize {
+        self.host_of.iter().max().map_or(0, |h| h + 1)
+    }
+
+    /// The ranks on `rank`'s host, ascending (including `rank`).
+    pub fn local_ranks(&self, rank: usize) -> Vec<usize> {
+        let h = self.host_of[rank];
+        (0..self.host_of.len())
+            .filter(|&r| self.host_of[r] == h)
+            .collect()
+    }
+
+    /// Ranks per host when every host holds the same number of ranks in one contiguous block
+    /// (host h = ranks `h * L .. (h + 1) * L`, as torchrun numbers them); 0 otherwise, and then
+    /// hierarchical schedules are not used.
+    pub fn uniform_local_size(&self) -> usize {
+        let n = self.host_of.len();
+        let hosts = self.hosts();
+        if hosts == 0 || !n.is_multiple_of(hosts) {
+            return 0;
+        }
+        let l = n / hosts;
+        if (0..n).all(|r| self.host_of[r] == r / l) {
+            l
+        } else {
+            0
+        }
+    }
+}
+
+/// MTU of a network interface, from sysfs.
+pub fn interface_mtu(ifname: &str) -> Option<u32> {
+    fs::read_to_string(format!("/sys/class/net/{ifname}/mtu"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// NUMA nodes of this machine (1 when sysfs does not say).
+pub fn numa_nodes() -> usize {
+    fs::read_dir("/sys/devices/system/node")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter(|e| {
+                    let n = e.file_name();
+                    let n = n.to_string_lossy();
+                    n.strip_prefix("node")
+                        .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
+                })
+                .count()
+                .max(1)
+        })
+        .unwrap_or(1)
+}
+
+/// The NUMA node a network interface's device is attached to; `None` for virtual interfaces
+/// (loopback, veth, bridges) and when the platform does not say (`-1`).
+pub fn interface_numa_node(ifname: &str) -> Option<usize> {
+    let v: i64 = fs::read_to_string(format!("/sys/class/net/{ifname}/device/numa_node"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    usize::try_from(v).ok()
+}
+
+/// Parses a kernel CPU list (`0-3,8,10-11`).
+pub fn parse_cpu_list(s: &str) -> Option<Vec<usize>> {
+    let mut cpus = Vec::new();
+    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (usize, usize) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+                if b < a || b - a > 1 << 16 {
+                    return None;
+                }
+                cpus.extend(a..=b);
+            }
+            None => cpus.push(part.trim().parse().ok()?),
+        }
+    }
+    Some(cpus)
+}
+
+/// CPUs of a NUMA node.
+pub fn node_cpus(node: usize) -> Option<Vec<usize>> {
+    parse_cpu_list(
+        &fs::read_to_string(format!("/sys/devices/system/node/node{node}/cpulist")).ok()?,
+    )
+}
+
+/// Binds the calling thread to the CPUs of `node`. The engine is driven by the caller's thread
+/// and registers the caller's buffers, so binding it places the progress and, by first touch,
+/// the buffers it allocates on the NIC's node.
+pub fn bind_thread_to_node(node: usize) -> std::io::Result<Vec<usize>> {
+    let cpus = node_cpus(node).ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("no CPU list for NUMA node {node}"),
+        )
+    })?;
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET only writes inside it for CPU
+    // numbers below CPU_SETSIZE, which the filter guarantees.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &c in cpus.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
+            libc::CPU_SET(c, &mut set);
+        }
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(cpus)
+}
+
+/// What [`numa_placement`] decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// One NUMA node: nothing to bind.
+    SingleNode,
+    /// Several nodes but the interface's node is unknown (virtual interface).
+    Unknown {
+        /// Number of nodes.
+        nodes: usize,
+    },
+    /// Bound to the interface's node.
+    Bound {
+        /// Number of nodes.
+        nodes: usize,
+        /// The node.
+        node: usize,
+        /// Its CPUs.
+        cpus: Vec<usize>,
+    },
+    /// Binding was refused.
+    Failed {
+        /// The node.
+        node: usize,
+        /// Why.
+        why: String,
+    },
+}
+
+impl std::fmt::Display for Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Placement::SingleNode => write!(f, "1 NUMA node, no binding needed"),
+            Placement::Unknown { nodes } => write!(
+                f,
+                "{nodes} NUMA nodes, interface node unknown (virtual interface): not bound"
+            ),
+            Placement::Bound { nodes, node, cpus } => write!(
+                f,
+                "{nodes} NUMA nodes, bound to the interface's node {node} (cpus {})",
+                cpus.iter()
+                    .map(|c| c.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            Placement::Failed { node, why } => {
+                write!(f, "binding to the interface's node {node} failed: {why}")
+            }
+        }
+    }
+}
+
+/// Binds the calling thread to the interface's NUMA node when the machine has more than one
+/// (`GRADSYNC_NUMA_BIND=0` turns it off), and says what it did.
+pub fn numa_placement(ifname: &str, bind: bool) -> Placement {
+    let nodes = numa_nodes();
+    if nodes <= 1 {
+        return Placement::SingleNode;
+    }
+    let Some(node) = interface_numa_node(ifname) else {
+        return Placement::Unknown { nodes };
+    };
+    if !bind {
+        return Placement::Failed {
+            node,
+            why: "GRADSYNC_NUMA_BIND=0".into(),
+        };
+    }
+    match bind_thread_to_node(node) {
+        Ok(cpus) => Placement::Bound { nodes, node, cpus },
+        Err(e) => Placement::Failed {
+            node,
+            why: e.to_string(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grouping() {
+        let ids: Vec<String> = ["a", "a", "b", "b"].iter().map(|s| s.to_string()).collect();
+        let t = Topology::from_identities(&ids);
+        assert_eq!(t.host_of, vec![0, 0, 1, 1]);
+        assert_eq!(t.hosts(), 2);
+        assert_eq!(t.local_ranks(3), vec![2, 3]);
+        assert_eq!(t.uniform_local_size(), 2);
+        let ids: Vec<String> = ["a", "b", "a", "b"].iter().map(|s| s.to_string()).collect();
+        let t = Topology::from_identities(&ids);
+        assert_eq!(t.local_ranks(0), vec![0, 2]);
+        assert_eq!(
+            t.uniform_local_size(),
+            0,
+            "interleaved hosts are not contiguous"
+        );
+        let ids: Vec<String> = ["a", "a", "b"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(Topology::from_identities(&ids).uniform_local_size(), 0);
+        let one = Topology::from_identities(&["x".to_string()]);
+        assert_eq!((one.hosts(), one.uniform_local_size()), (1, 1));
+    }
+
+    #[test]
+    fn identity_has_namespace() {
+        let id = host_identity();
+        assert!(id.contains("net:["), "{id}");
+        assert_eq!(host_identity(), id);
+    }
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(
+            parse_cpu_list("0-3,8,10-11"),
+            Some(vec![0, 1, 2, 3, 8, 10, 11])
+        );
+        assert_eq!(parse_cpu_list("5"), Some(vec![5]));
+        assert_eq!(parse_cpu_list("3-1"), None);
+        assert_eq!(parse_cpu_list("x"), None);
+        assert!(numa_nodes() >= 1);
+        assert_eq!(interface_numa_node("lo"), None);
+        assert!(interface_mtu("lo").is_some());
+    }
+}
