@@ -2,9 +2,11 @@
 """Side-by-side all-reduce comparison of gradsync with Open MPI and Gloo on this machine.
 
 Runs, alternating in every repetition so that all of them see the same machine load:
-  gradsync  `gradsync bench --nproc N` (TCP over loopback, float sum)
-  ompi-tcp  Open MPI 4, `--mca btl tcp,self` over loopback  (../shared/peers/mpi_allreduce.c)
-  gloo      torch.distributed backend gloo over loopback      (../shared/peers/gloo_allreduce.py)
+  gradsync      `gradsync bench --nproc N` over TCP loopback (GRADSYNC_TRANSPORT=tcp), float sum
+  gradsync-shm  the same over shared memory (GRADSYNC_TRANSPORT=shm)
+  ompi-tcp      Open MPI 4, `--mca btl tcp,self` over loopback  (../shared/peers/mpi_allreduce.c)
+  ompi-shm      Open MPI 4, `--mca btl vader,self` (shared memory, single copy by CMA)
+  gloo          torch.distributed backend gloo over loopback      (../shared/peers/gloo_allreduce.py)
 and reports the median (and best) over repetitions of the 8-byte time and the busbw at
 --size, with ratios of gradsync to each peer.
 
@@ -12,6 +14,7 @@ Needs: openmpi-bin libopenmpi-dev (apt), torch in the venv of ../shared/peers/ru
 (/opt/peers-venv, or PEERS_VENV). Peers that are not installed are skipped and said so.
 
     python3 scripts/compare_peers.py --reps 5 --nproc 2 --size 64M
+    python3 scripts/compare_peers.py --reps 5 --only gradsync-shm,gradsync,ompi-shm
     GRADSYNC_NSOCKS=1 python3 scripts/compare_peers.py --only gradsync   # env passes through
 """
 import argparse
@@ -45,11 +48,12 @@ def run(cmd, timeout, env=None):
     return p.stdout, None
 
 
-def gradsync(binary, n, size, iters):
+def gradsync(binary, n, size, iters, transport="tcp"):
     rows = {}
+    env = dict(os.environ, GRADSYNC_TRANSPORT=transport)
     for b, e, it in ((8, 8, 2000), (size, size, iters)):
         out, err = run([binary, "bench", "--nproc", str(n), "-b", str(b), "-e", str(e),
-                        "-n", str(it), "-w", "3", "-c", "1"], 300)
+                        "-n", str(it), "-w", "3", "-c", "1"], 300, env)
         if err:
             return None, err
         for line in out.splitlines():
@@ -77,9 +81,9 @@ def peer_rows(out):
     return rows
 
 
-def ompi(binary, n, size, budget):
+def ompi(binary, n, size, budget, btl="tcp"):
     cmd = ["mpirun.openmpi", "--allow-run-as-root", "--oversubscribe", "--mca", "oob_tcp_if_include", "lo",
-           "--mca", "btl_tcp_if_include", "lo", "--mca", "pml", "ob1", "--mca", "btl", "tcp,self",
+           "--mca", "btl_tcp_if_include", "lo", "--mca", "pml", "ob1", "--mca", "btl", f"{btl},self",
            "-np", str(n), binary, "-b", str(size), "-e", str(size), "-t", str(budget)]
     out, err = run(cmd, 300)
     if err:
@@ -115,6 +119,7 @@ def main():
 
     work = tempfile.mkdtemp(prefix="gradsync-peers-")
     have = {"gradsync": os.path.exists(args.gradsync)}
+    have["gradsync-shm"] = have["gradsync"]
     if not have["gradsync"]:
         sys.exit(f"{args.gradsync} not found: run `cargo build --release -p gradsync-cli` first")
     mpi_bin = os.path.join(work, "mpi_allreduce.openmpi")
@@ -123,21 +128,29 @@ def main():
     venv_py = os.path.join(os.environ.get("PEERS_VENV", "/opt/peers-venv"), "bin", "python")
     have["gloo"] = "gloo" in only and os.path.exists(venv_py) and subprocess.run(
         [venv_py, "-c", "import torch.distributed as d; assert d.is_gloo_available()"], capture_output=True).returncode == 0
-    for k in ("ompi-tcp", "gloo"):
+    have["ompi-shm"] = "ompi-shm" in only and (os.path.exists(mpi_bin) or (
+        shutil.which("mpicc.openmpi") is not None and subprocess.run(
+            ["mpicc.openmpi", "-O2", "-o", mpi_bin, os.path.join(PEERS, "mpi_allreduce.c")]).returncode == 0))
+    for k in ("ompi-tcp", "ompi-shm", "gloo"):
         if k in only and not have[k]:
             print(f"# {k}: not installed, skipped (see ../shared/peers/README.md)")
 
-    res = {k: [] for k in ("gradsync", "ompi-tcp", "gloo")}
+    names = ("gradsync", "gradsync-shm", "ompi-tcp", "ompi-shm", "gloo")
+    res = {k: [] for k in names}
     for rep in range(args.reps):
         load = open("/proc/loadavg").read().split()[:3]
         print(f"# rep {rep + 1}/{args.reps} loadavg {' '.join(load)}", flush=True)
-        for name in ("gradsync", "ompi-tcp", "gloo"):
+        for name in names:
             if name not in only or not have[name]:
                 continue
             if name == "gradsync":
                 r, err = gradsync(args.gradsync, args.nproc, args.size, args.iters)
+            elif name == "gradsync-shm":
+                r, err = gradsync(args.gradsync, args.nproc, args.size, args.iters, "shm")
             elif name == "ompi-tcp":
                 r, err = ompi(mpi_bin, args.nproc, args.size, args.budget)
+            elif name == "ompi-shm":
+                r, err = ompi(mpi_bin, args.nproc, args.size, args.budget, "vader")
             else:
                 r, err = gloo(venv_py, os.path.join(PEERS, "gloo_allreduce.py"), args.nproc, args.size,
                               args.budget, 29700 + rep)
@@ -145,28 +158,31 @@ def main():
                 print(f"# {name}: {err}")
                 continue
             res[name].append(r)
-            print(f"  {name:9s} 8 B {r['lat_us']:9.1f} us   {args.size >> 20} MiB busbw {r['busbw']:6.2f} GB/s", flush=True)
+            print(f"  {name:12s} 8 B {r['lat_us']:9.1f} us   {args.size >> 20} MiB busbw {r['busbw']:6.2f} GB/s", flush=True)
 
     def med(name, key):
         v = [r[key] for r in res[name] if key in r]
         return (statistics.median(v), min(v) if key == "lat_us" else max(v)) if v else (None, None)
 
     print()
-    print(f"| {args.nproc} ranks, loopback TCP, float sum | 8 B latency us, median (best) | busbw {args.size >> 20} MiB GB/s, median (best) | reps |")
+    print(f"| {args.nproc} ranks, float sum | 8 B latency us, median (best) | busbw {args.size >> 20} MiB GB/s, median (best) | reps |")
     print("|---|---|---|---|")
-    for name in ("gradsync", "ompi-tcp", "gloo"):
+    for name in names:
         if not res[name]:
             continue
         (lm, lb), (bm, bb) = med(name, "lat_us"), med(name, "busbw")
         print(f"| {name} | {lm:.1f} ({lb:.1f}) | {bm:.2f} ({bb:.2f}) | {len(res[name])} |")
-    if res["gradsync"]:
-        (gl, _), (gb, _) = med("gradsync", "lat_us"), med("gradsync", "busbw")
-        (gi, _) = med("gradsync", "busbw_inplace")
-        print(f"\ngradsync in-place busbw median {gi:.2f} GB/s")
-        for name in ("ompi-tcp", "gloo"):
+    print()
+    for ours, peers in (("gradsync", ("ompi-tcp", "gloo")), ("gradsync-shm", ("ompi-shm", "gradsync"))):
+        if not res[ours]:
+            continue
+        (gl, _), (gb, _) = med(ours, "lat_us"), med(ours, "busbw")
+        (gi, _) = med(ours, "busbw_inplace")
+        print(f"{ours} in-place busbw median {gi:.2f} GB/s")
+        for name in peers:
             if res[name]:
                 (pl, _), (pb, _) = med(name, "lat_us"), med(name, "busbw")
-                print(f"gradsync / {name}: busbw x{gb / pb:.2f}, 8 B latency x{gl / pl:.2f} (lower is better)")
+                print(f"{ours} / {name}: busbw x{gb / pb:.2f}, 8 B latency x{gl / pl:.2f} (lower is better)")
     shutil.rmtree(work, ignore_errors=True)
 
 

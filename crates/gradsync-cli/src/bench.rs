@@ -156,7 +156,7 @@ pub fn strip_nproc(args: &[OsString]) -> Vec<OsString> {
 }
 
 /// Whether this process was started as one rank of a job (torchrun, Slurm `srun`, Open MPI).
-fn in_job() -> bool {
+pub(crate) fn in_job() -> bool {
     let set = |k: &str| std::env::var_os(k).is_some_and(|v| !v.is_empty());
     set("RANK")
         || set("OMPI_COMM_WORLD_RANK")

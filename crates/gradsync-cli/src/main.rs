@@ -8,6 +8,9 @@
 //!   [`mod@bench`]).
 //! - `gradsync train [--nproc N] [--accum K] [--steps S] [--batch B] [--bench-overlap] ...`
 //!   trains an MLP on Fashion-MNIST with data-parallel ranks (see [`mod@train`]).
+//! - `gradsync doctor [--size B] [--iters N] [--threshold F] [--nproc N]` measures every rank
+//!   pair's link, prints the matrices with MTU and NUMA placement, and names slow links (see
+//!   [`mod@doctor`]).
 //! - `gradsync flight FILE|DIR...` reads the flight-recorder dumps of several ranks and names
 //!   the rank that is behind (see [`mod@flight`]).
 //!
@@ -17,6 +20,7 @@
 
 mod bench;
 mod check;
+mod doctor;
 mod flight;
 mod launch;
 mod table;
@@ -51,6 +55,8 @@ enum Command {
     Train(train::TrainArgs),
     /// Read flight-recorder dumps of several ranks and name the rank that is behind.
     Flight(flight::FlightArgs),
+    /// Measure bandwidth and latency of every rank pair and name the slow links.
+    Doctor(doctor::DoctorArgs),
 }
 
 /// Options of `gradsync launch`.
@@ -118,6 +124,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Train(args) => train::run(args),
         Command::Flight(args) => flight::run(args),
+        Command::Doctor(args) => doctor::run(args),
     };
     match result {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),

@@ -1,0 +1,403 @@
+//! `gradsync doctor`: measure the raw link of every rank pair and name the slow ones.
+//!
+//! Run under `gradsync launch` (or alone with `--nproc N`), every rank joins the job; then the
+//! pairs are measured one at a time while the other ranks wait, so no two measurements share a
+//! link: a ping-pong of 8-byte messages (one-way latency) and a stream of `--size` messages in
+//! each direction (bandwidth), over the transport the pair uses for collectives (shared memory
+//! on one host, TCP across hosts). Rank 0 prints
+//!
+//! - one line per rank: host, address, interface, MTU, NUMA placement;
+//! - the bandwidth and latency matrices;
+//! - one line per link with its slower direction, flagged `SLOW` when that is below
+//!   `--threshold` (default 80%) of the median link;
+//! - a verdict naming the host all of whose links are slow, when there is one.
+
+use std::ffi::OsString;
+use std::time::Instant;
+
+use anyhow::{Context, ensure};
+use gradsync::Communicator;
+use gradsync::topology;
+
+use crate::launch::{self, LaunchOptions};
+
+/// Options of `gradsync doctor`.
+#[derive(Debug, clap::Args)]
+pub struct DoctorArgs {
+    /// Bytes per bandwidth message (K/M/G suffixes).
+    #[arg(long, default_value = "4M", value_parser = crate::table::parse_size)]
+    pub size: u64,
+    /// Timed messages per direction (after one warm-up message).
+    #[arg(long, default_value_t = 4)]
+    pub iters: usize,
+    /// Round trips of the latency ping-pong.
+    #[arg(long, default_value_t = 200)]
+    pub lat_iters: usize,
+    /// A link is slow below this fraction of the median link bandwidth.
+    #[arg(long, default_value_t = 0.8)]
+    pub threshold: f64,
+    /// Start N local ranks (as `gradsync launch --nproc N` would) instead of joining a job.
+    #[arg(long)]
+    pub nproc: Option<usize>,
+    /// Also write the matrices as JSON to FILE (rank 0).
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+}
+
+const INFO_LEN: usize = 192;
+
+/// Runs `gradsync doctor`; returns the exit code.
+pub fn run(args: &DoctorArgs) -> anyhow::Result<i32> {
+    ensure!(args.size >= 1, "--size must be at least 1 byte");
+    ensure!(args.iters >= 1, "--iters must be at least 1");
+    ensure!(args.lat_iters >= 1, "--lat-iters must be at least 1");
+    ensure!(
+        args.threshold > 0.0 && args.threshold < 1.0,
+        "--threshold must be between 0 and 1"
+    );
+    ensure!(args.nproc != Some(0), "--nproc must be at least 1");
+    if args.nproc.is_some() || !crate::bench::in_job() {
+        let nproc = args.nproc.unwrap_or(1);
+        let exe = std::env::current_exe().context("cannot find the gradsync executable")?;
+        let argv: Vec<OsString> = std::env::args_os().skip(1).collect();
+        let mut opts = LaunchOptions::single_node(nproc);
+        opts.prefix = false;
+        return launch::launch(&opts, exe.as_os_str(), &crate::bench::strip_nproc(&argv));
+    }
+    gradsync::logging::init_from_env();
+    let mut comm = Communicator::from_env().context("cannot join the job")?;
+    gradsync::logging::set_rank(comm.rank());
+    let report = measure(args, &mut comm)?;
+    if comm.rank() == 0 {
+        print!("{}", report.text);
+        if let Some(path) = &args.json {
+            std::fs::write(path, report.json)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+        }
+    }
+    Ok(0)
+}
+
+/// What rank 0 prints and writes.
+struct Report {
+    text: String,
+    json: String,
+}
+
+/// This rank's line: host, address, interface, MTU, NUMA placement.
+fn describe_self(comm: &Communicator) -> String {
+    let ifname = comm.interface().to_string();
+    let mtu = topology::interface_mtu(&ifname).map_or("?".to_string(), |m| m.to_string());
+    let bind = std::env::var("GRADSYNC_NUMA_BIND").map_or(true, |v| v.trim() != "0");
+    let numa = topology::numa_placement(&ifname, bind);
+    let addr = comm
+        .peer_addr(comm.rank())
+        .map_or("-".to_string(), |a| a.ip().to_string());
+    format!(
+        "host {} addr {addr} if {ifname} mtu {mtu} numa: {numa}",
+        comm.host_name(comm.rank()),
+    )
+}
+
+fn measure(args: &DoctorArgs, comm: &mut Communicator) -> anyhow::Result<Report> {
+    let (rank, n) = (comm.rank(), comm.world_size());
+    // Per-rank descriptions, gathered to everyone.
+    let mut me = [0u8; INFO_LEN];
+    let line = describe_self(comm);
+    let k = line.len().min(INFO_LEN);
+    me[..k].copy_from_slice(&line.as_bytes()[..k]);
+    let mut all = vec![0u8; INFO_LEN * n];
+    comm.all_gather(&me, &mut all)
+        .context("all_gather of rank descriptions")?;
+    let infos: Vec<String> = all
+        .chunks(INFO_LEN)
+        .map(|c| {
+            let end = c.iter().position(|&b| b == 0).unwrap_or(c.len());
+            String::from_utf8_lossy(&c[..end]).into_owned()
+        })
+        .collect();
+    // Transport of every pair as rank r sees it (row r), as small codes.
+    let code = |t: &str| match t {
+        "shm" => 1u8,
+        "tcp" => 2,
+        "mem" => 3,
+        _ => 0,
+    };
+    let mine: Vec<u8> = (0..n).map(|p| code(comm.peer_transport(p))).collect();
+    let mut transports = vec![0u8; n * n];
+    comm.all_gather(&mine, &mut transports)
+        .context("all_gather of transports")?;
+
+    // bw[i * n + j]: bytes/s from i to j, measured by the sender; lat[i * n + j]: one-way
+    // seconds, measured by the lower rank of the pair.
+    let mut bw = vec![0f64; n * n];
+    let mut lat = vec![0f64; n * n];
+    let mut big = vec![0u8; usize::try_from(args.size).context("--size too large")?];
+    let mut ack = [0u8; 1];
+    for i in 0..n {
+        for j in i + 1..n {
+            comm.barrier()
+                .context("barrier between pair measurements")?;
+            if rank != i && rank != j {
+                continue;
+            }
+            let other = if rank == i { j } else { i };
+            // Latency: i pings, j pongs.
+            let mut small = [0u8; 8];
+            for round in 0..2 {
+                let t = Instant::now();
+                let iters = if round == 0 { 10 } else { args.lat_iters };
+                for _ in 0..iters {
+                    if rank == i {
+                        comm.send(&small, other)?;
+                        comm.recv(&mut small, other)?;
+                    } else {
+                        comm.recv(&mut small, other)?;
+                        comm.send(&small, other)?;
+                    }
+                }
+                if round == 1 && rank == i {
+                    lat[i * n + j] = t.elapsed().as_secs_f64() / (2.0 * iters as f64);
+                    lat[j * n + i] = lat[i * n + j];
+                }
+            }
+            // Bandwidth, i -> j then j -> i; the receiver's one-byte ack ends the clock.
+            for (src, dst) in [(i, j), (j, i)] {
+                if rank == src {
+                    comm.send(&big, dst)?;
+                    comm.recv(&mut ack, dst)?;
+                    let t = Instant::now();
+                    for _ in 0..args.iters {
+                        comm.send(&big, dst)?;
+                    }
+                    comm.recv(&mut ack, dst)?;
+                    bw[src * n + dst] =
+                        (args.size as f64) * (args.iters as f64) / t.elapsed().as_secs_f64();
+                } else {
+                    comm.recv(&mut big, src)?;
+                    comm.send(&ack, src)?;
+                    for _ in 0..args.iters {
+                        comm.recv(&mut big, src)?;
+                    }
+                    comm.send(&ack, src)?;
+                }
+            }
+        }
+    }
+    comm.all_reduce(&mut bw, gradsync::ReduceOp::Sum)
+        .context("gathering bandwidths")?;
+    comm.all_reduce(&mut lat, gradsync::ReduceOp::Sum)
+        .context("gathering latencies")?;
+    Ok(render(args, n, &infos, &transports, &bw, &lat))
+}
+
+/// One measured link (a pair of ranks, both directions).
+struct Link {
+    a: usize,
+    b: usize,
+    /// The slower direction, bytes/s.
+    bw: f64,
+    lat: f64,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+fn render(
+    args: &DoctorArgs,
+    n: usize,
+    infos: &[String],
+    transports: &[u8],
+    bw: &[f64],
+    lat: &[f64],
+) -> Report {
+    let tname = |c: u8| match c {
+        1 => "shm",
+        2 => "tcp",
+        3 => "mem",
+        _ => "?",
+    };
+    let gb = |x: f64| x / 1e9;
+    let mut s = format!(
+        "# gradsync {} doctor: {n} ranks, bandwidth {} B x {} per direction, latency 8 B x {} round trips\n#\n",
+        gradsync::VERSION,
+        args.size,
+        args.iters,
+        args.lat_iters
+    );
+    for (r, info) in infos.iter().enumerate() {
+        s += &format!("#  rank {r:>3}  {info}\n");
+    }
+    s += "#\n# bandwidth GB/s (row sends to column)\n#      ";
+    for j in 0..n {
+        s += &format!("{j:>8}");
+    }
+    s += "\n";
+    for i in 0..n {
+        s += &format!("# {i:>4} ");
+        for j in 0..n {
+            if i == j {
+                s += &format!("{:>8}", "-");
+            } else {
+                s += &format!("{:>8.3}", gb(bw[i * n + j]));
+            }
+        }
+        s += "\n";
+    }
+    s += "#\n# latency us (one way, 8 B)\n#      ";
+    for j in 0..n {
+        s += &format!("{j:>8}");
+    }
+    s += "\n";
+    for i in 0..n {
+        s += &format!("# {i:>4} ");
+        for j in 0..n {
+            if i == j {
+                s += &format!("{:>8}", "-");
+            } else {
+                s += &format!("{:>8.1}", lat[i * n + j] * 1e6);
+            }
+        }
+        s += "\n";
+    }
+    let mut links = Vec::new();
+    for a in 0..n {
+        for b in a + 1..n {
+            links.push(Link {
+                a,
+                b,
+                bw: bw[a * n + b].min(bw[b * n + a]),
+                lat: lat[a * n + b],
+            });
+        }
+    }
+    let med = median(&mut links.iter().map(|l| l.bw).collect::<Vec<_>>());
+    let host = |r: usize| {
+        infos[r]
+            .split_whitespace()
+            .nth(3)
+            .filter(|a| *a != "-")
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("rank {r}"))
+    };
+    s += &format!(
+        "#\n# links (slower direction), median {:.3} GB/s, slow below {:.0}%\n",
+        gb(med),
+        args.threshold * 100.0
+    );
+    let mut slow: Vec<&Link> = Vec::new();
+    for l in &links {
+        let frac = if med > 0.0 { l.bw / med } else { 1.0 };
+        let bad = frac < args.threshold;
+        if bad {
+            slow.push(l);
+        }
+        s += &format!(
+            "{} rank {:>3} ({}) <-> rank {:>3} ({})  {}  {:.3} GB/s  {:>4.0}% of median  {:.1} us\n",
+            if bad { "SLOW" } else { "  ok" },
+            l.a,
+            host(l.a),
+            l.b,
+            host(l.b),
+            tname(transports[l.a * n + l.b]),
+            gb(l.bw),
+            frac * 100.0,
+            l.lat * 1e6
+        );
+    }
+    // A rank all of whose links are slow while other links are fine: its host's link is the
+    // problem.
+    let culprits: Vec<usize> = (0..n)
+        .filter(|&r| {
+            n > 2
+                && !slow.is_empty()
+                && slow.len() < links.len()
+                && links
+                    .iter()
+                    .filter(|l| l.a == r || l.b == r)
+                    .all(|l| slow.iter().any(|s| s.a == l.a && s.b == l.b))
+        })
+        .collect();
+    if slow.is_empty() {
+        s += "# verdict: no slow link\n";
+    } else if culprits.is_empty() {
+        s += &format!(
+            "# verdict: {} slow link(s), no single host explains them\n",
+            slow.len()
+        );
+    } else {
+        for r in &culprits {
+            s += &format!(
+                "# verdict: slow host {} (rank {r}): all {} of its links below {:.0}% of the median\n",
+                host(*r),
+                n - 1,
+                args.threshold * 100.0
+            );
+        }
+    }
+    let json = serde_json::json!({
+        "ranks": n,
+        "size": args.size,
+        "iters": args.iters,
+        "ranks_info": infos,
+        "bandwidth_bytes_per_s": (0..n).map(|i| bw[i * n..(i + 1) * n].to_vec()).collect::<Vec<_>>(),
+        "latency_s": (0..n).map(|i| lat[i * n..(i + 1) * n].to_vec()).collect::<Vec<_>>(),
+        "median_link_bytes_per_s": med,
+        "slow_links": slow.iter().map(|l| [l.a, l.b]).collect::<Vec<_>>(),
+        "slow_ranks": culprits,
+    });
+    Report {
+        text: s,
+        json: serde_json::to_string_pretty(&json).unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> DoctorArgs {
+        DoctorArgs {
+            size: 1 << 20,
+            iters: 2,
+            lat_iters: 10,
+            threshold: 0.8,
+            nproc: None,
+            json: None,
+        }
+    }
+
+    #[test]
+    fn names_the_slow_host() {
+        let n = 4;
+        let infos: Vec<String> = (0..n)
+            .map(|r| format!("host h addr 10.0.0.{r} if eth0 mtu 1500 numa: 1"))
+            .collect();
+        let mut bw = vec![100e6; n * n];
+        for p in 0..n {
+            bw[3 * n + p] = 50e6;
+            bw[p * n + 3] = 50e6;
+        }
+        let r = render(&args(), n, &infos, &vec![2; n * n], &bw, &vec![1e-5; n * n]);
+        let slow: Vec<&str> = r.text.lines().filter(|l| l.starts_with("SLOW")).collect();
+        assert_eq!(slow.len(), 3, "{}", r.text);
+        assert!(slow.iter().all(|l| l.contains("rank   3")), "{}", r.text);
+        assert!(r.text.contains("slow host 10.0.0.3 (rank 3)"), "{}", r.text);
+    }
+
+    #[test]
+    fn healthy_links_pass() {
+        let n = 3;
+        let infos: Vec<String> = (0..n).map(|r| format!("host h addr - r{r}")).collect();
+        let bw = vec![100e6; n * n];
+        let r = render(&args(), n, &infos, &vec![1; n * n], &bw, &vec![1e-6; n * n]);
+        assert!(r.text.contains("verdict: no slow link"), "{}", r.text);
+        assert!(!r.text.contains("SLOW"));
+    }
+}
