@@ -5,7 +5,7 @@ Runs, alternating in every repetition so that all of them see the same machine l
   gradsync      `gradsync bench --nproc N` over TCP loopback (GRADSYNC_TRANSPORT=tcp), float sum
   gradsync-shm  the same over shared memory (GRADSYNC_TRANSPORT=shm)
   ompi-tcp      Open MPI 4, `--mca btl tcp,self` over loopback  (../shared/peers/mpi_allreduce.c)
-  ompi-shm      Open MPI 4, `--mca btl vader,self` (shared memory, single copy by CMA)
+  ompi-shm      Open MPI 4, default selection (pml ob1, btl vader: shared memory, CMA single copy)
   gloo          torch.distributed backend gloo over loopback      (../shared/peers/gloo_allreduce.py)
 and reports the median (and best) over repetitions of the 8-byte time and the busbw at
 --size, with ratios of gradsync to each peer.
@@ -82,8 +82,11 @@ def peer_rows(out):
 
 
 def ompi(binary, n, size, budget, btl="tcp"):
+    # btl None: Open MPI's default selection (shared memory between local ranks), as
+    # ../shared/peers/run-all.sh runs ompi-shm.
+    transport = ["--mca", "pml", "ob1", "--mca", "btl", f"{btl},self"] if btl else []
     cmd = ["mpirun.openmpi", "--allow-run-as-root", "--oversubscribe", "--mca", "oob_tcp_if_include", "lo",
-           "--mca", "btl_tcp_if_include", "lo", "--mca", "pml", "ob1", "--mca", "btl", f"{btl},self",
+           "--mca", "btl_tcp_if_include", "lo", *transport,
            "-np", str(n), binary, "-b", str(size), "-e", str(size), "-t", str(budget)]
     out, err = run(cmd, 300)
     if err:
@@ -150,7 +153,7 @@ def main():
             elif name == "ompi-tcp":
                 r, err = ompi(mpi_bin, args.nproc, args.size, args.budget)
             elif name == "ompi-shm":
-                r, err = ompi(mpi_bin, args.nproc, args.size, args.budget, "vader")
+                r, err = ompi(mpi_bin, args.nproc, args.size, args.budget, None)
             else:
                 r, err = gloo(venv_py, os.path.join(PEERS, "gloo_allreduce.py"), args.nproc, args.size,
                               args.budget, 29700 + rep)

@@ -2,13 +2,36 @@
 
 use crate::{Access, MemoryRegion, Result, Sge, TransportError};
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// A map by region key. Keys are handed out by this rank and only looked up for peers, so a
+/// multiplicative hash is enough (no peer can choose what gets inserted).
+pub(crate) type KeyMap<V> = HashMap<u32, V, BuildHasherDefault<KeyHasher>>;
+
+/// Fibonacci hashing of a 32-bit key.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.0 = (u64::from(v) ^ self.0).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
 
 /// The regions one rank has registered, by key.
 #[derive(Debug)]
 pub(crate) struct RegionTable {
     rank: usize,
     next: u32,
-    by_key: HashMap<u32, MemoryRegion>,
+    by_key: KeyMap<MemoryRegion>,
 }
 
 impl RegionTable {
@@ -18,7 +41,7 @@ impl RegionTable {
         RegionTable {
             rank,
             next: seed | 1,
-            by_key: HashMap::new(),
+            by_key: KeyMap::default(),
         }
     }
 

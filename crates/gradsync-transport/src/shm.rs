@@ -563,7 +563,7 @@ struct LocalTable {
     rank: usize,
     next: u32,
     /// Region and directory slot, by key.
-    by_key: HashMap<u32, (MemoryRegion, usize)>,
+    by_key: crate::regions::KeyMap<(MemoryRegion, usize)>,
 }
 
 impl LocalTable {
@@ -573,7 +573,7 @@ impl LocalTable {
         LocalTable {
             rank,
             next: seed | 1,
-            by_key: HashMap::new(),
+            by_key: crate::regions::KeyMap::default(),
         }
     }
 
@@ -2161,7 +2161,21 @@ impl Endpoint for ShmEndpoint {
         else {
             return false;
         };
-        p.down.is_none() && !p.seg.closed() && p.process_gone().is_none()
+        if p.broken {
+            return false;
+        }
+        // Records the peer published before it closed or exited are still to be read: until
+        // they are, the peer counts as alive (a caller that checks liveness between two polls
+        // must not lose them). The closed flag is read first, then the ring: a record
+        // published before the close is then always seen.
+        let gone = p.down.is_some() || p.seg.closed() || p.process_gone().is_some();
+        if !gone {
+            return true;
+        }
+        fence(Ordering::SeqCst);
+        let c = self.conn.as_ref().expect("checked above");
+        let tail = c.own.a64(ctl_off(pos) + C_TAIL).load(Ordering::Acquire);
+        tail != p.rx_head
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>) -> Result<()> {

@@ -29,9 +29,12 @@ use gradsync_core::schedule::plan::{self, Params, PlanError};
 use gradsync_core::schedule::{Buf, Loc, Op, OpId, Program, Schedule};
 use gradsync_core::wire::{DATA_HEADER_LEN, DataHeader, DataHeaderRepr, Signature};
 use gradsync_core::{DataType, ReduceOp};
-use gradsync_transport::{Access, Completion, Endpoint, MemoryRegion, RemoteRegion, Sge};
+use gradsync_transport::{
+    Access, Completion, Endpoint, MemoryRegion, RemoteRegion, Sge, TransportError,
+};
 use std::alloc::Layout;
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::time::{Duration, Instant};
 
 const CTRL_CREDIT: u8 = 1;
@@ -193,7 +196,7 @@ struct PeerState {
     unreturned: u32,
     last_heard: Option<(Instant, u64)>,
     /// Clear-to-send offers from this peer, by (sequence number, message index).
-    cts: HashMap<(u64, u32), Cts>,
+    cts: HashMap<(u64, u32), Cts, BuildHasherDefault<IdHasher>>,
 }
 
 /// A receive the schedule has issued.
@@ -234,6 +237,9 @@ impl From<Program> for Planned {
     }
 }
 
+/// Idle time after which a waiting rank returns every credit it holds.
+const IDLE_CREDIT_RETURN: Duration = Duration::from_micros(20);
+
 /// Schedules kept for reuse: a training loop calls the same collectives with the same sizes
 /// every step, and a restarted schedule costs no generation and no allocation.
 const SCHEDULE_CACHE: usize = 8;
@@ -257,8 +263,60 @@ struct Running {
     direct_arrived: Vec<Vec<u32>>,
     /// Handle of this operation in the flight recorder.
     record: usize,
-    inflight: HashMap<u64, (OpId, usize, usize)>,
+    inflight: HashMap<u64, (OpId, usize, usize), BuildHasherDefault<IdHasher>>,
     started: Instant,
+}
+
+/// The per-operation queues and maps of a finished operation, emptied and kept so that the
+/// next operation allocates nothing.
+#[derive(Debug, Default)]
+struct Spare {
+    mrs: Vec<MemoryRegion>,
+    sendq: Vec<VecDeque<(OpId, usize, Loc)>>,
+    recvq: Vec<VecDeque<PostedRecv>>,
+    send_msg: Vec<u32>,
+    recv_issued: Vec<u32>,
+    direct_arrived: Vec<Vec<u32>>,
+    inflight: HashMap<u64, (OpId, usize, usize), BuildHasherDefault<IdHasher>>,
+}
+
+impl Spare {
+    /// Empties everything for a world of `w` ranks, keeping the allocations.
+    fn reset(&mut self, w: usize) {
+        self.mrs.clear();
+        self.sendq.resize_with(w, VecDeque::new);
+        self.sendq.iter_mut().for_each(VecDeque::clear);
+        self.recvq.resize_with(w, VecDeque::new);
+        self.recvq.iter_mut().for_each(VecDeque::clear);
+        self.send_msg.clear();
+        self.send_msg.resize(w, 0);
+        self.recv_issued.clear();
+        self.recv_issued.resize(w, 0);
+        self.direct_arrived.resize_with(w, Vec::new);
+        self.direct_arrived.iter_mut().for_each(Vec::clear);
+        self.inflight.clear();
+    }
+}
+
+/// Hashes a work-request id (already unique and well spread in its low bits) as itself.
+#[derive(Debug, Default, Clone, Copy)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.0 = (self.0 ^ u64::from(v)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
 }
 
 /// The engine of one communicator.
@@ -291,6 +349,8 @@ pub(crate) struct Engine {
     scratch_pool: Option<(AlignedBuf, MemoryRegion)>,
     /// Finished schedules by the parameters they were planned from, most recent last.
     sched_cache: Vec<(Params, Schedule)>,
+    /// Allocations of the last finished operation, for the next one.
+    spare: Spare,
 }
 
 /// Operations needing at most this much scratch use the engine's scratch buffer.
@@ -388,7 +448,7 @@ impl Engine {
                 hdr_busy: vec![false; opts.nslots],
                 unreturned: 0,
                 last_heard: None,
-                cts: HashMap::new(),
+                cts: HashMap::default(),
             })
             .collect();
         Ok((
@@ -418,6 +478,7 @@ impl Engine {
                 regs: RegCache::default(),
                 scratch_pool: None,
                 sched_cache: Vec::new(),
+                spare: Spare::default(),
             },
             remote,
         ))
@@ -520,7 +581,9 @@ impl Engine {
             _ => RawBuf::default(),
         };
         let bufs = [input, output, sbuf];
-        let mut mrs = Vec::new();
+        let mut spare = std::mem::take(&mut self.spare);
+        spare.reset(self.world);
+        let mut mrs = std::mem::take(&mut spare.mrs);
         let mut lkeys = [0u32; 3];
         let mut rkeys = [0u32; 3];
         for (i, b) in bufs.iter().enumerate() {
@@ -596,7 +659,6 @@ impl Engine {
                 }
             }
         }
-        let w = self.world;
         self.last_seq = sig.seq;
         let mut rec = OpRecord::new(sig.seq, sig.coll.name(), sig.dtype.name(), sig.count);
         rec.algorithm = algo.into();
@@ -628,13 +690,13 @@ impl Engine {
             lkeys,
             rkeys,
             _scratch: scratch,
-            sendq: (0..w).map(|_| VecDeque::new()).collect(),
-            recvq: (0..w).map(|_| VecDeque::new()).collect(),
-            send_msg: vec![0; w],
-            recv_issued: vec![0; w],
-            direct_arrived: vec![Vec::new(); w],
+            sendq: spare.sendq,
+            recvq: spare.recvq,
+            send_msg: spare.send_msg,
+            recv_issued: spare.recv_issued,
+            direct_arrived: spare.direct_arrived,
             record,
-            inflight: HashMap::new(),
+            inflight: spare.inflight,
             started: Instant::now(),
         });
         Ok(())
@@ -682,10 +744,19 @@ impl Engine {
     }
 
     fn finish(&mut self) {
-        if let Some(r) = self.running.take() {
+        if let Some(mut r) = self.running.take() {
             for mr in &r.mrs {
                 self.ep.deregister(mr);
             }
+            self.spare = Spare {
+                mrs: std::mem::take(&mut r.mrs),
+                sendq: std::mem::take(&mut r.sendq),
+                recvq: std::mem::take(&mut r.recvq),
+                send_msg: std::mem::take(&mut r.send_msg),
+                recv_issued: std::mem::take(&mut r.recv_issued),
+                direct_arrived: std::mem::take(&mut r.direct_arrived),
+                inflight: std::mem::take(&mut r.inflight),
+            };
             if r.sched.is_done() {
                 self.recorder.finish(r.record, OpState::Completed, None);
                 if let Some(p) = r.params {
@@ -701,7 +772,7 @@ impl Engine {
     /// The schedule of `params`: a finished one restarted when the same parameters ran
     /// recently, else newly generated.
     pub(crate) fn schedule_for(&mut self, params: &Params) -> Result<Planned, PlanError> {
-        if let Some(i) = self.sched_cache.iter().position(|(p, _)| p == params) {
+        if let Some(i) = self.sched_cache.iter().rposition(|(p, _)| p == params) {
             let (p, mut sched) = self.sched_cache.remove(i);
             sched.restart();
             return Ok(Planned {
@@ -765,6 +836,7 @@ impl Engine {
             .map(|r| r.started + self.opts.timeout)
             .expect("running");
         let mut idle_since: Option<Instant> = None;
+        let mut credits_flushed = false;
         loop {
             let moved = self.step()?;
             if self.running.as_ref().is_some_and(|r| r.sched.is_done()) {
@@ -780,18 +852,18 @@ impl Engine {
             }
             if moved {
                 idle_since = None;
+                credits_flushed = false;
                 continue;
             }
             let now = Instant::now();
-            let since = match idle_since {
-                Some(t) => t,
-                None => {
-                    // Nothing to do until a peer acts: a good moment to hand back slots, in case
-                    // the peer is the one waiting for them.
-                    self.return_credits(true)?;
-                    *idle_since.insert(now)
-                }
-            };
+            let since = *idle_since.get_or_insert(now);
+            if !credits_flushed && now - since >= IDLE_CREDIT_RETURN {
+                // Nothing moved for a while: a good moment to hand back every slot, in case the
+                // peer is the one waiting for them. (Steps return them in batches of half the
+                // slots, so a peer always keeps at least one; this only shortens its wait.)
+                self.return_credits(true)?;
+                credits_flushed = true;
+            }
             if now >= deadline {
                 return Err(self.diagnose_timeout());
             }
@@ -869,6 +941,7 @@ impl Engine {
                             Ok(()) => {}
                             // A peer that has finished and closed already sent this message
                             // through a slot; a peer that died is reported while we wait for it.
+                            Err(TransportError::PeerClosed { .. }) => direct = false,
                             Err(_) if !self.ep.peer_alive(peer) => direct = false,
                             Err(e) => return Err(Error::transport(self.rank, "clear to send", e)),
                         }
@@ -1337,6 +1410,7 @@ impl Engine {
             match self.ep.post_send(peer, &msg, 0) {
                 Ok(()) => self.peers[peer].unreturned = 0,
                 // A peer that has gone needs no credits; waiting on it reports the loss.
+                Err(TransportError::PeerClosed { .. }) => self.peers[peer].unreturned = 0,
                 Err(_) if !self.ep.peer_alive(peer) => self.peers[peer].unreturned = 0,
                 Err(e) => return Err(Error::transport(self.rank, "return credits", e)),
             }
