@@ -2741,9 +2741,11 @@ mod tests {
         // Sent before the close, delivered after it.
         e0.post_send(1, &[4, 0, 0, 0], 1).unwrap();
         e0.close(Duration::from_secs(1));
-        assert!(!e1.peer_alive(0));
         assert!(!e0.peer_alive(1));
+        // A closed peer stays alive until what it sent before closing has been read.
+        assert!(e1.peer_alive(0));
         assert_eq!(tag(&collect(&mut e1, 1, remote)[0]), 4);
+        assert!(!e1.peer_alive(0));
         let e = e1.post_send(0, b"x", 2).unwrap_err();
         assert!(
             matches!(e, TransportError::PeerClosed { peer: 0, .. }),
