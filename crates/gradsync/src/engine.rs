@@ -215,7 +215,7 @@ struct PostedRecv {
 /// A schedule ready to start, with the parameters it was planned from (for reuse).
 #[derive(Debug)]
 pub(crate) struct Planned {
-    pub(crate) sched: Schedule,
+    pub(crate) sched: Box<Schedule>,
     pub(crate) params: Option<Params>,
 }
 
@@ -231,7 +231,7 @@ impl From<Program> for Planned {
             .max()
             .unwrap_or(0);
         Planned {
-            sched: Schedule::new(prog, world),
+            sched: Box::new(Schedule::new(prog, world)),
             params: None,
         }
     }
@@ -248,7 +248,7 @@ const SCHEDULE_CACHE: usize = 8;
 #[derive(Debug)]
 struct Running {
     sig: Signature,
-    sched: Schedule,
+    sched: Box<Schedule>,
     params: Option<Params>,
     bufs: [RawBuf; 3],
     mrs: Vec<MemoryRegion>,
@@ -348,7 +348,7 @@ pub(crate) struct Engine {
     /// Scratch space of small operations and its registration.
     scratch_pool: Option<(AlignedBuf, MemoryRegion)>,
     /// Finished schedules by the parameters they were planned from, most recent last.
-    sched_cache: Vec<(Params, Schedule)>,
+    sched_cache: Vec<(Params, Box<Schedule>)>,
     /// Allocations of the last finished operation, for the next one.
     spare: Spare,
 }
@@ -782,7 +782,7 @@ impl Engine {
         }
         let prog = plan::build(params)?;
         Ok(Planned {
-            sched: Schedule::new(prog, self.world),
+            sched: Box::new(Schedule::new(prog, self.world)),
             params: Some(*params),
         })
     }
