@@ -97,12 +97,8 @@ impl Hosts {
         }
     }
 
-    /// `n` hosts on one bridge; every link limited to `rate_mbit` in both directions when given.
-    fn up(pfx: &str, n: usize, rate_mbit: Option<u32>) -> Hosts {
-        Hosts::up_with_rates(pfx, &vec![rate_mbit; n])
-    }
-
-    /// One host per entry of `rates`, host i's link limited to `rates[i]` Mbit/s both ways.
+    /// One host per entry of `rates` on one bridge, host i's link limited to `rates[i]` Mbit/s
+    /// in both directions when given.
     fn up_with_rates(pfx: &str, rates: &[Option<u32>]) -> Hosts {
         let n = rates.len();
         let hosts = Hosts::named(pfx, n);
@@ -373,15 +369,26 @@ fn check_job(results: &[NodeResult], expected_rows: usize) -> Vec<String> {
     rows.into_iter().map(|(l, _, _)| l).collect()
 }
 
-#[test]
-fn netns_two_hosts_two_ranks_every_dtype() {
-    let _serial = serial();
-    let pfx = prefix(0);
+/// Emulated hosts for test `index`, one per entry of `rates` (Mbit/s), with the lock that runs
+/// these tests one at a time; `None` (after saying why) where namespaces cannot be made.
+fn hosts_or_skip(
+    index: u32,
+    rates: &[Option<u32>],
+) -> Option<(std::sync::MutexGuard<'static, ()>, Hosts)> {
+    let serial = serial();
+    let pfx = prefix(index);
     if let Some(why) = cannot_use_namespaces(&pfx) {
         eprintln!("skipped: {why}");
-        return;
+        return None;
     }
-    let hosts = Hosts::up(&pfx, 2, Some(1000));
+    Some((serial, Hosts::up_with_rates(&pfx, rates)))
+}
+
+#[test]
+fn netns_two_hosts_two_ranks_every_dtype() {
+    let Some((_serial, hosts)) = hosts_or_skip(0, &[Some(1000); 2]) else {
+        return;
+    };
     let started = Instant::now();
     let results = run_job(
         &hosts,
@@ -427,13 +434,9 @@ fn netns_two_hosts_two_ranks_every_dtype() {
 
 #[test]
 fn netns_four_hosts_ring_fills_link() {
-    let _serial = serial();
-    let pfx = prefix(1);
-    if let Some(why) = cannot_use_namespaces(&pfx) {
-        eprintln!("skipped: {why}");
+    let Some((_serial, hosts)) = hosts_or_skip(1, &[Some(1000); 4]) else {
         return;
-    }
-    let hosts = Hosts::up(&pfx, 4, Some(1000));
+    };
     let started = Instant::now();
     let results = run_job(
         &hosts,
@@ -468,13 +471,10 @@ fn netns_four_hosts_ring_fills_link() {
 /// three links of host 2 and names that host.
 #[test]
 fn netns_doctor_names_the_slow_host() {
-    let _serial = serial();
-    let pfx = prefix(3);
-    if let Some(why) = cannot_use_namespaces(&pfx) {
-        eprintln!("skipped: {why}");
+    let Some((_serial, hosts)) = hosts_or_skip(3, &[Some(1000), Some(1000), Some(500), Some(1000)])
+    else {
         return;
-    }
-    let hosts = Hosts::up_with_rates(&pfx, &[Some(1000), Some(1000), Some(500), Some(1000)]);
+    };
     let results = run_job(
         &hosts,
         1,

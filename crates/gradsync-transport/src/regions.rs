@@ -102,24 +102,33 @@ impl RegionTable {
 
     /// Checks that every span of a gather list lies in a registered region with its key.
     pub(crate) fn check_local(&self, sges: &[Sge]) -> Result<()> {
-        for s in sges {
-            let ok = self.by_key.get(&s.lkey).is_some_and(|mr| {
-                s.addr >= mr.addr
-                    && s.addr
-                        .checked_add(s.len)
-                        .is_some_and(|e| e <= mr.addr + mr.len)
-            });
-            if !ok {
-                return Err(TransportError::Invalid {
-                    rank: self.rank,
-                    op: "post_write",
-                    msg: format!(
-                        "span of {} bytes at 0x{:x} is not inside region with key 0x{:08x}",
-                        s.len, s.addr, s.lkey
-                    ),
-                });
-            }
-        }
-        Ok(())
+        check_spans(self.rank, sges, |k| {
+            self.by_key.get(&k).map(|mr| (mr.addr, mr.len))
+        })
     }
+}
+
+/// Checks that every span of a gather list lies inside the region its key names; `region`
+/// gives a key's `(address, length)`, `None` for an unknown key.
+pub(crate) fn check_spans(
+    rank: usize,
+    sges: &[Sge],
+    region: impl Fn(u32) -> Option<(usize, usize)>,
+) -> Result<()> {
+    for s in sges {
+        let ok = region(s.lkey).is_some_and(|(addr, len)| {
+            s.addr >= addr && s.addr.checked_add(s.len).is_some_and(|e| e <= addr + len)
+        });
+        if !ok {
+            return Err(TransportError::Invalid {
+                rank,
+                op: "post_write",
+                msg: format!(
+                    "span of {} bytes at 0x{:x} is not inside region with key 0x{:08x}",
+                    s.len, s.addr, s.lkey
+                ),
+            });
+        }
+    }
+    Ok(())
 }

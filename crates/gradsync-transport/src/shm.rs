@@ -617,25 +617,9 @@ impl LocalTable {
 
     /// Checks that every span of a gather list lies in a registered region with its key.
     fn check_local(&self, sges: &[Sge]) -> Result<()> {
-        for s in sges {
-            let ok = self.by_key.get(&s.lkey).is_some_and(|(mr, _)| {
-                s.addr >= mr.addr
-                    && s.addr
-                        .checked_add(s.len)
-                        .is_some_and(|e| e <= mr.addr + mr.len)
-            });
-            if !ok {
-                return Err(TransportError::Invalid {
-                    rank: self.rank,
-                    op: "post_write",
-                    msg: format!(
-                        "span of {} bytes at 0x{:x} is not inside region with key 0x{:08x}",
-                        s.len, s.addr, s.lkey
-                    ),
-                });
-            }
-        }
-        Ok(())
+        crate::regions::check_spans(self.rank, sges, |k| {
+            self.by_key.get(&k).map(|(mr, _)| (mr.addr, mr.len))
+        })
     }
 }
 
