@@ -75,29 +75,7 @@ impl RegionTable {
         offset: u64,
         len: u64,
     ) -> Result<usize> {
-        let mr = self.by_key.get(&rkey).ok_or(TransportError::BadKey {
-            rank: self.rank,
-            peer,
-            rkey,
-            offset,
-            len,
-        })?;
-        let oob = |why| TransportError::OutOfBounds {
-            rank: self.rank,
-            peer,
-            rkey,
-            offset,
-            len,
-            region_len: mr.len as u64,
-            why,
-        };
-        if !mr.access.contains(Access::REMOTE_WRITE) {
-            return Err(oob("region does not allow remote writes"));
-        }
-        match offset.checked_add(len) {
-            Some(end) if end <= mr.len as u64 => Ok(mr.addr + offset as usize),
-            _ => Err(oob("past the end of the region")),
-        }
+        check_write(self.rank, peer, rkey, offset, len, self.by_key.get(&rkey))
     }
 
     /// Checks that every span of a gather list lies in a registered region with its key.
@@ -105,6 +83,41 @@ impl RegionTable {
         check_spans(self.rank, sges, |k| {
             self.by_key.get(&k).map(|mr| (mr.addr, mr.len))
         })
+    }
+}
+
+/// Checks a write of `len` bytes at `offset` from `peer` into `mr`, the region `rkey` names
+/// (`None`: no such key), and returns the destination address.
+pub(crate) fn check_write(
+    rank: usize,
+    peer: usize,
+    rkey: u32,
+    offset: u64,
+    len: u64,
+    mr: Option<&MemoryRegion>,
+) -> Result<usize> {
+    let mr = mr.ok_or(TransportError::BadKey {
+        rank,
+        peer,
+        rkey,
+        offset,
+        len,
+    })?;
+    let oob = |why| TransportError::OutOfBounds {
+        rank,
+        peer,
+        rkey,
+        offset,
+        len,
+        region_len: mr.len as u64,
+        why,
+    };
+    if !mr.access.contains(Access::REMOTE_WRITE) {
+        return Err(oob("region does not allow remote writes"));
+    }
+    match offset.checked_add(len) {
+        Some(end) if end <= mr.len as u64 => Ok(mr.addr + offset as usize),
+        _ => Err(oob("past the end of the region")),
     }
 }
 

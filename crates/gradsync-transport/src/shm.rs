@@ -588,31 +588,8 @@ impl LocalTable {
 
     /// Checks an inline write from `peer` and returns the destination address.
     fn check_remote_write(&self, peer: usize, rkey: u32, offset: u64, len: u64) -> Result<usize> {
-        let Some((mr, _)) = self.by_key.get(&rkey) else {
-            return Err(TransportError::BadKey {
-                rank: self.rank,
-                peer,
-                rkey,
-                offset,
-                len,
-            });
-        };
-        let oob = |why| TransportError::OutOfBounds {
-            rank: self.rank,
-            peer,
-            rkey,
-            offset,
-            len,
-            region_len: mr.len as u64,
-            why,
-        };
-        if !mr.access.contains(Access::REMOTE_WRITE) {
-            return Err(oob("region does not allow remote writes"));
-        }
-        match offset.checked_add(len) {
-            Some(end) if end <= mr.len as u64 => Ok(mr.addr + offset as usize),
-            _ => Err(oob("past the end of the region")),
-        }
+        let mr = self.by_key.get(&rkey).map(|(mr, _)| mr);
+        crate::regions::check_write(self.rank, peer, rkey, offset, len, mr)
     }
 
     /// Checks that every span of a gather list lies in a registered region with its key.
