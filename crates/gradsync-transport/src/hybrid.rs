@@ -252,7 +252,9 @@ impl Endpoint for HybridEndpoint {
     }
 
     fn close(&mut self, timeout: Duration) {
+        // One deadline for both backends.
+        let start = Instant::now();
         self.shm.close(timeout);
-        self.net.close(timeout);
+        self.net.close(timeout.saturating_sub(start.elapsed()));
     }
 }

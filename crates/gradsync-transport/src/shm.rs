@@ -197,8 +197,9 @@ const DIR_TOMB: u32 = 2;
 const ACC_LOCAL_READ: u32 = 1;
 const ACC_REMOTE_WRITE: u32 = 2;
 
-/// How many times a reader retries a directory entry that is being rewritten before giving up.
-const SEQ_RETRIES: u32 = 100_000;
+/// How long a reader retries a directory entry that is being rewritten before giving up (the
+/// owner may be descheduled or stopped in the middle of an update).
+const SEQ_PATIENCE: Duration = Duration::from_secs(2);
 
 // Ring records.
 const REC_HDR: usize = 32;
@@ -469,7 +470,8 @@ fn dir_write(seg: &Segment, slot: usize, e: DirEntry) {
 fn dir_read(seg: &Segment, slot: usize) -> std::result::Result<DirEntry, String> {
     let o = dir_off(slot);
     let seq = seg.a32(o + D_SEQ);
-    for i in 0..SEQ_RETRIES {
+    let mut since: Option<Instant> = None;
+    for i in 0u64.. {
         let s1 = seq.load(Ordering::Acquire);
         if s1 & 1 == 0 {
             let id = seg.a64(o + D_ALLOC_ID).load(Ordering::Relaxed);
@@ -494,11 +496,15 @@ fn dir_read(seg: &Segment, slot: usize) -> std::result::Result<DirEntry, String>
         if i < 64 {
             std::hint::spin_loop();
         } else {
+            let now = Instant::now();
+            if now.duration_since(*since.get_or_insert(now)) >= SEQ_PATIENCE {
+                break;
+            }
             std::thread::yield_now();
         }
     }
     Err(format!(
-        "region directory entry {slot} stayed in the middle of an update"
+        "region directory entry {slot} stayed in the middle of an update for {SEQ_PATIENCE:?}"
     ))
 }
 
@@ -673,6 +679,10 @@ struct Peer {
     pid: u32,
     /// Start time of the peer's process (from `/proc/<pid>/stat`), to detect pid reuse.
     starttime: Option<u64>,
+    /// A pidfd of the peer's process (`None` where the kernel has no `pidfd_open`): it keeps
+    /// naming that process after its pid is reused, so a cross-memory-attach write never goes
+    /// to another process that got the pid.
+    pidfd: Option<OwnedFd>,
     /// The peer's segment.
     seg: Segment,
     /// Offset, in the peer's segment, of the control block of this rank's ring.
@@ -953,6 +963,32 @@ impl Peer {
 
 /// Whether the process `pid` is gone: `kill(pid, 0)` fails with `ESRCH`, or (with `full`)
 /// `/proc/<pid>/stat` shows a zombie or a start time other than `starttime`.
+/// A pidfd for `pid`, `None` where the kernel refuses (no `pidfd_open`, or the process is gone).
+fn pidfd_open(pid: u32) -> Option<OwnedFd> {
+    let pid = libc::pid_t::try_from(pid).ok()?;
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let fd = RawFd::try_from(fd).ok().filter(|&fd| fd >= 0)?;
+    // SAFETY: `fd` is a new descriptor that nothing else owns.
+    Some(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Whether the process a pidfd names has exited (signal 0 through the pidfd: `ESRCH` once it
+/// is gone, whatever process holds its pid now).
+fn pidfd_exited(fd: &OwnedFd) -> bool {
+    // SAFETY: signal 0 checks existence only; the null info pointer and zero flags are valid.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            fd.as_raw_fd(),
+            0,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    r != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+}
+
 fn process_state(pid: u32, starttime: Option<u64>, full: bool) -> Option<&'static str> {
     let Ok(p) = libc::pid_t::try_from(pid) else {
         return Some("its pid is invalid");
@@ -1309,6 +1345,7 @@ impl ShmSetup {
                 pos: i,
                 pid: info.pid,
                 starttime: read_stat(info.pid).ok().and_then(|(_, s)| s),
+                pidfd: pidfd_open(info.pid),
                 seg,
                 ctl: ctl_off(self.pos),
                 tail: 0,
@@ -2003,7 +2040,20 @@ impl Endpoint for ShmEndpoint {
             })?;
         let len = total as u64;
         let rkey = remote.rkey;
-        let entry = dir_lookup(&p.seg, rkey).map_err(|msg| p.protocol(me, msg))?;
+        let entry = match dir_lookup(&p.seg, rkey) {
+            Ok(e) => e,
+            // A live owner stopped in the middle of an update is not a broken peer: the write
+            // fails, the connection stays.
+            Err(msg) if p.process_gone().is_none() && !p.seg.closed() => {
+                return Err(TransportError::Io {
+                    rank: me.rank,
+                    peer,
+                    op: "post_write",
+                    source: io::Error::new(io::ErrorKind::TimedOut, msg),
+                });
+            }
+            Err(msg) => return Err(p.protocol(me, msg)),
+        };
         let reject = |region_len, why| TransportError::RemoteAccess {
             rank: me.rank,
             peer,
@@ -2062,6 +2112,20 @@ impl Endpoint for ShmEndpoint {
                 let msg = format!("region 0x{rkey:08x} at 0x{:x} wraps around", entry.addr);
                 return Err(p.protocol(me, msg));
             };
+            // A pid can be reused once its process has exited and been reaped: make sure it
+            // still names the peer before writing into it.
+            let exited = match &p.pidfd {
+                Some(fd) => pidfd_exited(fd),
+                None => process_state(p.pid, p.starttime, true).is_some(),
+            };
+            if exited {
+                p.set_down(format!("rank {}: its process exited", p.rank));
+                return Err(TransportError::PeerClosed {
+                    rank: me.rank,
+                    peer,
+                    during: "post_write: the peer's process exited".into(),
+                });
+            }
             // The bytes land now; the notification queues behind any pending record, so the
             // order of completions at the peer is the posting order.
             // SAFETY: as above.
@@ -2218,7 +2282,9 @@ impl Endpoint for ShmEndpoint {
         // Hand over what is still queued, as long as the peers take it.
         loop {
             let _ = conn.flush_all(me);
-            let _ = conn.check_liveness(false);
+            // The full check (zombies, reused pids): a crashed peer must not hold the close
+            // for its whole timeout.
+            let _ = conn.check_liveness(true);
             let queued = conn
                 .peers
                 .iter()
@@ -2729,6 +2795,22 @@ mod tests {
         assert!(!e1.peer_alive(2));
         assert!(e1.post_send(2, b"x", 4).is_err());
         e1.wait(Duration::from_millis(1)).unwrap();
+    }
+
+    /// A pidfd keeps naming its process: once that process has exited (and been reaped, so
+    /// its pid may be reused), the check says so.
+    #[test]
+    fn pidfd_notices_an_exited_process() {
+        let me = pidfd_open(std::process::id()).expect("pidfd_open of this process");
+        assert!(!pidfd_exited(&me));
+        let mut child = std::process::Command::new("true")
+            .spawn()
+            .expect("spawn true");
+        let fd = pidfd_open(child.id());
+        child.wait().unwrap();
+        if let Some(fd) = fd {
+            assert!(pidfd_exited(&fd));
+        }
     }
 
     #[test]
