@@ -20,8 +20,10 @@
 //!   something to poll, with a deadline.
 //!
 //! An endpoint holds one connection (a queue-pair group, possibly several TCP streams) to every
-//! peer. Backends: [`mem`] (in-process, for tests) and [`tcp`] (sockets; a write is a framed
-//! header followed by its payload, which the receiver reads straight into the destination region).
+//! peer. Backends: [`mem`] (in-process, for tests), [`tcp`] (sockets; a write is a framed
+//! header followed by its payload, which the receiver reads straight into the destination region),
+//! [`shm`] (ranks of one host: inline ring records, copies into mapped shared allocations, or
+//! cross-memory attach) and [`hybrid`] (shared memory to local peers, the network to the rest).
 
 use std::fmt;
 use std::time::Duration;

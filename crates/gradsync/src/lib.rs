@@ -23,7 +23,7 @@
 //! | `gradsync` (this crate) | [`Communicator`], the engine that runs schedules over a transport |
 //! | `gradsync-core` | schedules as pure state machines (`poll_action` / `handle_complete`), the signature header, the simulator |
 //! | `gradsync-reduce` | reduction kernels, dtype x op, vectorized |
-//! | `gradsync-transport` | the verbs-shaped transport trait and its backends (in-memory, TCP) |
+//! | `gradsync-transport` | the verbs-shaped transport trait and its backends (in-memory, TCP, shared memory, and the hybrid that routes each peer to shared memory or TCP) |
 //! | `gradsync-store` | the rendezvous key-value store used at init |
 //!
 //! # How a collective runs
@@ -38,9 +38,10 @@
 //!    from the caller's buffer. Credits (one per slot) flow back as small two-sided sends, the
 //!    same clear-to-send scheme an RDMA backend uses. The receiver checks the header, reduces or
 //!    copies the payload into place, and hands the slot back.
-//! 3. The caller's thread drives all of it: it spins briefly (`GRADSYNC_SPIN_US`, yielding its
-//!    core) and then sleeps in the transport, so small messages are fast on an idle machine and
-//!    oversubscribed ranks (more ranks than cores) do not starve each other.
+//! 3. The caller's thread drives all of it: it spins briefly (`GRADSYNC_SPIN_US`: polling
+//!    without yielding for up to 50 us when every rank of the host has a core, yielding its core
+//!    after that) and then sleeps in the transport, so small messages are fast on an idle machine
+//!    and oversubscribed ranks (more ranks than cores) do not starve each other.
 //!
 //! # Bus bandwidth
 //!
@@ -54,8 +55,9 @@
 //! A blocking call borrows its buffers for its duration. [`Pending`] holds the `&mut` borrow
 //! until it is waited for (dropping it waits). [`Communicator::all_reduce_owned`] takes the
 //! buffer by value and gives it back from [`Communicator::wait`]. Either way no gradient can be
-//! touched while it is being reduced, and the transport never writes into caller memory: peers
-//! write only into the engine's own inbox.
+//! touched while it is being reduced. Peers write into the engine's own inbox, and into caller
+//! memory only after a clear-to-send of the running operation named that span (large
+//! copy-receives, `GRADSYNC_DIRECT_MIN`).
 
 mod comm;
 mod config;
