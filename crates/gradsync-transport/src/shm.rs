@@ -1534,6 +1534,14 @@ impl ShmSetup {
                             during: "shm connect: the peer gave up on shared memory".into(),
                         });
                     }
+                    _ if p.process_gone().is_some() => {
+                        return Err(TransportError::PeerClosed {
+                            rank,
+                            peer: p.rank,
+                            during: "shm connect: the peer's process exited before attaching"
+                                .into(),
+                        });
+                    }
                     _ => missing.push(p.rank),
                 }
             }
@@ -2280,8 +2288,15 @@ impl Endpoint for ShmEndpoint {
         };
         let deadline = Instant::now().checked_add(timeout);
         // Hand over what is still queued, as long as the peers take it.
+        let mut sink = Vec::new();
         loop {
             let _ = conn.flush_all(me);
+            // Keep reading (and dropping) what peers send: a peer closing at the same moment
+            // with a full ring to this rank is itself waiting for room.
+            for pos in 0..conn.peers.len() {
+                let _ = conn.drain(me, &self.regions, pos, &mut sink);
+            }
+            sink.clear();
             // The full check (zombies, reused pids): a crashed peer must not hold the close
             // for its whole timeout.
             let _ = conn.check_liveness(true);
@@ -2795,6 +2810,24 @@ mod tests {
         assert!(!e1.peer_alive(2));
         assert!(e1.post_send(2, b"x", 4).is_err());
         e1.wait(Duration::from_millis(1)).unwrap();
+    }
+
+    /// Two ranks that close at the same moment, each with more queued for the other than its
+    /// ring holds, both finish: a closing rank keeps reading (and dropping) what it is sent.
+    #[test]
+    fn simultaneous_close_with_full_rings_finishes() {
+        let (mut e0, mut e1) = pair();
+        let msg = [7u8; MAX_SEND];
+        for i in 0..(2 * RING_BYTES / MAX_SEND) as u64 {
+            e0.post_send(1, &msg, i).unwrap();
+            e1.post_send(0, &msg, i).unwrap();
+        }
+        let timeout = Duration::from_secs(20);
+        let t = Instant::now();
+        let h = thread::spawn(move || e1.close(timeout));
+        e0.close(timeout);
+        h.join().unwrap();
+        assert!(t.elapsed() < timeout / 2, "close took {:?}", t.elapsed());
     }
 
     /// A pidfd keeps naming its process: once that process has exited (and been reaped, so
