@@ -45,22 +45,53 @@ impl RegionTable {
         }
     }
 
-    pub(crate) fn register(&mut self, addr: usize, len: usize, access: Access) -> MemoryRegion {
+    /// A key not in use (never 0).
+    pub(crate) fn fresh_key(&mut self) -> u32 {
         loop {
             self.next = self.next.wrapping_add(0x2545_f491);
             if self.next != 0 && !self.by_key.contains_key(&self.next) {
-                break;
+                return self.next;
             }
         }
+    }
+
+    /// Whether `key` is registered.
+    pub(crate) fn contains(&self, key: u32) -> bool {
+        self.by_key.contains_key(&key)
+    }
+
+    /// Whether no region is registered.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.by_key.is_empty()
+    }
+
+    /// Number of registered regions.
+    pub(crate) fn len(&self) -> usize {
+        self.by_key.len()
+    }
+
+    /// Registers the span under `key` (the caller made sure it is free).
+    pub(crate) fn insert(
+        &mut self,
+        key: u32,
+        addr: usize,
+        len: usize,
+        access: Access,
+    ) -> MemoryRegion {
         let mr = MemoryRegion {
             addr,
             len,
-            lkey: self.next,
-            rkey: self.next,
+            lkey: key,
+            rkey: key,
             access,
         };
-        self.by_key.insert(mr.rkey, mr);
+        self.by_key.insert(key, mr);
         mr
+    }
+
+    pub(crate) fn register(&mut self, addr: usize, len: usize, access: Access) -> MemoryRegion {
+        let key = self.fresh_key();
+        self.insert(key, addr, len, access)
     }
 
     pub(crate) fn deregister(&mut self, mr: &MemoryRegion) {

@@ -103,6 +103,7 @@
 //!   `kernel.yama.ptrace_scope = 0` or `CAP_SYS_PTRACE`); [`ShmSetup::connect`] probes it and
 //!   fails with an explanation otherwise, so the caller can fall back to the network.
 
+use crate::regions::RegionTable;
 use crate::{
     Access, Completion, Endpoint, MAX_SEND, MemoryRegion, RemoteRegion, Result, Sge, TransportError,
 };
@@ -566,43 +567,17 @@ fn dir_remove(seg: &Segment, slot: usize, last: bool) {
 /// This rank's registered regions.
 #[derive(Debug)]
 struct LocalTable {
-    rank: usize,
-    next: u32,
-    /// Region and directory slot, by key.
-    by_key: crate::regions::KeyMap<(MemoryRegion, usize)>,
+    regions: RegionTable,
+    /// Directory slot of every registered key.
+    slots: crate::regions::KeyMap<usize>,
 }
 
 impl LocalTable {
     fn new(rank: usize) -> Self {
-        // Keys start at a per-process value so a stale key from another run rarely validates.
-        let seed = std::process::id().wrapping_mul(0x9e37_79b9) ^ (rank as u32).rotate_left(16);
         LocalTable {
-            rank,
-            next: seed | 1,
-            by_key: crate::regions::KeyMap::default(),
+            regions: RegionTable::new(rank),
+            slots: crate::regions::KeyMap::default(),
         }
-    }
-
-    fn fresh_key(&mut self) -> u32 {
-        loop {
-            self.next = self.next.wrapping_add(0x2545_f491);
-            if self.next != 0 && !self.by_key.contains_key(&self.next) {
-                return self.next;
-            }
-        }
-    }
-
-    /// Checks an inline write from `peer` and returns the destination address.
-    fn check_remote_write(&self, peer: usize, rkey: u32, offset: u64, len: u64) -> Result<usize> {
-        let mr = self.by_key.get(&rkey).map(|(mr, _)| mr);
-        crate::regions::check_write(self.rank, peer, rkey, offset, len, mr)
-    }
-
-    /// Checks that every span of a gather list lies in a registered region with its key.
-    fn check_local(&self, sges: &[Sge]) -> Result<()> {
-        crate::regions::check_spans(self.rank, sges, |k| {
-            self.by_key.get(&k).map(|(mr, _)| (mr.addr, mr.len))
-        })
     }
 }
 
@@ -1729,7 +1704,10 @@ impl Conn {
                     out.push(Completion::Recv { peer, data: v });
                 }
                 KIND_WRITE_INLINE if !bad_len(INLINE_MAX) => {
-                    match regions.check_remote_write(peer, rkey, offset, data_len as u64) {
+                    match regions
+                        .regions
+                        .check_remote_write(peer, rkey, offset, data_len as u64)
+                    {
                         Ok(dst) => {
                             // SAFETY: the payload lies inside the checked record; the
                             // destination was bounds-checked against a region this rank
@@ -1862,7 +1840,7 @@ impl fmt::Debug for ShmEndpoint {
             .field("world", &self.world)
             .field("local", &self.local)
             .field("closed", &self.conn.is_none())
-            .field("regions", &self.regions.by_key.len())
+            .field("regions", &self.regions.regions.len())
             .field("shared_allocations", &self.shared.len())
             .field("writes", &self.paths)
             .finish_non_exhaustive()
@@ -1906,7 +1884,7 @@ impl ShmEndpoint {
         access: Access,
         key: u32,
     ) -> Result<MemoryRegion> {
-        if self.regions.by_key.contains_key(&key) {
+        if self.regions.regions.contains(key) {
             return Err(TransportError::Invalid {
                 rank: self.rank,
                 op: "register",
@@ -1949,15 +1927,8 @@ impl ShmEndpoint {
                 "the region directory is full ({DIR_CAP} regions)"
             )));
         };
-        let mr = MemoryRegion {
-            addr,
-            len,
-            lkey: key,
-            rkey: key,
-            access,
-        };
-        self.regions.by_key.insert(key, (mr, slot));
-        Ok(mr)
+        self.regions.slots.insert(key, slot);
+        Ok(self.regions.regions.insert(key, addr, len, access))
     }
 
     /// The connection to `peer` for a post, with the region table.
@@ -2013,15 +1984,16 @@ impl Endpoint for ShmEndpoint {
         len: usize,
         access: Access,
     ) -> Result<MemoryRegion> {
-        let key = self.regions.fresh_key();
+        let key = self.regions.regions.fresh_key();
         self.insert_region(addr as usize, len, access, key)
     }
 
     fn deregister(&mut self, mr: &MemoryRegion) {
-        if let Some((_, slot)) = self.regions.by_key.remove(&mr.rkey)
+        self.regions.regions.deregister(mr);
+        if let Some(slot) = self.regions.slots.remove(&mr.rkey)
             && let Some(conn) = &self.conn
         {
-            dir_remove(&conn.own, slot, self.regions.by_key.is_empty());
+            dir_remove(&conn.own, slot, self.regions.regions.is_empty());
         }
     }
 
@@ -2036,7 +2008,7 @@ impl Endpoint for ShmEndpoint {
     ) -> Result<()> {
         let me = self.me();
         let (p, regions) = self.target(peer, "post_write")?;
-        regions.check_local(sges)?;
+        regions.regions.check_local(sges)?;
         let total = sges
             .iter()
             .try_fold(0usize, |a, s| a.checked_add(s.len))
@@ -3302,7 +3274,7 @@ mod tests {
             let sh = Shared::new(&mut e1, 1 << 20);
             let dst = sh.register(&mut e1, 0, 100_000, RW);
             let conn = e1.conn.as_ref().unwrap();
-            let slot = e1.regions.by_key[&dst.rkey].1;
+            let slot = e1.regions.slots[&dst.rkey];
             let mut entry = dir_read(&conn.own, slot).unwrap();
             entry.alloc = Some(forge(entry.alloc.unwrap(), &e1));
             dir_write(&conn.own, slot, entry);
