@@ -66,6 +66,8 @@ struct Layout {
     ifname: String,
     /// Listening address of every rank (empty in process).
     addrs: Vec<SocketAddr>,
+    /// Where init placed this rank on the NUMA nodes.
+    placement: topology::Placement,
 }
 
 impl Layout {
@@ -79,6 +81,7 @@ impl Layout {
                 .collect(),
             ifname: String::new(),
             addrs: Vec::new(),
+            placement: topology::Placement::SingleNode,
         }
     }
 }
@@ -187,6 +190,23 @@ fn route_to(to: SocketAddr) -> Option<IpAddr> {
     let s = UdpSocket::bind(any).ok()?;
     s.connect(to).ok()?;
     s.local_addr().ok().map(|a| a.ip())
+}
+
+/// Publishes this rank's `value` under `{prefix}/{what}/{rank}` and waits until every rank of
+/// `ranks` has published its own; returns their values in the order of `ranks`.
+fn exchange(
+    store: &mut StoreClient,
+    prefix: &str,
+    what: &str,
+    rank: usize,
+    ranks: impl Iterator<Item = usize>,
+    value: &[u8],
+    timeout: Duration,
+) -> std::result::Result<Vec<Vec<u8>>, gradsync_store::StoreError> {
+    store.set(&format!("{prefix}/{what}/{rank}"), value)?;
+    let keys: Vec<String> = ranks.map(|r| format!("{prefix}/{what}/{r}")).collect();
+    let krefs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    store.wait(&krefs, timeout)
 }
 
 impl Communicator {
@@ -400,6 +420,7 @@ impl Communicator {
             routes,
             ifname: ifname.clone(),
             addrs,
+            placement,
         };
         let mut eopts = engine_options(&config);
         // Poll without yielding for a while when every rank of this host has a core: a peer's
@@ -409,12 +430,16 @@ impl Communicator {
             eopts.busy_spin = BUSY_SPIN.min(config.spin);
         }
         let (mut engine, inbox) = Engine::new(ep, comm_id, eopts)?;
-        store
-            .set(&format!("{prefix}/inbox/{rank}"), &inbox.to_bytes())
-            .map_err(st)?;
-        let keys: Vec<String> = (0..world).map(|r| format!("{prefix}/inbox/{r}")).collect();
-        let krefs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let vals = store.wait(&krefs, config.timeout).map_err(st)?;
+        let vals = exchange(
+            &mut store,
+            &prefix,
+            "inbox",
+            rank,
+            0..world,
+            &inbox.to_bytes(),
+            config.timeout,
+        )
+        .map_err(st)?;
         let mut inboxes = Vec::with_capacity(world);
         for (r, v) in vals.iter().enumerate() {
             inboxes.push(RemoteRegion::from_bytes(v).ok_or_else(|| {
@@ -462,15 +487,16 @@ impl Communicator {
             Ok((_, info)) => info.to_bytes().to_vec(),
             Err(_) => Vec::new(),
         };
-        store
-            .set(&format!("{prefix}/shm/info/{rank}"), &mine)
-            .map_err(st)?;
-        let keys: Vec<String> = local
-            .iter()
-            .map(|r| format!("{prefix}/shm/info/{r}"))
-            .collect();
-        let krefs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let vals = store.wait(&krefs, config.timeout).map_err(st)?;
+        let vals = exchange(
+            store,
+            prefix,
+            "shm/info",
+            rank,
+            local.iter().copied(),
+            &mine,
+            config.timeout,
+        )
+        .map_err(st)?;
         let (setup, _) = made.map_err(|e| e.to_string())?;
         let mut infos = Vec::with_capacity(local.len());
         for (i, v) in vals.iter().enumerate() {
@@ -486,15 +512,16 @@ impl Communicator {
         }
         let connected = setup.connect(&infos, config.timeout);
         let ok: &[u8] = if connected.is_ok() { b"1" } else { b"0" };
-        store
-            .set(&format!("{prefix}/shm/ok/{rank}"), ok)
-            .map_err(st)?;
-        let keys: Vec<String> = local
-            .iter()
-            .map(|r| format!("{prefix}/shm/ok/{r}"))
-            .collect();
-        let krefs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let vals = store.wait(&krefs, config.timeout).map_err(st)?;
+        let vals = exchange(
+            store,
+            prefix,
+            "shm/ok",
+            rank,
+            local.iter().copied(),
+            ok,
+            config.timeout,
+        )
+        .map_err(st)?;
         let shm = connected.map_err(|e| e.to_string())?;
         if let Some(i) = vals.iter().position(|v| v.as_slice() != b"1") {
             return Err(format!(
@@ -532,6 +559,11 @@ impl Communicator {
     /// Network interface of this rank's data connections (empty in process).
     pub fn interface(&self) -> &str {
         &self.layout.ifname
+    }
+
+    /// How init placed this rank on the machine's NUMA nodes (`GRADSYNC_NUMA_BIND`).
+    pub fn numa_placement(&self) -> &topology::Placement {
+        &self.layout.placement
     }
 
     /// Ranks per host when every host holds one contiguous block of equally many ranks (what
@@ -1225,8 +1257,9 @@ impl Communicator {
         } else {
             (RawBuf::default(), buf)
         };
+        let planned = self.engine.one_off(prog);
         // SAFETY: the buffer is borrowed by the caller for the whole call.
-        unsafe { self.engine.start(sig, prog.into(), "p2p", i, o)? };
+        unsafe { self.engine.start(sig, planned, "p2p", i, o)? };
         self.engine.progress(true).map(drop)
     }
 

@@ -133,6 +133,18 @@ impl Env<'_> {
         self.0.get(name).filter(|v| !v.trim().is_empty())
     }
 
+    /// A `0`/`1` switch.
+    fn flag(&self, name: &str) -> Result<Option<bool>, Error> {
+        match self.var(name) {
+            None => Ok(None),
+            Some(v) => match v.trim() {
+                "0" => Ok(Some(false)),
+                "1" => Ok(Some(true)),
+                _ => Err(Error::Config(format!("{name}={v:?} must be 0 or 1"))),
+            },
+        }
+    }
+
     fn parse<T: std::str::FromStr>(&self, name: &str) -> Result<Option<T>, Error> {
         match self.var(name) {
             None => Ok(None),
@@ -353,16 +365,8 @@ impl Config {
                 })?
             };
         }
-        if let Some(v) = var("GRADSYNC_CHECKSUM") {
-            self.checksum = match v.trim() {
-                "0" => false,
-                "1" => true,
-                _ => {
-                    return Err(Error::Config(format!(
-                        "GRADSYNC_CHECKSUM={v:?} must be 0 or 1"
-                    )));
-                }
-            };
+        if let Some(on) = env.flag("GRADSYNC_CHECKSUM")? {
+            self.checksum = on;
         }
         if let Some(t) = var("GRADSYNC_TOKEN") {
             self.token = Some(t);
@@ -375,16 +379,8 @@ impl Config {
                 Error::Config(format!("GRADSYNC_TRANSPORT={v:?} must be auto, tcp or shm"))
             })?;
         }
-        if let Some(v) = var("GRADSYNC_NUMA_BIND") {
-            self.numa_bind = match v.trim() {
-                "0" => false,
-                "1" => true,
-                _ => {
-                    return Err(Error::Config(format!(
-                        "GRADSYNC_NUMA_BIND={v:?} must be 0 or 1"
-                    )));
-                }
-            };
+        if let Some(on) = env.flag("GRADSYNC_NUMA_BIND")? {
+            self.numa_bind = on;
         }
         if let Some(v) = var("GRADSYNC_HOST_ID") {
             self.host_id = Some(v);

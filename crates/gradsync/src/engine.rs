@@ -219,24 +219,6 @@ pub(crate) struct Planned {
     pub(crate) params: Option<Params>,
 }
 
-impl From<Program> for Planned {
-    fn from(prog: Program) -> Self {
-        let world = prog
-            .ops()
-            .iter()
-            .filter_map(|op| match *op {
-                Op::Send { peer, .. } | Op::Recv { peer, .. } => Some(peer + 1),
-                _ => None,
-            })
-            .max()
-            .unwrap_or(0);
-        Planned {
-            sched: Box::new(Schedule::new(prog, world)),
-            params: None,
-        }
-    }
-}
-
 /// Idle time after which a waiting rank returns every credit it holds.
 const IDLE_CREDIT_RETURN: Duration = Duration::from_micros(20);
 
@@ -251,36 +233,32 @@ struct Running {
     sched: Box<Schedule>,
     params: Option<Params>,
     bufs: [RawBuf; 3],
-    mrs: Vec<MemoryRegion>,
     lkeys: [u32; 3],
     rkeys: [u32; 3],
     _scratch: Option<AlignedBuf>,
+    /// Queues and maps of the operation; kept for the next one when it finishes.
+    q: Queues,
+    /// Handle of this operation in the flight recorder.
+    record: usize,
+    started: Instant,
+}
+
+/// The per-operation queues and maps. A finished operation's are emptied and reused by the
+/// next one, so that it allocates nothing.
+#[derive(Debug, Default)]
+struct Queues {
+    /// Registrations made for this operation only (fresh scratch).
+    mrs: Vec<MemoryRegion>,
     sendq: Vec<VecDeque<(OpId, usize, Loc)>>,
     recvq: Vec<VecDeque<PostedRecv>>,
     send_msg: Vec<u32>,
     recv_issued: Vec<u32>,
     /// Message indices, per peer, of direct writes that have landed.
     direct_arrived: Vec<Vec<u32>>,
-    /// Handle of this operation in the flight recorder.
-    record: usize,
-    inflight: HashMap<u64, (OpId, usize, usize), BuildHasherDefault<IdHasher>>,
-    started: Instant,
-}
-
-/// The per-operation queues and maps of a finished operation, emptied and kept so that the
-/// next operation allocates nothing.
-#[derive(Debug, Default)]
-struct Spare {
-    mrs: Vec<MemoryRegion>,
-    sendq: Vec<VecDeque<(OpId, usize, Loc)>>,
-    recvq: Vec<VecDeque<PostedRecv>>,
-    send_msg: Vec<u32>,
-    recv_issued: Vec<u32>,
-    direct_arrived: Vec<Vec<u32>>,
     inflight: HashMap<u64, (OpId, usize, usize), BuildHasherDefault<IdHasher>>,
 }
 
-impl Spare {
+impl Queues {
     /// Empties everything for a world of `w` ranks, keeping the allocations.
     fn reset(&mut self, w: usize) {
         self.mrs.clear();
@@ -349,8 +327,8 @@ pub(crate) struct Engine {
     scratch_pool: Option<(AlignedBuf, MemoryRegion)>,
     /// Finished schedules by the parameters they were planned from, most recent last.
     sched_cache: Vec<(Params, Box<Schedule>)>,
-    /// Allocations of the last finished operation, for the next one.
-    spare: Spare,
+    /// Queues of the last finished operation, for the next one.
+    spare: Queues,
 }
 
 /// Operations needing at most this much scratch use the engine's scratch buffer.
@@ -478,7 +456,7 @@ impl Engine {
                 regs: RegCache::default(),
                 scratch_pool: None,
                 sched_cache: Vec::new(),
-                spare: Spare::default(),
+                spare: Queues::default(),
             },
             remote,
         ))
@@ -581,9 +559,8 @@ impl Engine {
             _ => RawBuf::default(),
         };
         let bufs = [input, output, sbuf];
-        let mut spare = std::mem::take(&mut self.spare);
-        spare.reset(self.world);
-        let mut mrs = std::mem::take(&mut spare.mrs);
+        let mut q = std::mem::take(&mut self.spare);
+        q.reset(self.world);
         let mut lkeys = [0u32; 3];
         let mut rkeys = [0u32; 3];
         for (i, b) in bufs.iter().enumerate() {
@@ -621,7 +598,7 @@ impl Engine {
                             self.ep.deregister(&old);
                         }
                     } else {
-                        mrs.push(mr);
+                        q.mrs.push(mr);
                     }
                     mr
                 }
@@ -646,7 +623,7 @@ impl Engine {
             for l in locs {
                 let b = bufs[buf_index(l.buf)];
                 if (l.start + op.len()) * dsize > b.len {
-                    for mr in &mrs {
+                    for mr in &q.mrs {
                         self.ep.deregister(mr);
                     }
                     return Err(Error::Internal {
@@ -686,17 +663,11 @@ impl Engine {
             sched,
             params,
             bufs,
-            mrs,
             lkeys,
             rkeys,
             _scratch: scratch,
-            sendq: spare.sendq,
-            recvq: spare.recvq,
-            send_msg: spare.send_msg,
-            recv_issued: spare.recv_issued,
-            direct_arrived: spare.direct_arrived,
+            q,
             record,
-            inflight: spare.inflight,
             started: Instant::now(),
         });
         Ok(())
@@ -745,18 +716,10 @@ impl Engine {
 
     fn finish(&mut self) {
         if let Some(mut r) = self.running.take() {
-            for mr in &r.mrs {
+            for mr in &r.q.mrs {
                 self.ep.deregister(mr);
             }
-            self.spare = Spare {
-                mrs: std::mem::take(&mut r.mrs),
-                sendq: std::mem::take(&mut r.sendq),
-                recvq: std::mem::take(&mut r.recvq),
-                send_msg: std::mem::take(&mut r.send_msg),
-                recv_issued: std::mem::take(&mut r.recv_issued),
-                direct_arrived: std::mem::take(&mut r.direct_arrived),
-                inflight: std::mem::take(&mut r.inflight),
-            };
+            self.spare = std::mem::take(&mut r.q);
             if r.sched.is_done() {
                 self.recorder.finish(r.record, OpState::Completed, None);
                 if let Some(p) = r.params {
@@ -766,6 +729,14 @@ impl Engine {
                     self.sched_cache.push((p, r.sched));
                 }
             }
+        }
+    }
+
+    /// A program planned outside the cache (send/recv), run once.
+    pub(crate) fn one_off(&self, prog: Program) -> Planned {
+        Planned {
+            sched: Box::new(Schedule::new(prog, self.world)),
+            params: None,
         }
     }
 
@@ -780,11 +751,9 @@ impl Engine {
                 params: Some(p),
             });
         }
-        let prog = plan::build(params)?;
-        Ok(Planned {
-            sched: Box::new(Schedule::new(prog, self.world)),
-            params: Some(*params),
-        })
+        let mut planned = self.one_off(plan::build(params)?);
+        planned.params = Some(*params);
+        Ok(planned)
     }
 
     /// Poisons the communicator and tells every peer why (best effort).
@@ -926,15 +895,15 @@ impl Engine {
         while let Some((id, op)) = r.sched.poll_action() {
             moved = true;
             match op {
-                Op::Send { peer, src, len } => r.sendq[peer].push_back((id, len, src)),
+                Op::Send { peer, src, len } => r.q.sendq[peer].push_back((id, len, src)),
                 Op::Recv {
                     peer,
                     dst,
                     reduce_with,
                     len,
                 } => {
-                    let msg = r.recv_issued[peer];
-                    r.recv_issued[peer] += 1;
+                    let msg = r.q.recv_issued[peer];
+                    r.q.recv_issued[peer] += 1;
                     let bytes = len * dt.size();
                     let mut direct = reduce_with.is_none()
                         && !self.opts.checksum
@@ -957,7 +926,7 @@ impl Engine {
                             Err(e) => return Err(Error::transport(self.rank, "clear to send", e)),
                         }
                     }
-                    r.recvq[peer].push_back(PostedRecv {
+                    r.q.recvq[peer].push_back(PostedRecv {
                         id,
                         len,
                         dst,
@@ -998,10 +967,10 @@ impl Engine {
         let dsize = r.sig.dtype.size();
         let checksum = self.opts.checksum;
         for peer in 0..self.world {
-            while let Some(&(id, len, src)) = r.sendq[peer].front() {
+            while let Some(&(id, len, src)) = r.q.sendq[peer].front() {
                 let ps = &mut self.peers[peer];
                 let bytes = len * dsize;
-                let m = r.send_msg[peer];
+                let m = r.q.send_msg[peer];
                 if !ps.cts.is_empty() {
                     let seq = r.sig.seq;
                     ps.cts.retain(|&(s, k), _| s > seq || (s == seq && k >= m));
@@ -1028,8 +997,8 @@ impl Engine {
                             ),
                         });
                     }
-                    r.sendq[peer].pop_front();
-                    r.send_msg[peer] += 1;
+                    r.q.sendq[peer].pop_front();
+                    r.q.send_msg[peer] += 1;
                     let sge = [Sge {
                         addr: slice(&r.bufs, src, len, r.sig.dtype).addr,
                         len: bytes,
@@ -1049,7 +1018,7 @@ impl Engine {
                             .post_write(peer, &sge, remote, cts.offset, Some(IMM_DIRECT | m), wr)
                     }
                     .map_err(|e| Error::transport(self.rank, "post_write", e))?;
-                    r.inflight.insert(wr, (id, peer, usize::MAX));
+                    r.q.inflight.insert(wr, (id, peer, usize::MAX));
                     moved = true;
                     continue;
                 }
@@ -1057,7 +1026,7 @@ impl Engine {
                 if ps.credits == 0 || ps.hdr_busy[k] {
                     break;
                 }
-                r.sendq[peer].pop_front();
+                r.q.sendq[peer].pop_front();
                 let hdr_off = (peer * self.opts.nslots + k) * DATA_HEADER_LEN;
                 // SAFETY: the header staging area is owned by the engine; slot (peer, k) is not
                 // in flight (hdr_busy is false).
@@ -1077,13 +1046,13 @@ impl Engine {
                 });
                 DataHeaderRepr {
                     sig: r.sig,
-                    msg: r.send_msg[peer],
+                    msg: r.q.send_msg[peer],
                     payload_len: bytes as u32,
                     sender: self.rank as u32,
                     crc32c,
                 }
                 .emit(&mut DataHeader::new_unchecked(hb));
-                r.send_msg[peer] += 1;
+                r.q.send_msg[peer] += 1;
                 let mut sges = [
                     Sge {
                         addr: self.hdrs.addr() + hdr_off,
@@ -1126,7 +1095,7 @@ impl Engine {
                 ps.credits -= 1;
                 ps.hdr_busy[k] = true;
                 ps.tx_ctr += 1;
-                r.inflight.insert(wr, (id, peer, k));
+                r.q.inflight.insert(wr, (id, peer, k));
                 moved = true;
             }
         }
@@ -1137,7 +1106,7 @@ impl Engine {
         match c {
             Completion::WriteDone { wr_id } => {
                 if let Some(r) = self.running.as_mut()
-                    && let Some((id, peer, k)) = r.inflight.remove(wr_id)
+                    && let Some((id, peer, k)) = r.q.inflight.remove(wr_id)
                 {
                     if k != usize::MAX {
                         self.peers[peer].hdr_busy[k] = false;
@@ -1149,7 +1118,7 @@ impl Engine {
             Completion::WriteImm { peer, imm, len } if imm & IMM_DIRECT != 0 => {
                 let msg = imm & !IMM_DIRECT;
                 let ok = self.running.as_ref().is_some_and(|r| {
-                    r.recvq[*peer].iter().any(|pr| {
+                    r.q.recvq[*peer].iter().any(|pr| {
                         pr.direct && pr.msg == msg && pr.len * r.sig.dtype.size() == *len as usize
                     })
                 });
@@ -1163,7 +1132,7 @@ impl Engine {
                     });
                 }
                 let r = self.running.as_mut().expect("running");
-                r.direct_arrived[*peer].push(msg);
+                r.q.direct_arrived[*peer].push(msg);
                 self.peers[*peer].last_heard = Some((Instant::now(), r.sig.seq));
             }
             Completion::WriteImm { peer, imm, len } => {
@@ -1286,12 +1255,12 @@ impl Engine {
                 with,
                 msg,
                 direct,
-            }) = r.recvq[peer].front()
+            }) = r.q.recvq[peer].front()
             {
-                if direct && let Some(i) = r.direct_arrived[peer].iter().position(|&m| m == msg) {
+                if direct && let Some(i) = r.q.direct_arrived[peer].iter().position(|&m| m == msg) {
                     // Landed in place: nothing to copy.
-                    r.direct_arrived[peer].swap_remove(i);
-                    r.recvq[peer].pop_front();
+                    r.q.direct_arrived[peer].swap_remove(i);
+                    r.q.recvq[peer].pop_front();
                     r.sched.handle_complete(id);
                     moved = true;
                     continue;
@@ -1399,7 +1368,7 @@ impl Engine {
                 ps.arrived[k] = false;
                 ps.rx_ctr += 1;
                 ps.unreturned += 1;
-                r.recvq[peer].pop_front();
+                r.q.recvq[peer].pop_front();
                 r.sched.handle_complete(id);
                 moved = true;
             }
@@ -1436,11 +1405,11 @@ impl Engine {
         };
         let mut v: Vec<usize> = (0..self.world)
             .filter(|&p| {
-                !r.recvq[p].is_empty() || (!r.sendq[p].is_empty() && self.peers[p].credits == 0)
+                !r.q.recvq[p].is_empty() || (!r.q.sendq[p].is_empty() && self.peers[p].credits == 0)
             })
             .collect();
         if v.is_empty() {
-            v = r.inflight.values().map(|x| x.1).collect();
+            v = r.q.inflight.values().map(|x| x.1).collect();
             v.sort_unstable();
             v.dedup();
         }

@@ -189,6 +189,11 @@ pub enum Placement {
         /// Its CPUs.
         cpus: Vec<usize>,
     },
+    /// Several nodes, binding turned off (`GRADSYNC_NUMA_BIND=0`).
+    Disabled {
+        /// The interface's node.
+        node: usize,
+    },
     /// Binding was refused.
     Failed {
         /// The node.
@@ -214,6 +219,10 @@ impl std::fmt::Display for Placement {
                     .collect::<Vec<_>>()
                     .join(",")
             ),
+            Placement::Disabled { node } => write!(
+                f,
+                "interface on NUMA node {node}, not bound (GRADSYNC_NUMA_BIND=0)"
+            ),
             Placement::Failed { node, why } => {
                 write!(f, "binding to the interface's node {node} failed: {why}")
             }
@@ -232,10 +241,7 @@ pub fn numa_placement(ifname: &str, bind: bool) -> Placement {
         return Placement::Unknown { nodes };
     };
     if !bind {
-        return Placement::Failed {
-            node,
-            why: "GRADSYNC_NUMA_BIND=0".into(),
-        };
+        return Placement::Disabled { node };
     }
     match bind_thread_to_node(node) {
         Ok(cpus) => Placement::Bound { nodes, node, cpus },
