@@ -155,6 +155,16 @@ pub fn strip_nproc(args: &[OsString]) -> Vec<OsString> {
     out
 }
 
+/// Starts `nproc` local ranks running this same command line (without its `--nproc`), as
+/// `gradsync launch --nproc N` would; returns the launcher's exit code.
+pub(crate) fn launch_self(nproc: usize) -> anyhow::Result<i32> {
+    let exe = std::env::current_exe().context("cannot find the gradsync executable")?;
+    let argv: Vec<OsString> = std::env::args_os().skip(1).collect();
+    let mut opts = LaunchOptions::single_node(nproc);
+    opts.prefix = false;
+    launch::launch(&opts, exe.as_os_str(), &strip_nproc(&argv))
+}
+
 /// Whether this process was started as one rank of a job (torchrun, Slurm `srun`, Open MPI).
 pub(crate) fn in_job() -> bool {
     let set = |k: &str| std::env::var_os(k).is_some_and(|v| !v.is_empty());
@@ -220,12 +230,7 @@ fn plan(args: &BenchArgs) -> anyhow::Result<Plan> {
 pub fn run(args: &BenchArgs) -> anyhow::Result<i32> {
     let plan = plan(args)?;
     if args.nproc.is_some() || !in_job() {
-        let nproc = args.nproc.unwrap_or(1);
-        let exe = std::env::current_exe().context("cannot find the gradsync executable")?;
-        let argv: Vec<OsString> = std::env::args_os().skip(1).collect();
-        let mut opts = LaunchOptions::single_node(nproc);
-        opts.prefix = false;
-        return launch::launch(&opts, exe.as_os_str(), &strip_nproc(&argv));
+        return launch_self(args.nproc.unwrap_or(1));
     }
     gradsync::logging::init_from_env();
     let mut comm = Communicator::from_env().context("cannot join the job")?;

@@ -12,14 +12,11 @@
 //!   `--threshold` (default 80%) of the median link;
 //! - a verdict naming the host all of whose links are slow, when there is one.
 
-use std::ffi::OsString;
 use std::time::Instant;
 
 use anyhow::{Context, ensure};
 use gradsync::Communicator;
 use gradsync::topology;
-
-use crate::launch::{self, LaunchOptions};
 
 /// Options of `gradsync doctor`.
 #[derive(Debug, clap::Args)]
@@ -57,12 +54,7 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<i32> {
     );
     ensure!(args.nproc != Some(0), "--nproc must be at least 1");
     if args.nproc.is_some() || !crate::bench::in_job() {
-        let nproc = args.nproc.unwrap_or(1);
-        let exe = std::env::current_exe().context("cannot find the gradsync executable")?;
-        let argv: Vec<OsString> = std::env::args_os().skip(1).collect();
-        let mut opts = LaunchOptions::single_node(nproc);
-        opts.prefix = false;
-        return launch::launch(&opts, exe.as_os_str(), &crate::bench::strip_nproc(&argv));
+        return crate::bench::launch_self(args.nproc.unwrap_or(1));
     }
     gradsync::logging::init_from_env();
     let mut comm = Communicator::from_env().context("cannot join the job")?;
@@ -88,8 +80,7 @@ struct Report {
 fn describe_self(comm: &Communicator) -> String {
     let ifname = comm.interface().to_string();
     let mtu = topology::interface_mtu(&ifname).map_or("?".to_string(), |m| m.to_string());
-    let bind = std::env::var("GRADSYNC_NUMA_BIND").map_or(true, |v| v.trim() != "0");
-    let numa = topology::numa_placement(&ifname, bind);
+    let numa = comm.numa_placement();
     let addr = comm
         .peer_addr(comm.rank())
         .map_or("-".to_string(), |a| a.ip().to_string());

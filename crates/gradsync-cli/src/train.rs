@@ -27,7 +27,6 @@
 pub mod data;
 pub mod model;
 
-use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -36,7 +35,6 @@ use anyhow::{Context, ensure};
 use gradsync::{Communicator, ReduceOp};
 use gradsync_ddp::{Reducer, StepStats, gather_hashes, hash_f32};
 
-use crate::launch::{self, LaunchOptions};
 use data::{FashionMnist, PIXELS, Sampler};
 use model::{Mlp, Workspace};
 
@@ -98,15 +96,6 @@ pub struct TrainArgs {
     pub data: PathBuf,
 }
 
-/// Whether this process is one rank of a running job (launcher variables are set).
-fn in_job() -> bool {
-    let set = |k: &str| std::env::var_os(k).is_some_and(|v| !v.is_empty());
-    set("RANK")
-        || set("OMPI_COMM_WORLD_RANK")
-        || set("PMI_RANK")
-        || (set("SLURM_PROCID") && set("SLURM_STEP_ID"))
-}
-
 /// Checks the options before any rank starts.
 fn check(args: &TrainArgs) -> anyhow::Result<()> {
     ensure!(args.nproc != Some(0), "--nproc must be at least 1");
@@ -133,14 +122,10 @@ fn check(args: &TrainArgs) -> anyhow::Result<()> {
 /// Runs `gradsync train`; returns the exit code.
 pub fn run(args: &TrainArgs) -> anyhow::Result<i32> {
     check(args)?;
-    if args.nproc.is_some() || !in_job() {
+    if args.nproc.is_some() || !crate::bench::in_job() {
         // Fail once, here, rather than in every rank.
         data::check_files(&args.data)?;
-        let exe = std::env::current_exe().context("cannot find the gradsync executable")?;
-        let argv: Vec<OsString> = std::env::args_os().skip(1).collect();
-        let mut opts = LaunchOptions::single_node(args.nproc.unwrap_or(DEFAULT_NPROC));
-        opts.prefix = false;
-        return launch::launch(&opts, exe.as_os_str(), &crate::bench::strip_nproc(&argv));
+        return crate::bench::launch_self(args.nproc.unwrap_or(DEFAULT_NPROC));
     }
     gradsync::logging::init_from_env();
     let mut comm = Communicator::from_env().context("cannot join the job")?;
