@@ -188,6 +188,12 @@ def main():
             if res[name]:
                 (pl, _), (pb, _) = med(name, "lat_us"), med(name, "busbw")
                 print(f"{ours} / {name}: busbw x{gb / pb:.2f}, 8 B latency x{gl / pl:.2f} (lower is better)")
+                if name == "gloo":
+                    # torch.distributed.all_reduce is in place: like with like.
+                    print(f"{ours} / gloo, both in place: busbw x{gi / pb:.2f}")
+                if name == "gradsync":
+                    (ti, _) = med(name, "busbw_inplace")
+                    print(f"{ours} / {name}, both in place: busbw x{gi / ti:.2f}")
     shutil.rmtree(work, ignore_errors=True)
 
 

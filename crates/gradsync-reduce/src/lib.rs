@@ -143,6 +143,28 @@ pub fn reduce_into(dtype: DataType, op: ReduceOp, dst: &mut [u8], a: &[u8], b: &
     dispatch::into(Isa::best(), dtype, op, dst, a, b);
 }
 
+/// Copies `src` into `dst` (equal lengths) for data that the caller will not read again soon:
+/// on x86-64 the bulk of it goes out with non-temporal stores, which skip the read that an
+/// ordinary store makes of each destination cache line and leave the caches to the data still
+/// in use. Visible to other threads like an ordinary copy once it returns. Elsewhere, and for
+/// copies under 64 KiB, it is `copy_from_slice`.
+///
+/// # Panics
+///
+/// If the lengths differ.
+#[track_caller]
+pub fn copy_streaming(dst: &mut [u8], src: &[u8]) {
+    check_same("dst", dst.len(), "src", src.len());
+    #[cfg(target_arch = "x86_64")]
+    if dst.len() >= STREAMING_MIN {
+        return x86::copy_streaming(dst, src);
+    }
+    dst.copy_from_slice(src);
+}
+
+/// Copies shorter than this stay in the cache: their destination is likely read again soon.
+pub const STREAMING_MIN: usize = 64 << 10;
+
 /// Divides every element of `buf` by `world`, the finishing step of [`ReduceOp::Avg`].
 ///
 /// Floats divide by `world` converted to the float type (`f16` and `bf16` through `f32`, then

@@ -813,3 +813,46 @@ fn ragged_length_panics() {
 fn zero_world_panics() {
     finalize_avg(DataType::F32, &mut [0; 4], 0);
 }
+
+#[test]
+fn streaming_copy_equals_an_ordinary_copy_at_every_alignment_and_length() {
+    let mut rng = Rng::new(7);
+    let big = crate::STREAMING_MIN + 200;
+    let src: Vec<u8> = (0..big + 64).map(|_| rng.next() as u8).collect();
+    for len in [
+        0,
+        1,
+        15,
+        64,
+        1000,
+        crate::STREAMING_MIN - 1,
+        crate::STREAMING_MIN,
+        big,
+    ] {
+        for d_off in [0, 1, 8, 15] {
+            for s_off in [0, 3] {
+                let mut dst = vec![0xAAu8; len + 32];
+                crate::copy_streaming(&mut dst[d_off..d_off + len], &src[s_off..s_off + len]);
+                assert_eq!(
+                    &dst[d_off..d_off + len],
+                    &src[s_off..s_off + len],
+                    "len {len} dst+{d_off} src+{s_off}"
+                );
+                assert!(
+                    dst[..d_off].iter().all(|&b| b == 0xAA),
+                    "wrote before the destination"
+                );
+                assert!(
+                    dst[d_off + len..].iter().all(|&b| b == 0xAA),
+                    "wrote past the destination"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "length mismatch")]
+fn streaming_copy_of_unequal_lengths_panics() {
+    crate::copy_streaming(&mut [0u8; 4], &[0u8; 5]);
+}

@@ -162,3 +162,37 @@ fn f16c_map(buf: &mut [u8], f: impl Fn(f32) -> f32 + Copy) {
         F16::narrow(f(F16::widen(h)))
     });
 }
+
+/// Copies `src` into `dst` with non-temporal stores for the 16-byte aligned middle of `dst`
+/// (the ends go through an ordinary copy), then fences, so the stores are visible to other
+/// cores in program order like ordinary ones.
+///
+/// # Panics
+///
+/// If the lengths differ.
+pub(crate) fn copy_streaming(dst: &mut [u8], src: &[u8]) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+    assert_eq!(dst.len(), src.len(), "copy_streaming: lengths differ");
+    let head = dst.as_ptr().align_offset(16).min(dst.len());
+    let body = (dst.len() - head) & !63;
+    dst[..head].copy_from_slice(&src[..head]);
+    let (d, s) = (&mut dst[head..head + body], &src[head..head + body]);
+    for (dc, sc) in d.chunks_exact_mut(64).zip(s.chunks_exact(64)) {
+        let dp = dc.as_mut_ptr().cast::<__m128i>();
+        let sp = sc.as_ptr().cast::<__m128i>();
+        // SAFETY: both chunks are 64 bytes long; `dp` is 16-byte aligned (`head` made it so
+        // and the chunks are multiples of 16); `_mm_loadu_si128` takes any alignment; SSE2 is
+        // part of the x86-64 baseline.
+        unsafe {
+            let (a, b) = (_mm_loadu_si128(sp), _mm_loadu_si128(sp.add(1)));
+            let (c, e) = (_mm_loadu_si128(sp.add(2)), _mm_loadu_si128(sp.add(3)));
+            _mm_stream_si128(dp, a);
+            _mm_stream_si128(dp.add(1), b);
+            _mm_stream_si128(dp.add(2), c);
+            _mm_stream_si128(dp.add(3), e);
+        }
+    }
+    dst[head + body..].copy_from_slice(&src[head + body..]);
+    // SAFETY: SSE is part of the x86-64 baseline.
+    unsafe { _mm_sfence() };
+}

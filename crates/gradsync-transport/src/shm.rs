@@ -1698,10 +1698,12 @@ impl Conn {
             }
             match kind {
                 KIND_SEND if !bad_len(MAX_SEND) => {
-                    let mut v = vec![0u8; data_len];
                     // SAFETY: the payload lies inside the checked record.
-                    unsafe { ptr::copy_nonoverlapping(ring.add(data), v.as_mut_ptr(), data_len) };
-                    out.push(Completion::Recv { peer, data: v });
+                    let v = unsafe { std::slice::from_raw_parts(ring.add(data), data_len) };
+                    out.push(Completion::Recv {
+                        peer,
+                        data: v.to_vec(),
+                    });
                 }
                 KIND_WRITE_INLINE if !bad_len(INLINE_MAX) => {
                     match regions

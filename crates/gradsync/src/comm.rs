@@ -430,6 +430,11 @@ impl Communicator {
             eopts.busy_spin = BUSY_SPIN.min(config.spin);
         }
         let (mut engine, inbox) = Engine::new(ep, comm_id, eopts)?;
+        for (p, t) in layout.routes.iter().enumerate() {
+            if *t == "shm" {
+                engine.set_direct_min(p, config.shm_direct_min);
+            }
+        }
         let vals = exchange(
             &mut store,
             &prefix,
@@ -877,6 +882,23 @@ impl Communicator {
         in_place: bool,
     ) -> Result<(Signature, Planned, &'static str)> {
         let bytes = count * dtype.size();
+        if coll == Collective::AllReduce
+            && self.algorithm.is_none()
+            && self.engine.eager_fits(bytes)
+        {
+            self.seq += 1;
+            let sig = Signature {
+                comm_id: self.engine.comm_id,
+                seq: self.seq,
+                coll,
+                dtype,
+                op,
+                count: count as u64,
+                root: 0,
+            };
+            tracing::trace!(target: "gradsync::coll", "rank {}: plan {sig} eager", self.rank);
+            return Ok((sig, self.engine.eager_planned(), "eager"));
+        }
         let local = self.layout.local_size;
         let algorithm = match (coll, self.algorithm) {
             (Collective::AllReduce, Some(a)) => a,
@@ -1269,6 +1291,12 @@ impl Communicator {
         self.p2p(peer, T::DTYPE, buf.len(), raw(buf), true)
     }
 
+    /// The flight recorder's record of this communicator's last operations (see
+    /// [`recorder`](crate::recorder)): what ran, with which algorithm, how it ended.
+    pub fn flight_snapshot(&self) -> crate::recorder::Dump {
+        self.engine.recorder.snapshot()
+    }
+
     /// Receives into `buf` from `peer`.
     pub fn recv<T: Element>(&mut self, buf: &mut [T], peer: usize) -> Result<()> {
         self.p2p(peer, T::DTYPE, buf.len(), raw(buf), false)
@@ -1284,6 +1312,7 @@ fn engine_options(c: &Config) -> EngineOptions {
         busy_spin: Duration::ZERO,
         direct_min: c.direct_min,
         checksum: c.checksum,
+        eager_max: c.eager_max,
     }
 }
 

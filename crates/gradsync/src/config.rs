@@ -43,6 +43,16 @@ pub struct Config {
     /// into the receiver's buffer after a clear-to-send (`GRADSYNC_DIRECT_MIN`); smaller ones,
     /// and every message that is reduced on arrival, go through an inbox slot.
     pub direct_min: usize,
+    /// The same for pairs on shared memory (`GRADSYNC_SHM_DIRECT_MIN`, default off): there a
+    /// message through an inbox slot costs the sender a copy into the mapped inbox, which
+    /// stays in the cache, and the receiver a streaming copy out; a direct write is a
+    /// cross-memory copy that pins the destination's pages, measured slower.
+    pub shm_direct_min: usize,
+    /// All-reduces of at most this many bytes run eagerly (`GRADSYNC_EAGER_MAX`, default and
+    /// upper limit 4064, `0` or `off`: never; only with no forced algorithm and at most 16
+    /// ranks): each rank sends its whole buffer to every peer in one message and reduces all
+    /// contributions in rank order, one message latency in all. Set it alike on every rank.
+    pub eager_max: usize,
     /// The job token (`GRADSYNC_TOKEN`): with one, every store and data connection is
     /// authenticated by an HMAC-SHA256 challenge-response on it, and the token never crosses
     /// the wire (see `gradsync_store`'s and `gradsync_transport::tcp`'s documentation). All
@@ -203,6 +213,8 @@ impl Config {
             spin: DEFAULT_SPIN,
             algorithm: None,
             direct_min: DEFAULT_DIRECT_MIN,
+            shm_direct_min: usize::MAX,
+            eager_max: crate::engine::EAGER_MAX,
             token: None,
             checksum: false,
             transport: TransportMode::Auto,
@@ -355,15 +367,21 @@ impl Config {
             self.nslots = n;
         }
         if let Some(v) = var("GRADSYNC_DIRECT_MIN") {
-            self.direct_min = if v.trim() == "off" {
-                usize::MAX
-            } else {
-                parse_size(&v).ok_or_else(|| {
+            self.direct_min = direct_min_var("GRADSYNC_DIRECT_MIN", &v)?;
+        }
+        if let Some(v) = var("GRADSYNC_EAGER_MAX") {
+            let max = crate::engine::EAGER_MAX;
+            self.eager_max = match v.trim() {
+                "off" => 0,
+                t => parse_size(t).filter(|&n| n <= max).ok_or_else(|| {
                     Error::Config(format!(
-                        "GRADSYNC_DIRECT_MIN={v:?} is not a size (or `off`)"
+                        "GRADSYNC_EAGER_MAX={v:?} must be a size of at most {max} bytes (or `off`)"
                     ))
-                })?
+                })?,
             };
+        }
+        if let Some(v) = var("GRADSYNC_SHM_DIRECT_MIN") {
+            self.shm_direct_min = direct_min_var("GRADSYNC_SHM_DIRECT_MIN", &v)?;
         }
         if let Some(on) = env.flag("GRADSYNC_CHECKSUM")? {
             self.checksum = on;
@@ -397,6 +415,14 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// A direct-write threshold: a size, or `off`.
+fn direct_min_var(name: &str, v: &str) -> Result<usize, Error> {
+    if v.trim() == "off" {
+        return Ok(usize::MAX);
+    }
+    parse_size(v).ok_or_else(|| Error::Config(format!("{name}={v:?} is not a size (or `off`)")))
 }
 
 #[cfg(test)]
@@ -508,6 +534,29 @@ mod tests {
         assert!(e.to_string().contains("GRADSYNC_TRANSPORT=\"ib\""), "{e}");
         let c = from(&[base[0], base[1], ("GRADSYNC_HOST_ID", "node-a")]).unwrap();
         assert_eq!(c.host_id.as_deref(), Some("node-a"));
+    }
+
+    #[test]
+    fn direct_write_thresholds() {
+        let base = [("RANK", "0"), ("WORLD_SIZE", "1")];
+        let c = from(&base).unwrap();
+        assert_eq!(
+            (c.direct_min, c.shm_direct_min),
+            (DEFAULT_DIRECT_MIN, usize::MAX)
+        );
+        let c = from(&[
+            base[0],
+            base[1],
+            ("GRADSYNC_DIRECT_MIN", "off"),
+            ("GRADSYNC_SHM_DIRECT_MIN", "1M"),
+        ])
+        .unwrap();
+        assert_eq!((c.direct_min, c.shm_direct_min), (usize::MAX, 1 << 20));
+        let e = from(&[base[0], base[1], ("GRADSYNC_SHM_DIRECT_MIN", "big")]).unwrap_err();
+        assert!(
+            e.to_string().contains("GRADSYNC_SHM_DIRECT_MIN=\"big\""),
+            "{e}"
+        );
     }
 
     #[test]

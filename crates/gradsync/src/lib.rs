@@ -57,7 +57,7 @@
 //! buffer by value and gives it back from [`Communicator::wait`]. Either way no gradient can be
 //! touched while it is being reduced. Peers write into the engine's own inbox, and into caller
 //! memory only after a clear-to-send of the running operation named that span (large
-//! copy-receives, `GRADSYNC_DIRECT_MIN`).
+//! copy-receives, `GRADSYNC_DIRECT_MIN` and `GRADSYNC_SHM_DIRECT_MIN`).
 
 mod comm;
 mod config;

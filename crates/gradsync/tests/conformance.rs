@@ -269,6 +269,7 @@ fn config_direct() -> Config {
     c.chunk_bytes = 256;
     c.nslots = 3;
     c.direct_min = 1;
+    c.shm_direct_min = 1;
     c
 }
 

@@ -58,14 +58,62 @@ fn count_mismatch_names_both_ranks_and_signatures() {
 }
 
 #[test]
+fn eager_against_scheduled_all_reduce_is_a_mismatch_not_a_hang() {
+    // 100 floats go eagerly (one message to every peer), 100000 through a schedule: each side
+    // sees the other's first message for the same sequence number and names both calls.
+    let t0 = Instant::now();
+    let res = tcp_group(2, Duration::from_secs(20), |rank, c| {
+        let mut buf = vec![1.0f32; if rank == 0 { 100 } else { 100_000 }];
+        c.all_reduce(&mut buf, ReduceOp::Sum)
+            .map_err(|e| e.to_string())
+    });
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "mismatch took {:?} to surface",
+        t0.elapsed()
+    );
+    let all = format!("{res:?}");
+    assert!(
+        res.iter().all(|r| r.is_err()),
+        "every rank must fail: {all}"
+    );
+    assert!(
+        all.contains("all_reduce seq 2 float sum count 100 ")
+            && all.contains("all_reduce seq 2 float sum count 100000"),
+        "{all}"
+    );
+}
+
+#[test]
+fn a_forced_algorithm_on_one_rank_only_is_named_in_the_error() {
+    // Same call everywhere, but rank 1 forces the ring, so it does not run small all-reduces
+    // eagerly: the signatures agree and the error says what differs.
+    let res = tcp_group(2, Duration::from_secs(20), |rank, c| {
+        if rank == 1 {
+            c.set_algorithm(Some(gradsync::Algorithm::Ring));
+        }
+        let mut buf = vec![1.0f32; 16];
+        c.all_reduce(&mut buf, ReduceOp::Sum)
+            .map_err(|e| e.to_string())
+    });
+    let all = format!("{res:?}");
+    assert!(
+        res.iter().all(|r| r.is_err()),
+        "every rank must fail: {all}"
+    );
+    assert!(all.contains("GRADSYNC_ALGO"), "{all}");
+}
+
+#[test]
 fn collective_mismatch_fails_every_rank() {
-    // Rank 2 broadcasts from rank 0 while ranks 0 and 1 all-reduce. With 3 ranks the
-    // all-reduce first needs rank 2's data and rank 2 waits for rank 0's: no message crosses
-    // between the mismatched sides, so it is the deadline that breaks the wait, and the rank
-    // that times out tells the others, which fail at once with its reason.
+    // Rank 2 broadcasts from rank 0 while ranks 0 and 1 all-reduce a buffer too large to go
+    // eagerly. With 3 ranks the all-reduce first needs rank 2's data and rank 2 waits for
+    // rank 0's: no message crosses between the mismatched sides, so it is the deadline that
+    // breaks the wait, and the rank that times out tells the others, which fail at once with
+    // its reason.
     let t0 = Instant::now();
     let res = tcp_group(3, Duration::from_secs(2), |rank, c| {
-        let mut buf = vec![1i32; 64];
+        let mut buf = vec![1i32; 4096];
         if rank == 2 {
             c.broadcast(&mut buf, 0).map_err(|e| e.to_string())
         } else {
@@ -84,6 +132,32 @@ fn collective_mismatch_fails_every_rank() {
         "every rank must fail: {all}"
     );
     assert!(all.contains("timed out after 2s waiting on rank"), "{all}");
+    // A small all-reduce goes eagerly to every peer, so the broadcasting rank gets rank 0's
+    // message and names the mismatch at once.
+    let t0 = Instant::now();
+    let res = tcp_group(3, Duration::from_secs(20), |rank, c| {
+        let mut buf = vec![1i32; 64];
+        if rank == 2 {
+            c.broadcast(&mut buf, 0).map_err(|e| e.to_string())
+        } else {
+            c.all_reduce(&mut buf, ReduceOp::Max)
+                .map_err(|e| e.to_string())
+        }
+    });
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        t0.elapsed()
+    );
+    let all = format!("{res:?}");
+    assert!(
+        res.iter().all(|r| r.is_err()),
+        "every rank must fail: {all}"
+    );
+    assert!(
+        all.contains("rank 2 runs broadcast seq 2 int32 count 64 root 0 but rank 0 sent all_reduce seq 2 int32 max count 64"),
+        "{all}"
+    );
     // Where the sides do exchange messages, the first one carries the mismatch.
     let res = tcp_group(2, Duration::from_secs(20), |rank, c| {
         let mut buf = vec![1i32; 64];
