@@ -64,6 +64,54 @@ pub struct LaunchOptions {
     /// After a rank fails, how long the others may take to exit on their own (gradsync ranks
     /// fail within seconds of a peer's death and print what they saw) before they are stopped.
     pub failure_wait: Duration,
+    /// How ranks are bound to CPUs.
+    pub bind: Bind,
+}
+
+/// CPU binding of the ranks a launcher starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bind {
+    /// Each local rank gets an equal, separate share of the CPUs the launcher may use (in
+    /// order), as `mpirun` binds by default, when there are at least as many CPUs as ranks;
+    /// otherwise nothing is bound. A rank then keeps its core. Measured on 2 ranks and 2
+    /// cores: shared-memory latency about 10% lower, loopback TCP bandwidth about 10% lower
+    /// (the kernel's network work can no longer move), so it is not the default.
+    Spread,
+    /// No binding (the default): ranks inherit the launcher's CPUs.
+    None,
+}
+
+impl Bind {
+    /// Parses `spread` or `none`.
+    pub fn parse(s: &str) -> anyhow::Result<Self> {
+        match s {
+            "spread" => Ok(Bind::Spread),
+            "none" => Ok(Bind::None),
+            _ => bail!("--bind {s:?}: expected `spread` or `none`"),
+        }
+    }
+}
+
+/// The CPU set of each local rank under `bind`, or `None` where nothing is bound.
+fn cpu_sets(bind: Bind, nproc: usize) -> Vec<Option<libc::cpu_set_t>> {
+    let cpus = gradsync::topology::allowed_cpus();
+    if bind == Bind::None || nproc == 0 || cpus.len() < nproc {
+        return vec![None; nproc];
+    }
+    let share = cpus.len() / nproc;
+    (0..nproc)
+        .map(|r| {
+            // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside it for
+            // CPUs below CPU_SETSIZE, which all of these are (read from such a set).
+            unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                for &c in &cpus[r * share..(r + 1) * share] {
+                    libc::CPU_SET(c, &mut set);
+                }
+                Some(set)
+            }
+        })
+        .collect()
 }
 
 impl LaunchOptions {
@@ -77,6 +125,7 @@ impl LaunchOptions {
             prefix: true,
             grace: Duration::from_secs(3),
             failure_wait: Duration::from_secs(3),
+            bind: Bind::None,
         }
     }
 }
@@ -184,10 +233,24 @@ pub fn launch(opts: &LaunchOptions, program: &OsStr, args: &[OsString]) -> anyho
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let mut readers = 0usize;
     let mut ranks: Vec<Rank> = Vec::with_capacity(opts.nproc);
-    for local in 0..opts.nproc {
+    let sets = cpu_sets(opts.bind, opts.nproc);
+    for (local, set) in sets.into_iter().enumerate() {
         let env = rank_env(opts, &addr, port, local);
         let rank = opts.node_rank * opts.nproc + local;
         let mut cmd = Command::new(program);
+        if let Some(set) = set {
+            // SAFETY: the closure runs in the child between fork and exec and makes only
+            // sched_setaffinity, an async-signal-safe system call, on a set made before fork.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         cmd.args(args)
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .envs(token.iter().map(|t| ("GRADSYNC_TOKEN", t.as_str())))

@@ -85,6 +85,10 @@ struct LaunchArgs {
     /// saw) before they are stopped.
     #[arg(long, default_value_t = 3.0)]
     failure_wait_secs: f64,
+    /// CPU binding: `spread` gives each local rank an equal, separate share of the launcher's
+    /// CPUs when there are at least as many as ranks (as mpirun binds); `none` binds nothing.
+    #[arg(long, default_value = "none")]
+    bind: String,
     /// The command every rank runs, and its arguments.
     #[arg(
         required = true,
@@ -112,6 +116,7 @@ fn run_launch(args: &LaunchArgs) -> anyhow::Result<i32> {
         prefix: !args.no_prefix,
         grace: Duration::from_secs_f64(args.grace_secs),
         failure_wait: Duration::from_secs_f64(args.failure_wait_secs),
+        bind: launch::Bind::parse(&args.bind)?,
     };
     let (program, rest) = args.command.split_first().expect("clap requires a command");
     launch::launch(&opts, program, rest)

@@ -60,6 +60,59 @@ fn ranks_get_torchrun_environment_and_prefixes() {
     assert_eq!(err, ["[0] e3001", "[1] e3001", "[2] e3001"]);
 }
 
+/// CPUs this process may run on.
+fn allowed_cpus() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap()
+        .trim()
+        .to_string();
+    list.split(',')
+        .map(|part| match part.split_once('-') {
+            Some((a, b)) => b.parse::<usize>().unwrap() - a.parse::<usize>().unwrap() + 1,
+            None => 1,
+        })
+        .sum()
+}
+
+#[test]
+fn ranks_are_spread_over_the_cpus_when_asked() {
+    let cpus = allowed_cpus();
+    let nproc = 2;
+    let show = "grep Cpus_allowed_list /proc/self/status";
+    let spread = launch(&["--nproc", "2", "--bind", "spread", "--", "sh", "-c", show]);
+    assert!(spread.status.success(), "{spread:?}");
+    let lists: Vec<String> = stdout_lines(&spread)
+        .iter()
+        .map(|l| l.rsplit('\t').next().unwrap().trim().to_string())
+        .collect();
+    assert_eq!(lists.len(), nproc, "{lists:?}");
+    if cpus >= nproc {
+        // Each rank has its own share: disjoint, and no rank has every CPU.
+        assert_ne!(lists[0], lists[1], "{lists:?}");
+    } else {
+        println!("skipped the spread check: {cpus} CPU(s) for {nproc} ranks binds nothing");
+    }
+    let none = launch(&["--nproc", "2", "--", "sh", "-c", show]);
+    assert!(none.status.success(), "{none:?}");
+    let lists: Vec<String> = stdout_lines(&none)
+        .iter()
+        .map(|l| l.rsplit('\t').next().unwrap().trim().to_string())
+        .collect();
+    assert_eq!(
+        lists[0], lists[1],
+        "unbound ranks keep the launcher's CPUs: {lists:?}"
+    );
+    let bad = launch(&["--nproc", "2", "--bind", "core", "--", "true"]);
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("--bind"),
+        "{bad:?}"
+    );
+}
+
 #[test]
 fn every_rank_gets_the_same_free_port() {
     let out = launch(&["--nproc", "2", "--", "sh", "-c", "echo $MASTER_PORT"]);

@@ -332,9 +332,19 @@ impl Communicator {
         store
             .set(&format!("{prefix}/host/{rank}"), host_id.as_bytes())
             .map_err(st)?;
+        let my_cpus = topology::allowed_cpus();
+        let cpu_list = my_cpus
+            .iter()
+            .map(usize::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        store
+            .set(&format!("{prefix}/cpus/{rank}"), cpu_list.as_bytes())
+            .map_err(st)?;
         let keys: Vec<String> = (0..world)
             .map(|r| format!("{prefix}/addr/{r}"))
             .chain((0..world).map(|r| format!("{prefix}/host/{r}")))
+            .chain((0..world).map(|r| format!("{prefix}/cpus/{r}")))
             .collect();
         let krefs: Vec<&str> = keys.iter().map(String::as_str).collect();
         let vals = store.wait(&krefs, config.timeout).map_err(st)?;
@@ -345,12 +355,21 @@ impl Communicator {
                 Error::Config(format!("rank {r} published a malformed address {s:?}"))
             })?);
         }
-        let host_ids: Vec<String> = vals[world..]
+        let host_ids: Vec<String> = vals[world..2 * world]
             .iter()
             .map(|v| String::from_utf8_lossy(v).into_owned())
             .collect();
         let topo = Topology::from_identities(&host_ids);
         let local = topo.local_ranks(rank);
+        // The CPUs the ranks of this host may use together: when they number at least the
+        // ranks, every rank can have a core of its own (bound by a launcher, or free to move).
+        let local_cpus: std::collections::BTreeSet<usize> = local
+            .iter()
+            .flat_map(|&r| {
+                topology::parse_cpu_list(&String::from_utf8_lossy(&vals[2 * world + r]))
+                    .unwrap_or_default()
+            })
+            .collect();
         if config.transport == TransportMode::Shm
             && let Some(p) = (0..world).find(|p| !local.contains(p))
         {
@@ -425,8 +444,7 @@ impl Communicator {
         let mut eopts = engine_options(&config);
         // Poll without yielding for a while when every rank of this host has a core: a peer's
         // shared-memory write then lands within the spin (sub-microsecond latency).
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        if local.len() <= cores {
+        if local.len() <= local_cpus.len() {
             eopts.busy_spin = BUSY_SPIN.min(config.spin);
         }
         let (mut engine, inbox) = Engine::new(ep, comm_id, eopts)?;

@@ -382,6 +382,9 @@ pub(crate) struct Engine {
     eager_msg: Vec<u8>,
     /// The running eager operation's message still has to be sent.
     eager_unsent: bool,
+    /// The engine's last clock reading (operation start, idle rounds): when peers were last
+    /// heard from, without a clock read per message.
+    now_coarse: Instant,
 }
 
 /// Operations of at least this many bytes copy what they receive into the caller's buffer
@@ -525,6 +528,7 @@ impl Engine {
                 empty_sched: None,
                 eager_msg: Vec::new(),
                 eager_unsent: false,
+                now_coarse: Instant::now(),
             },
             remote,
         ))
@@ -719,7 +723,9 @@ impl Engine {
         if sig.coll != Collective::SendRecv {
             self.last_coll_seq = sig.seq;
         }
-        let record = self.recorder.start_with(|rec| {
+        let started = Instant::now();
+        self.now_coarse = started;
+        let record = self.recorder.start_with(started, |rec| {
             fill_record(rec, &sig, algo);
             if matches!(
                 sig.coll,
@@ -745,7 +751,7 @@ impl Engine {
             _scratch: scratch,
             q,
             record,
-            started: Instant::now(),
+            started,
             eager: None,
         });
         Ok(())
@@ -825,7 +831,9 @@ impl Engine {
             self.last_coll_seq = sig.seq;
         }
         let rank = self.rank;
-        let record = self.recorder.start_with(|rec| {
+        let started = Instant::now();
+        self.now_coarse = started;
+        let record = self.recorder.start_with(started, |rec| {
             fill_record(rec, &sig, algo);
             rec.peers.extend((0..w).filter(|&p| p != rank));
         });
@@ -844,7 +852,7 @@ impl Engine {
             _scratch: None,
             q,
             record,
-            started: Instant::now(),
+            started,
             eager: Some(missing),
         });
         Ok(())
@@ -1195,6 +1203,7 @@ impl Engine {
                 continue;
             }
             let now = Instant::now();
+            self.now_coarse = now;
             let since = *idle_since.get_or_insert(now);
             busy = now - since < self.opts.busy_spin;
             if !credits_flushed && now - since >= IDLE_CREDIT_RETURN {
@@ -1494,7 +1503,7 @@ impl Engine {
                 }
                 let r = self.running.as_mut().expect("running");
                 r.q.direct_arrived[*peer].push(msg);
-                self.peers[*peer].last_heard = Some((Instant::now(), r.sig.seq));
+                self.peers[*peer].last_heard = Some((self.now_coarse, r.sig.seq));
             }
             Completion::WriteImm { peer, imm, len } => {
                 let ps = &mut self.peers[*peer];
@@ -1514,11 +1523,11 @@ impl Engine {
                     });
                 }
                 ps.arrived[k] = true;
-                ps.last_heard = Some((Instant::now(), ps.last_heard.map_or(0, |l| l.1)));
+                ps.last_heard = Some((self.now_coarse, ps.last_heard.map_or(0, |l| l.1)));
             }
             Completion::Recv { peer, data } => {
                 let seq = self.running.as_ref().map_or(self.last_seq, |r| r.sig.seq);
-                self.peers[*peer].last_heard = Some((Instant::now(), seq));
+                self.peers[*peer].last_heard = Some((self.now_coarse, seq));
                 self.handle_control(*peer, data)?;
             }
         }
@@ -1671,7 +1680,7 @@ impl Engine {
                         },
                     });
                 }
-                ps.last_heard = Some((Instant::now(), h.sig.seq));
+                ps.last_heard = Some((self.now_coarse, h.sig.seq));
                 // Verified before anything is reduced or copied: a damaged payload never
                 // reaches the caller's buffer.
                 match h.crc32c {

@@ -82,7 +82,7 @@ use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
@@ -299,6 +299,8 @@ struct Inner {
     comm_id: AtomicU64,
     dir: Mutex<Option<PathBuf>>,
     ring: Mutex<Ring>,
+    /// A monotonic instant and the wall-clock time it was, for stamping from an [`Instant`].
+    epoch: (Instant, u64),
 }
 
 /// The last operations of one rank of one communicator, in a bounded ring.
@@ -390,6 +392,7 @@ impl FlightRecorder {
                 slots: Vec::with_capacity(capacity.min(4096)),
                 next: 0,
             }),
+            epoch: (Instant::now(), now_unix_us()),
         });
         let mut reg = lock(&REGISTRY);
         reg.retain(|w| w.strong_count() > 0);
@@ -435,15 +438,19 @@ impl FlightRecorder {
 
     /// Like [`start`](Self::start), but fills the record in place: `fill` gets a record with
     /// sequence number 0, empty names, no root, algorithm, peers, bytes, end or error, state
-    /// [`OpState::Started`] and the current time, and sets what it knows. The slot's previous
-    /// record gives its allocations (the peer list) for reuse, so a steady stream of operations
-    /// allocates nothing here.
-    pub fn start_with(&self, fill: impl FnOnce(&mut OpRecord)) -> usize {
+    /// [`OpState::Started`] and the start time `at` (a monotonic instant the caller read,
+    /// stamped as wall-clock time), and sets what it knows. The slot's previous record gives its
+    /// allocations (the peer list) for reuse, so a steady stream of operations allocates
+    /// nothing here.
+    pub fn start_with(&self, at: Instant, fill: impl FnOnce(&mut OpRecord)) -> usize {
         let cap = self.inner.capacity;
         if cap == 0 {
             return NO_HANDLE;
         }
-        let now = now_unix_us();
+        let (e_mono, e_unix) = self.inner.epoch;
+        let now = e_unix.saturating_add(
+            u64::try_from(at.saturating_duration_since(e_mono).as_micros()).unwrap_or(u64::MAX),
+        );
         let mut ring = lock(&self.inner.ring);
         let id = ring.next;
         ring.next += 1;

@@ -139,6 +139,21 @@ pub fn parse_cpu_list(s: &str) -> Option<Vec<usize>> {
     Some(cpus)
 }
 
+/// The CPUs the calling thread may run on (its affinity mask), in order; empty if unknown.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set, filled by sched_getaffinity; CPU_ISSET
+    // reads inside it for CPU numbers below CPU_SETSIZE.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
+}
+
 /// CPUs of a NUMA node.
 pub fn node_cpus(node: usize) -> Option<Vec<usize>> {
     parse_cpu_list(
