@@ -49,6 +49,8 @@ pub struct Communicator {
     /// Where every rank is and how this rank reaches it.
     layout: Layout,
     _store: Option<StoreServer>,
+    /// Scratch of deterministic all-reduces, kept from one call to the next.
+    det_scratch: Vec<u8>,
 }
 
 /// What init learned about the placement of ranks.
@@ -738,6 +740,7 @@ impl Communicator {
             next_work: 1,
             layout,
             _store: store,
+            det_scratch: Vec::new(),
         }
     }
 
@@ -789,6 +792,19 @@ impl Communicator {
     /// communicator can never leave memory shared with an operation in flight.
     pub fn all_reduce_owned<T: Element>(&mut self, buf: Vec<T>, op: ReduceOp) -> Result<Work<T>> {
         self.engine.check_usable_or_running()?;
+        if self.deterministic_path(T::DTYPE, buf.len()) {
+            let b = raw(&buf);
+            // SAFETY: the communicator owns `buf` for the call, which runs to its end (after
+            // the queue ahead of it).
+            unsafe { self.deterministic_all_reduce(T::DTYPE, op, buf.len(), b, b)? };
+            let id = self.next_work;
+            self.next_work += 1;
+            self.finished.insert(id, Box::new(buf));
+            return Ok(Work {
+                id,
+                _t: PhantomData,
+            });
+        }
         let raw_buf = raw(&buf);
         let (sig, prog, algo) =
             self.plan(Collective::AllReduce, T::DTYPE, op, 0, buf.len(), true)?;
@@ -1070,6 +1086,12 @@ impl Communicator {
                 ),
             ));
         }
+        if self.deterministic_path(T::DTYPE, input.len()) {
+            // SAFETY: both borrows outlive the call, which runs to its end.
+            return unsafe {
+                self.deterministic_all_reduce(T::DTYPE, op, input.len(), raw(input), raw(output))
+            };
+        }
         // SAFETY: both borrows outlive the call, which runs the operation to its end.
         unsafe {
             self.run(
@@ -1085,6 +1107,122 @@ impl Communicator {
         }
     }
 
+    /// Whether an all-reduce of `count` elements of `dtype` takes the deterministic path of
+    /// [`Config::deterministic`] (floats, larger than an eager message or with a forced
+    /// algorithm; eager all-reduces already reduce in rank order).
+    fn deterministic_path(&self, dtype: gradsync_core::DataType, count: usize) -> bool {
+        self.engine.opts.deterministic
+            && dtype.is_float()
+            && (self.algorithm.is_some() || !self.engine.eager_fits(count * dtype.size()))
+    }
+
+    /// The deterministic all-reduce: pieces of the input are all-gathered into scratch and
+    /// every element is reduced in rank order, so the bits do not depend on how the data
+    /// moved.
+    ///
+    /// # Safety
+    ///
+    /// `input` readable and `output` writable for `count` elements of `dtype` (they may be the
+    /// same span), untouched by anything else until this returns.
+    unsafe fn deterministic_all_reduce(
+        &mut self,
+        dtype: gradsync_core::DataType,
+        op: ReduceOp,
+        count: usize,
+        input: RawBuf,
+        output: RawBuf,
+    ) -> Result<()> {
+        self.drive(true, None)?;
+        let ds = dtype.size();
+        let w = self.world;
+        let piece = (DETERMINISTIC_SCRATCH / w / ds).clamp(1, count.max(1));
+        let mut scratch = std::mem::take(&mut self.det_scratch);
+        scratch.resize(w * piece * ds, 0);
+        // SAFETY: forwarded from the caller; `scratch` holds `w * piece` elements.
+        let res = unsafe {
+            self.deterministic_pieces(dtype, op, count, piece, &mut scratch, input, output)
+        };
+        self.det_scratch = scratch;
+        res
+    }
+
+    /// The pieces of [`deterministic_all_reduce`](Self::deterministic_all_reduce).
+    ///
+    /// # Safety
+    ///
+    /// As `deterministic_all_reduce`; `scratch` holds `world * piece` elements.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn deterministic_pieces(
+        &mut self,
+        dtype: gradsync_core::DataType,
+        op: ReduceOp,
+        count: usize,
+        piece: usize,
+        scratch: &mut [u8],
+        input: RawBuf,
+        output: RawBuf,
+    ) -> Result<()> {
+        let ds = dtype.size();
+        let w = self.world;
+        let fold = if op == ReduceOp::Avg {
+            ReduceOp::Sum
+        } else {
+            op
+        };
+        let mut off = 0;
+        loop {
+            let n = piece.min(count - off);
+            let part = RawBuf {
+                addr: input.addr + off * ds,
+                len: n * ds,
+            };
+            let gathered = RawBuf {
+                addr: scratch.as_mut_ptr() as usize,
+                len: w * n * ds,
+            };
+            // SAFETY: `part` lies inside `input`, readable per the caller; `gathered` is this
+            // function's scratch; the call runs to its end.
+            unsafe {
+                self.run(
+                    Collective::AllGather,
+                    dtype,
+                    ReduceOp::Sum,
+                    0,
+                    n,
+                    part,
+                    gathered,
+                    false,
+                )?
+            };
+            let nb = n * ds;
+            // SAFETY: the piece lies inside `output`, writable per the caller; the all-gather
+            // that read the same span of `input` has ended.
+            let out =
+                unsafe { std::slice::from_raw_parts_mut((output.addr + off * ds) as *mut u8, nb) };
+            let blocks = &scratch[..w * nb];
+            if w == 1 {
+                out.copy_from_slice(&blocks[..nb]);
+            } else {
+                gradsync_reduce::reduce_into(dtype, fold, out, &blocks[..nb], &blocks[nb..2 * nb]);
+                for k in 2..w {
+                    gradsync_reduce::reduce_in_place(
+                        dtype,
+                        fold,
+                        out,
+                        &blocks[k * nb..(k + 1) * nb],
+                    );
+                }
+            }
+            if op == ReduceOp::Avg {
+                gradsync_reduce::finalize_avg(dtype, out, w);
+            }
+            off += n;
+            if off >= count {
+                return Ok(());
+            }
+        }
+    }
+
     /// Starts an in-place all-reduce; the returned handle holds `buf` until it is waited for.
     pub fn all_reduce_async<'a, T: Element>(
         &'a mut self,
@@ -1092,6 +1230,15 @@ impl Communicator {
         op: ReduceOp,
     ) -> Result<Pending<'a>> {
         let b = raw(buf);
+        if self.deterministic_path(T::DTYPE, buf.len()) {
+            // SAFETY: `buf` is borrowed for the call, which runs to its end.
+            unsafe { self.deterministic_all_reduce(T::DTYPE, op, buf.len(), b, b)? };
+            return Ok(Pending {
+                comm: self,
+                done: true,
+                _bufs: PhantomData,
+            });
+        }
         // SAFETY: `buf` stays mutably borrowed by the returned Pending until it completes (its
         // wait or drop); a leaked Pending poisons the communicator and its buffer is never
         // touched again (no progress happens outside calls made through the handle).
@@ -1321,6 +1468,9 @@ impl Communicator {
     }
 }
 
+/// Scratch of a deterministic all-reduce: the all-gathered piece of every rank.
+const DETERMINISTIC_SCRATCH: usize = 4 << 20;
+
 fn engine_options(c: &Config) -> EngineOptions {
     EngineOptions {
         slot_bytes: c.chunk_bytes,
@@ -1331,6 +1481,7 @@ fn engine_options(c: &Config) -> EngineOptions {
         direct_min: c.direct_min,
         checksum: c.checksum,
         eager_max: c.eager_max,
+        deterministic: c.deterministic,
     }
 }
 

@@ -53,6 +53,15 @@ pub struct Config {
     /// ranks): each rank sends its whole buffer to every peer in one message and reduces all
     /// contributions in rank order, one message latency in all. Set it alike on every rank.
     pub eager_max: usize,
+    /// Deterministic floating-point all-reduce (`GRADSYNC_DETERMINISTIC`, `0` or `1`, default
+    /// off): every element is reduced in rank order, `((x0 op x1) op x2) ...`, so the result does
+    /// not depend on the algorithm, the chunk size or the buffer size. Small buffers go eagerly
+    /// (already in rank order); larger ones are all-gathered piece by piece (4 MiB of scratch
+    /// at most) and reduced locally, which moves `world - 1` buffers per rank instead of a
+    /// ring's `2 (world - 1) / world`. An async or owned all-reduce then completes before it
+    /// returns. Integer types are exact in any order and keep the normal path. Set it alike on
+    /// every rank.
+    pub deterministic: bool,
     /// The job token (`GRADSYNC_TOKEN`): with one, every store and data connection is
     /// authenticated by an HMAC-SHA256 challenge-response on it, and the token never crosses
     /// the wire (see `gradsync_store`'s and `gradsync_transport::tcp`'s documentation). All
@@ -215,6 +224,7 @@ impl Config {
             direct_min: DEFAULT_DIRECT_MIN,
             shm_direct_min: usize::MAX,
             eager_max: crate::engine::EAGER_MAX,
+            deterministic: false,
             token: None,
             checksum: false,
             transport: TransportMode::Auto,
@@ -382,6 +392,9 @@ impl Config {
         }
         if let Some(v) = var("GRADSYNC_SHM_DIRECT_MIN") {
             self.shm_direct_min = direct_min_var("GRADSYNC_SHM_DIRECT_MIN", &v)?;
+        }
+        if let Some(on) = env.flag("GRADSYNC_DETERMINISTIC")? {
+            self.deterministic = on;
         }
         if let Some(on) = env.flag("GRADSYNC_CHECKSUM")? {
             self.checksum = on;
@@ -557,6 +570,16 @@ mod tests {
             e.to_string().contains("GRADSYNC_SHM_DIRECT_MIN=\"big\""),
             "{e}"
         );
+    }
+
+    #[test]
+    fn deterministic_option() {
+        let base = [("RANK", "0"), ("WORLD_SIZE", "1")];
+        assert!(!from(&base).unwrap().deterministic);
+        let on = from(&[base[0], base[1], ("GRADSYNC_DETERMINISTIC", "1")]).unwrap();
+        assert!(on.deterministic);
+        let e = from(&[base[0], base[1], ("GRADSYNC_DETERMINISTIC", "on")]).unwrap_err();
+        assert!(e.to_string().contains("GRADSYNC_DETERMINISTIC"), "{e}");
     }
 
     #[test]

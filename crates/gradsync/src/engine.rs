@@ -148,6 +148,9 @@ pub(crate) struct EngineOptions {
     /// All-reduces of at most this many bytes run eagerly (`GRADSYNC_EAGER_MAX`, 0: never),
     /// at most [`EAGER_MAX`].
     pub eager_max: usize,
+    /// Floating-point all-reduces reduce every element in rank order, whatever the algorithm,
+    /// chunking or size (`GRADSYNC_DETERMINISTIC`).
+    pub deterministic: bool,
 }
 
 /// A 64-byte aligned heap buffer.
