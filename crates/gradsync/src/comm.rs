@@ -38,6 +38,8 @@ pub struct Communicator {
     seq: u64,
     p2p_seq: Vec<u64>,
     algorithm: Option<Algorithm>,
+    /// Forced algorithms of the other collectives.
+    coll_algorithms: Vec<(Collective, Algorithm)>,
     queue: VecDeque<Queued>,
     store: Option<StoreClient>,
     config: Option<Config>,
@@ -487,6 +489,7 @@ impl Communicator {
         );
         // Everyone is connected before anyone may leave (rank 0 keeps the store up until then).
         let mut c = Communicator::assemble(engine, rank, world, config.algorithm, server);
+        c.coll_algorithms = config.collective_algorithms.clone();
         c.layout = layout;
         c.store = Some(store);
         c.config = Some(config);
@@ -710,7 +713,9 @@ impl Communicator {
             .enumerate()
             .map(|(rank, mut engine)| {
                 engine.connect_peers(&inboxes);
-                Communicator::assemble(engine, rank, world, config.algorithm, None)
+                let mut c = Communicator::assemble(engine, rank, world, config.algorithm, None);
+                c.coll_algorithms = config.collective_algorithms.clone();
+                c
             })
             .collect())
     }
@@ -730,6 +735,7 @@ impl Communicator {
             seq: 0,
             p2p_seq: vec![0; world],
             algorithm,
+            coll_algorithms: Vec::new(),
             queue: VecDeque::new(),
             store: None,
             config: None,
@@ -897,6 +903,30 @@ impl Communicator {
         self.algorithm = algorithm;
     }
 
+    /// Forces the algorithm of collective `coll` (`None` = automatic), as
+    /// `GRADSYNC_ALGO=COLL:ALGO` does. All-reduce is [`set_algorithm`](Self::set_algorithm)'s.
+    /// Fails for an algorithm the collective does not have.
+    pub fn set_collective_algorithm(
+        &mut self,
+        coll: Collective,
+        algorithm: Option<Algorithm>,
+    ) -> Result<()> {
+        if let Some(a) = algorithm
+            && !plan::supports(coll, a)
+        {
+            return Err(self.invalid(coll.name(), format!("no {} algorithm", a.name())));
+        }
+        if coll == Collective::AllReduce {
+            self.algorithm = algorithm;
+            return Ok(());
+        }
+        self.coll_algorithms.retain(|(k, _)| *k != coll);
+        if let Some(a) = algorithm {
+            self.coll_algorithms.push((coll, a));
+        }
+        Ok(())
+    }
+
     fn invalid(&self, op: &'static str, msg: String) -> Error {
         Error::InvalidArgument {
             rank: self.rank,
@@ -943,7 +973,10 @@ impl Communicator {
             {
                 Algorithm::Hierarchical
             }
-            _ => plan::default_algorithm(coll, self.world, bytes),
+            (c, _) => match self.coll_algorithms.iter().find(|(k, _)| *k == c) {
+                Some(&(_, a)) => a,
+                None => plan::default_algorithm(coll, self.world, bytes),
+            },
         };
         let params = Params {
             coll,

@@ -1,6 +1,7 @@
 //! Configuration: launch conventions and `GRADSYNC_*` tunables.
 
 use crate::error::Error;
+use gradsync_core::Collective;
 use gradsync_core::schedule::plan::Algorithm;
 use std::time::Duration;
 
@@ -39,6 +40,9 @@ pub struct Config {
     pub spin: Duration,
     /// Forced all-reduce algorithm (`GRADSYNC_ALGO`), `None` = automatic.
     pub algorithm: Option<Algorithm>,
+    /// Forced algorithms of the other collectives (`GRADSYNC_ALGO=broadcast:ring,...`); a
+    /// collective not listed is chosen automatically.
+    pub collective_algorithms: Vec<(Collective, Algorithm)>,
     /// Messages of at least this many bytes that the receiver only copies are written straight
     /// into the receiver's buffer after a clear-to-send (`GRADSYNC_DIRECT_MIN`); smaller ones,
     /// and every message that is reduced on arrival, go through an inbox slot.
@@ -221,6 +225,7 @@ impl Config {
             nslots: DEFAULT_NSLOTS,
             spin: DEFAULT_SPIN,
             algorithm: None,
+            collective_algorithms: Vec::new(),
             direct_min: DEFAULT_DIRECT_MIN,
             shm_direct_min: usize::MAX,
             eager_max: crate::engine::EAGER_MAX,
@@ -417,17 +422,64 @@ impl Config {
             self.host_id = Some(v);
         }
         if let Some(a) = var("GRADSYNC_ALGO") {
-            self.algorithm = if a.eq_ignore_ascii_case("auto") {
-                None
-            } else {
-                Some(
-                    Algorithm::parse(&a)
-                        .map_err(|e| Error::Config(format!("GRADSYNC_ALGO: {e}")))?,
-                )
-            };
+            (self.algorithm, self.collective_algorithms) = parse_algorithms(&a)?;
         }
         Ok(())
     }
+}
+
+/// `GRADSYNC_ALGO`: comma-separated items, each `ALGO` (the all-reduce's) or `COLL:ALGO` with
+/// `COLL` one of `all_reduce`, `reduce_scatter`, `all_gather`, `broadcast`, `reduce` (also
+/// without the underscore); `auto` leaves a collective to the automatic choice.
+#[allow(clippy::type_complexity)]
+fn parse_algorithms(v: &str) -> Result<(Option<Algorithm>, Vec<(Collective, Algorithm)>), Error> {
+    let bad = |msg: String| Error::Config(format!("GRADSYNC_ALGO={v:?}: {msg}"));
+    let mut all_reduce = None;
+    let mut others: Vec<(Collective, Algorithm)> = Vec::new();
+    for item in v.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let (coll, algo) = match item.split_once(':') {
+            None => (Collective::AllReduce, item),
+            Some((c, a)) => {
+                let c = c.trim().to_ascii_lowercase().replace('_', "");
+                let coll = Collective::ALL
+                    .into_iter()
+                    .filter(|k| !matches!(k, Collective::Barrier | Collective::SendRecv))
+                    .find(|k| k.name().replace('_', "") == c)
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "unknown collective {c:?} (all_reduce, reduce_scatter, all_gather, broadcast, reduce)"
+                        ))
+                    })?;
+                (coll, a.trim())
+            }
+        };
+        let algo = if algo.eq_ignore_ascii_case("auto") {
+            None
+        } else {
+            let a = Algorithm::parse(algo).map_err(|e| bad(e.to_string()))?;
+            if !gradsync_core::schedule::plan::supports(coll, a) {
+                let ok: Vec<&str> = Algorithm::ALL
+                    .into_iter()
+                    .filter(|&x| gradsync_core::schedule::plan::supports(coll, x))
+                    .map(Algorithm::name)
+                    .collect();
+                return Err(bad(format!(
+                    "{} has no {} algorithm (it has {})",
+                    coll.name(),
+                    a.name(),
+                    ok.join(", ")
+                )));
+            }
+            Some(a)
+        };
+        others.retain(|(c, _)| *c != coll);
+        match (coll, algo) {
+            (Collective::AllReduce, a) => all_reduce = a,
+            (c, Some(a)) => others.push((c, a)),
+            (_, None) => {}
+        }
+    }
+    Ok((all_reduce, others))
 }
 
 /// A direct-write threshold: a size, or `off`.
@@ -570,6 +622,35 @@ mod tests {
             e.to_string().contains("GRADSYNC_SHM_DIRECT_MIN=\"big\""),
             "{e}"
         );
+    }
+
+    #[test]
+    fn algorithm_per_collective() {
+        let base = [("RANK", "0"), ("WORLD_SIZE", "1")];
+        let algo = |v: &'static str| from(&[base[0], base[1], ("GRADSYNC_ALGO", v)]);
+        let c = algo("ring").unwrap();
+        assert_eq!(
+            (c.algorithm, c.collective_algorithms.len()),
+            (Some(Algorithm::Ring), 0)
+        );
+        let c = algo("broadcast:ring, all_gather:hierarchical,AllReduce:tree").unwrap();
+        assert_eq!(c.algorithm, Some(Algorithm::Tree));
+        assert_eq!(
+            c.collective_algorithms,
+            vec![
+                (Collective::Broadcast, Algorithm::Ring),
+                (Collective::AllGather, Algorithm::Hierarchical)
+            ]
+        );
+        let c = algo("auto,reduce:auto").unwrap();
+        assert_eq!((c.algorithm, c.collective_algorithms.len()), (None, 0));
+        let e = algo("reduce_scatter:tree").unwrap_err().to_string();
+        assert!(
+            e.contains("reduce_scatter has no tree algorithm (it has ring, hierarchical)"),
+            "{e}"
+        );
+        let e = algo("gather:ring").unwrap_err().to_string();
+        assert!(e.contains("unknown collective \"gather\""), "{e}");
     }
 
     #[test]

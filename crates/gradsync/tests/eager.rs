@@ -154,3 +154,51 @@ fn eager_can_be_turned_off_and_forced_algorithms_skip_it() {
         assert!(res.iter().all(|&x| x == 4.5), "{setting}: {res:?}");
     }
 }
+
+#[test]
+fn algorithms_can_be_forced_per_collective() {
+    let world = 3;
+    let mut cfg = Config::new("unused:0", 0, world);
+    cfg.collective_algorithms = vec![(gradsync::Collective::Broadcast, gradsync::Algorithm::Ring)];
+    let comms = Communicator::mem_group(world, &cfg).unwrap();
+    let hs: Vec<_> = comms
+        .into_iter()
+        .map(|mut c| {
+            std::thread::spawn(move || {
+                let mut b = vec![c.rank() as i32; 1000];
+                c.broadcast(&mut b, 1).unwrap();
+                assert!(b.iter().all(|&x| x == 1));
+                c.set_collective_algorithm(
+                    gradsync::Collective::Reduce,
+                    Some(gradsync::Algorithm::Tree),
+                )
+                .unwrap();
+                let mut r = vec![0i32; 1000];
+                c.reduce(&[1i32; 1000], &mut r, ReduceOp::Sum, 0).unwrap();
+                if c.rank() == 0 {
+                    assert!(r.iter().all(|&x| x == 3));
+                }
+                assert!(
+                    c.set_collective_algorithm(
+                        gradsync::Collective::AllGather,
+                        Some(gradsync::Algorithm::Tree)
+                    )
+                    .is_err()
+                );
+                c.flight_snapshot()
+                    .ops
+                    .iter()
+                    .map(|o| (o.op.to_string(), o.algorithm.to_string()))
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    for h in hs {
+        let ops = h.join().unwrap();
+        assert!(
+            ops.contains(&("broadcast".into(), "ring".into())),
+            "{ops:?}"
+        );
+        assert!(ops.contains(&("reduce".into(), "tree".into())), "{ops:?}");
+    }
+}
