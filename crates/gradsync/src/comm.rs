@@ -946,54 +946,45 @@ impl Communicator {
         in_place: bool,
     ) -> Result<(Signature, Planned, &'static str)> {
         let bytes = count * dtype.size();
-        if coll == Collective::AllReduce
+        let (prog, algo) = if coll == Collective::AllReduce
             && self.algorithm.is_none()
             && self.engine.eager_fits(bytes)
         {
-            self.seq += 1;
-            let sig = Signature {
-                comm_id: self.engine.comm_id,
-                seq: self.seq,
-                coll,
-                dtype,
-                op,
-                count: count as u64,
-                root: 0,
+            (self.engine.eager_planned(), "eager")
+        } else {
+            let local = self.layout.local_size;
+            let algorithm = match (coll, self.algorithm) {
+                (Collective::AllReduce, Some(a)) => a,
+                // Several hosts of several ranks each: reduce inside the host over shared
+                // memory, across hosts over the network, one inter-host ring per local rank.
+                (Collective::AllReduce, None)
+                    if bytes > plan::SMALL_ALL_REDUCE_BYTES && local > 1 && local < self.world =>
+                {
+                    Algorithm::Hierarchical
+                }
+                (c, _) => match self.coll_algorithms.iter().find(|(k, _)| *k == c) {
+                    Some(&(_, a)) => a,
+                    None => plan::default_algorithm(coll, self.world, bytes),
+                },
             };
-            tracing::trace!(target: "gradsync::coll", "rank {}: plan {sig} eager", self.rank);
-            return Ok((sig, self.engine.eager_planned(), "eager"));
-        }
-        let local = self.layout.local_size;
-        let algorithm = match (coll, self.algorithm) {
-            (Collective::AllReduce, Some(a)) => a,
-            // Several hosts of several ranks each: reduce inside the host over shared memory,
-            // across hosts over the network, one inter-host ring per local rank.
-            (Collective::AllReduce, None)
-                if bytes > plan::SMALL_ALL_REDUCE_BYTES && local > 1 && local < self.world =>
-            {
-                Algorithm::Hierarchical
-            }
-            (c, _) => match self.coll_algorithms.iter().find(|(k, _)| *k == c) {
-                Some(&(_, a)) => a,
-                None => plan::default_algorithm(coll, self.world, bytes),
-            },
+            let params = Params {
+                coll,
+                rank: self.rank,
+                world: self.world,
+                count,
+                root,
+                op,
+                segment: self.engine.segment_elems(dtype),
+                in_place,
+                algorithm,
+                local_size: local,
+            };
+            let prog = self
+                .engine
+                .schedule_for(&params)
+                .map_err(|e| self.invalid(coll.name(), e.to_string()))?;
+            (prog, algorithm.name())
         };
-        let params = Params {
-            coll,
-            rank: self.rank,
-            world: self.world,
-            count,
-            root,
-            op,
-            segment: self.engine.segment_elems(dtype),
-            in_place,
-            algorithm,
-            local_size: local,
-        };
-        let prog = self
-            .engine
-            .schedule_for(&params)
-            .map_err(|e| self.invalid(coll.name(), e.to_string()))?;
         self.seq += 1;
         let reduces = matches!(
             coll,
@@ -1012,8 +1003,8 @@ impl Communicator {
                 0
             },
         };
-        tracing::trace!(target: "gradsync::coll", "rank {}: plan {sig} algorithm {algorithm}", self.rank);
-        Ok((sig, prog, algorithm.name()))
+        tracing::trace!(target: "gradsync::coll", "rank {}: plan {sig} algorithm {algo}", self.rank);
+        Ok((sig, prog, algo))
     }
 
     /// Runs a collective to its end (see [`start`](Self::start)).
@@ -1197,11 +1188,6 @@ impl Communicator {
     ) -> Result<()> {
         let ds = dtype.size();
         let w = self.world;
-        let fold = if op == ReduceOp::Avg {
-            ReduceOp::Sum
-        } else {
-            op
-        };
         let mut off = 0;
         loop {
             let n = piece.min(count - off);
@@ -1232,23 +1218,7 @@ impl Communicator {
             // that read the same span of `input` has ended.
             let out =
                 unsafe { std::slice::from_raw_parts_mut((output.addr + off * ds) as *mut u8, nb) };
-            let blocks = &scratch[..w * nb];
-            if w == 1 {
-                out.copy_from_slice(&blocks[..nb]);
-            } else {
-                gradsync_reduce::reduce_into(dtype, fold, out, &blocks[..nb], &blocks[nb..2 * nb]);
-                for k in 2..w {
-                    gradsync_reduce::reduce_in_place(
-                        dtype,
-                        fold,
-                        out,
-                        &blocks[k * nb..(k + 1) * nb],
-                    );
-                }
-            }
-            if op == ReduceOp::Avg {
-                gradsync_reduce::finalize_avg(dtype, out, w);
-            }
+            crate::engine::reduce_rank_order(dtype, op, out, &scratch[..w * nb], w);
             off += n;
             if off >= count {
                 return Ok(());

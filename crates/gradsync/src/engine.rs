@@ -951,19 +951,7 @@ impl Engine {
             // SAFETY: the caller of `start` keeps `output` writable for its length, checked
             // >= bytes, and leaves it alone until the operation ends; the stage is separate.
             let out = unsafe { std::slice::from_raw_parts_mut(out.addr as *mut u8, bytes) };
-            let op = if sig.op == ReduceOp::Avg {
-                ReduceOp::Sum
-            } else {
-                sig.op
-            };
-            let (dt, st) = (sig.dtype, &self.eager_stage);
-            gradsync_reduce::reduce_into(dt, op, out, &st[..bytes], &st[bytes..2 * bytes]);
-            for p in 2..self.world {
-                gradsync_reduce::reduce_in_place(dt, op, out, &st[p * bytes..(p + 1) * bytes]);
-            }
-            if sig.op == ReduceOp::Avg {
-                gradsync_reduce::finalize_avg(dt, out, self.world);
-            }
+            reduce_rank_order(sig.dtype, sig.op, out, &self.eager_stage, self.world);
         }
         Ok(moved)
     }
@@ -1948,6 +1936,35 @@ impl Drop for Engine {
         let (a, b) = (self.inbox_mr, self.hdr_mr);
         self.ep.deregister(&a);
         self.ep.deregister(&b);
+    }
+}
+
+/// `out = ((b0 op b1) op b2) ...` over the `world` blocks of `out.len()` bytes at the start of
+/// `blocks`, then the division of an average: every element reduced in rank order, so the same
+/// inputs give the same bits however they were gathered (eager and deterministic all-reduces).
+pub(crate) fn reduce_rank_order(
+    dt: DataType,
+    op: ReduceOp,
+    out: &mut [u8],
+    blocks: &[u8],
+    world: usize,
+) {
+    let n = out.len();
+    let fold = if op == ReduceOp::Avg {
+        ReduceOp::Sum
+    } else {
+        op
+    };
+    if world == 1 {
+        out.copy_from_slice(&blocks[..n]);
+    } else {
+        gradsync_reduce::reduce_into(dt, fold, out, &blocks[..n], &blocks[n..2 * n]);
+        for k in 2..world {
+            gradsync_reduce::reduce_in_place(dt, fold, out, &blocks[k * n..(k + 1) * n]);
+        }
+    }
+    if op == ReduceOp::Avg {
+        gradsync_reduce::finalize_avg(dt, out, world);
     }
 }
 
