@@ -991,25 +991,14 @@ impl Engine {
         {
             return Err(bad(format!("{theirs} does not match its length")));
         }
-        // A peer cannot have passed an operation of this rank's that needs its message, so
-        // one for an operation this rank has run, or runs through a schedule, is a mismatch.
-        // Send/recv numbers its operations per peer, apart from the collectives.
-        let (current, eager) = match &self.running {
-            Some(r) if r.sig.coll != Collective::SendRecv => (Some(r.sig), r.eager.is_some()),
-            _ => (None, false),
+        // A peer cannot have passed an operation of this rank's that needs its message: one for
+        // an operation this rank has finished is a protocol error. (One for the operation it
+        // runs through a schedule is a mismatch, which `eager_absorb` reports.) Send/recv
+        // numbers its operations per peer, apart from the collectives.
+        let current = match &self.running {
+            Some(r) if r.sig.coll != Collective::SendRecv => Some(r.sig),
+            _ => None,
         };
-        if let Some(ours) = current
-            && theirs.seq == ours.seq
-            && !eager
-        {
-            return Err(Error::Mismatch {
-                rank: self.rank,
-                peer,
-                ours,
-                theirs,
-                detail: eager_detail(&ours, &theirs, self.rank, peer),
-            });
-        }
         let done = current.map_or(self.last_coll_seq, |s| s.seq - 1);
         if theirs.seq <= done {
             return Err(bad(format!(
