@@ -101,15 +101,9 @@ fn cpu_sets(bind: Bind, nproc: usize) -> Vec<Option<libc::cpu_set_t>> {
     let share = cpus.len() / nproc;
     (0..nproc)
         .map(|r| {
-            // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside it for
-            // CPUs below CPU_SETSIZE, which all of these are (read from such a set).
-            unsafe {
-                let mut set: libc::cpu_set_t = std::mem::zeroed();
-                for &c in &cpus[r * share..(r + 1) * share] {
-                    libc::CPU_SET(c, &mut set);
-                }
-                Some(set)
-            }
+            Some(gradsync::topology::cpu_set(
+                &cpus[r * share..(r + 1) * share],
+            ))
         })
         .collect()
 }

@@ -154,6 +154,19 @@ pub fn allowed_cpus() -> Vec<usize> {
     }
 }
 
+/// A CPU set of `cpus` (numbers from `CPU_SETSIZE` up are left out), for `sched_setaffinity`.
+pub fn cpu_set(cpus: &[usize]) -> libc::cpu_set_t {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET only writes inside it for CPU
+    // numbers below CPU_SETSIZE, which the filter guarantees.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &c in cpus.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
+            libc::CPU_SET(c, &mut set);
+        }
+        set
+    }
+}
+
 /// CPUs of a NUMA node.
 pub fn node_cpus(node: usize) -> Option<Vec<usize>> {
     parse_cpu_list(
@@ -171,16 +184,10 @@ pub fn bind_thread_to_node(node: usize) -> std::io::Result<Vec<usize>> {
             format!("no CPU list for NUMA node {node}"),
         )
     })?;
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET only writes inside it for CPU
-    // numbers below CPU_SETSIZE, which the filter guarantees.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        for &c in cpus.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
-            libc::CPU_SET(c, &mut set);
-        }
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+    let set = cpu_set(&cpus);
+    // SAFETY: `set` is a valid cpu_set_t of the size passed.
+    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
+        return Err(std::io::Error::last_os_error());
     }
     Ok(cpus)
 }
