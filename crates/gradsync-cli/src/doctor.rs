@@ -200,6 +200,28 @@ fn median(v: &mut [f64]) -> f64 {
     }
 }
 
+/// An `n` x `n` matrix of the report under `title`: row and column numbers, `cell(i, j)` off
+/// the diagonal, `-` on it.
+fn matrix(title: &str, n: usize, cell: impl Fn(usize, usize) -> String) -> String {
+    let mut s = format!("#\n# {title}\n#      ");
+    for j in 0..n {
+        s += &format!("{j:>8}");
+    }
+    s += "\n";
+    for i in 0..n {
+        s += &format!("# {i:>4} ");
+        for j in 0..n {
+            if i == j {
+                s += &format!("{:>8}", "-");
+            } else {
+                s += &cell(i, j);
+            }
+        }
+        s += "\n";
+    }
+    s
+}
+
 fn render(
     args: &DoctorArgs,
     n: usize,
@@ -225,38 +247,12 @@ fn render(
     for (r, info) in infos.iter().enumerate() {
         s += &format!("#  rank {r:>3}  {info}\n");
     }
-    s += "#\n# bandwidth GB/s (row sends to column)\n#      ";
-    for j in 0..n {
-        s += &format!("{j:>8}");
-    }
-    s += "\n";
-    for i in 0..n {
-        s += &format!("# {i:>4} ");
-        for j in 0..n {
-            if i == j {
-                s += &format!("{:>8}", "-");
-            } else {
-                s += &format!("{:>8.3}", gb(bw[i * n + j]));
-            }
-        }
-        s += "\n";
-    }
-    s += "#\n# latency us (one way, 8 B)\n#      ";
-    for j in 0..n {
-        s += &format!("{j:>8}");
-    }
-    s += "\n";
-    for i in 0..n {
-        s += &format!("# {i:>4} ");
-        for j in 0..n {
-            if i == j {
-                s += &format!("{:>8}", "-");
-            } else {
-                s += &format!("{:>8.1}", lat[i * n + j] * 1e6);
-            }
-        }
-        s += "\n";
-    }
+    s += &matrix("bandwidth GB/s (row sends to column)", n, |i, j| {
+        format!("{:>8.3}", gb(bw[i * n + j]))
+    });
+    s += &matrix("latency us (one way, 8 B)", n, |i, j| {
+        format!("{:>8.1}", lat[i * n + j] * 1e6)
+    });
     let mut links = Vec::new();
     for a in 0..n {
         for b in a + 1..n {
