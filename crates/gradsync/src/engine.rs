@@ -272,14 +272,24 @@ struct Running {
     /// Handle of this operation in the flight recorder.
     record: usize,
     started: Instant,
-    /// For an eager all-reduce, the peers whose contribution has not arrived (bit per rank).
-    eager: Option<u32>,
+    /// How an eager all-reduce stands; `None` for an operation run by its schedule.
+    eager: Option<EagerRun>,
+}
+
+/// How an eager all-reduce stands.
+#[derive(Clone, Copy, Debug)]
+struct EagerRun {
+    /// The peers whose contribution has not arrived (bit per rank).
+    missing: u32,
+    /// This rank's message still has to be sent (by the first progress round, where a failure
+    /// is handled as any other).
+    unsent: bool,
 }
 
 impl Running {
     fn is_done(&self) -> bool {
         match self.eager {
-            Some(missing) => missing == 0,
+            Some(e) => e.missing == 0,
             None => self.sched.is_done(),
         }
     }
@@ -383,8 +393,6 @@ pub(crate) struct Engine {
     empty_sched: Option<Box<Schedule>>,
     /// The outgoing eager message, kept for its allocation.
     eager_msg: Vec<u8>,
-    /// The running eager operation's message still has to be sent.
-    eager_unsent: bool,
     /// The engine's last clock reading (operation start, idle rounds): when peers were last
     /// heard from, without a clock read per message.
     now_coarse: Instant,
@@ -530,7 +538,6 @@ impl Engine {
                 eager_stage: Vec::new(),
                 empty_sched: None,
                 eager_msg: Vec::new(),
-                eager_unsent: false,
                 now_coarse: Instant::now(),
             },
             remote,
@@ -824,8 +831,6 @@ impl Engine {
         m.extend_from_slice(own);
         self.eager_stage[self.rank * bytes..(self.rank + 1) * bytes].copy_from_slice(own);
         self.eager_msg = m;
-        // Sent by the first progress round, where a failure is handled as any other.
-        self.eager_unsent = true;
         let missing = (0..w)
             .filter(|&p| p != self.rank)
             .fold(0u32, |m, p| m | 1 << p);
@@ -856,7 +861,10 @@ impl Engine {
             q,
             record,
             started,
-            eager: Some(missing),
+            eager: Some(EagerRun {
+                missing,
+                unsent: true,
+            }),
         });
         Ok(())
     }
@@ -867,7 +875,7 @@ impl Engine {
         let Some(r) = self.running.as_mut() else {
             return Ok(false);
         };
-        let Some(mut missing) = r.eager else {
+        let Some(mut e) = r.eager else {
             // A peer's eager message for an operation this rank runs through a schedule.
             if r.sig.coll == Collective::SendRecv || self.eager_in.iter().all(VecDeque::is_empty) {
                 return Ok(false);
@@ -888,8 +896,9 @@ impl Engine {
         let sig = r.sig;
         let bytes = sig.count as usize * sig.dtype.size();
         let mut moved = false;
-        if self.eager_unsent {
-            self.eager_unsent = false;
+        if e.unsent {
+            e.unsent = false;
+            r.eager = Some(e);
             for p in (0..self.world).filter(|&p| p != self.rank) {
                 self.ep
                     .post_send(p, &self.eager_msg, 0)
@@ -897,6 +906,7 @@ impl Engine {
             }
             moved = true;
         }
+        let mut missing = e.missing;
         for p in 0..self.world {
             if missing & (1 << p) == 0 {
                 continue;
@@ -944,7 +954,10 @@ impl Engine {
             }
         }
         if moved {
-            r.eager = Some(missing);
+            r.eager = Some(EagerRun {
+                missing,
+                unsent: false,
+            });
         }
         if moved && missing == 0 {
             let out = r.bufs[1];
@@ -1758,9 +1771,9 @@ impl Engine {
         let Some(r) = self.running.as_ref() else {
             return Vec::new();
         };
-        if let Some(missing) = r.eager {
+        if let Some(e) = r.eager {
             return (0..self.world)
-                .filter(|p| missing & (1 << p) != 0)
+                .filter(|p| e.missing & (1 << p) != 0)
                 .collect();
         }
         let mut v: Vec<usize> = (0..self.world)
