@@ -488,30 +488,17 @@ impl FlightRecorder {
     /// and `started_unix_us` is stamped with the current time unless the caller set it. When the
     /// ring is full the oldest operation is overwritten. With capacity 0 this does nothing and
     /// returns [`NO_HANDLE`].
-    pub fn start(&self, mut rec: OpRecord) -> usize {
-        let cap = self.inner.capacity;
-        if cap == 0 {
-            return NO_HANDLE;
-        }
-        rec.state = OpState::Started;
-        rec.ended_unix_us = None;
-        rec.error = None;
-        if rec.started_unix_us == 0 {
-            rec.started_unix_us = now_unix_us();
-        }
-        let mut ring = lock(&self.inner.ring);
-        let id = ring.next;
-        ring.next += 1;
-        let slot = Slot { id, rec };
-        if ring.slots.len() < cap {
-            ring.slots.push(slot);
-            drop(ring);
-        } else {
-            let old = std::mem::replace(&mut ring.slots[id % cap], slot);
-            drop(ring);
-            drop(old); // free the overwritten record outside the lock
-        }
-        id
+    pub fn start(&self, rec: OpRecord) -> usize {
+        self.start_with(Instant::now(), move |r| {
+            let now = r.started_unix_us;
+            *r = rec;
+            r.state = OpState::Started;
+            r.ended_unix_us = None;
+            r.error = None;
+            if r.started_unix_us == 0 {
+                r.started_unix_us = now;
+            }
+        })
     }
 
     /// Records how the operation of `handle` ended, stamping its end time. Does nothing when the
