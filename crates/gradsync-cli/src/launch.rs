@@ -69,7 +69,7 @@ pub struct LaunchOptions {
 }
 
 /// CPU binding of the ranks a launcher starts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Bind {
     /// Each local rank gets an equal, separate share of the CPUs the launcher may use (in
     /// order), as `mpirun` binds by default, when there are at least as many CPUs as ranks;
@@ -79,17 +79,6 @@ pub enum Bind {
     Spread,
     /// No binding (the default): ranks inherit the launcher's CPUs.
     None,
-}
-
-impl Bind {
-    /// Parses `spread` or `none`.
-    pub fn parse(s: &str) -> anyhow::Result<Self> {
-        match s {
-            "spread" => Ok(Bind::Spread),
-            "none" => Ok(Bind::None),
-            _ => bail!("--bind {s:?}: expected `spread` or `none`"),
-        }
-    }
 }
 
 /// The CPU set of each local rank under `bind`, or `None` where nothing is bound.

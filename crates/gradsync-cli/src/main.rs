@@ -87,8 +87,8 @@ struct LaunchArgs {
     failure_wait_secs: f64,
     /// CPU binding: `spread` gives each local rank an equal, separate share of the launcher's
     /// CPUs when there are at least as many as ranks (as mpirun binds); `none` binds nothing.
-    #[arg(long, default_value = "none")]
-    bind: String,
+    #[arg(long, value_enum, default_value_t = launch::Bind::None)]
+    bind: launch::Bind,
     /// The command every rank runs, and its arguments.
     #[arg(
         required = true,
@@ -116,7 +116,7 @@ fn run_launch(args: &LaunchArgs) -> anyhow::Result<i32> {
         prefix: !args.no_prefix,
         grace: Duration::from_secs_f64(args.grace_secs),
         failure_wait: Duration::from_secs_f64(args.failure_wait_secs),
-        bind: launch::Bind::parse(&args.bind)?,
+        bind: args.bind,
     };
     let (program, rest) = args.command.split_first().expect("clap requires a command");
     launch::launch(&opts, program, rest)
