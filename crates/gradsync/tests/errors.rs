@@ -28,6 +28,16 @@ fn tcp_group<R: Send + 'static>(
     hs.into_iter().map(|h| h.join().unwrap()).collect()
 }
 
+/// Asserts that every rank's call failed; returns all their results as one string to search.
+fn every_rank_failed<T: std::fmt::Debug>(res: &[Result<T, String>]) -> String {
+    let all = format!("{res:?}");
+    assert!(
+        res.iter().all(|r| r.is_err()),
+        "every rank must fail: {all}"
+    );
+    all
+}
+
 #[test]
 fn count_mismatch_names_both_ranks_and_signatures() {
     let t0 = Instant::now();
@@ -72,11 +82,7 @@ fn eager_against_scheduled_all_reduce_is_a_mismatch_not_a_hang() {
         "mismatch took {:?} to surface",
         t0.elapsed()
     );
-    let all = format!("{res:?}");
-    assert!(
-        res.iter().all(|r| r.is_err()),
-        "every rank must fail: {all}"
-    );
+    let all = every_rank_failed(&res);
     assert!(
         all.contains("all_reduce seq 2 float sum count 100 ")
             && all.contains("all_reduce seq 2 float sum count 100000"),
@@ -96,11 +102,7 @@ fn a_forced_algorithm_on_one_rank_only_is_named_in_the_error() {
         c.all_reduce(&mut buf, ReduceOp::Sum)
             .map_err(|e| e.to_string())
     });
-    let all = format!("{res:?}");
-    assert!(
-        res.iter().all(|r| r.is_err()),
-        "every rank must fail: {all}"
-    );
+    let all = every_rank_failed(&res);
     assert!(all.contains("GRADSYNC_ALGO"), "{all}");
 }
 
@@ -126,11 +128,7 @@ fn collective_mismatch_fails_every_rank() {
         "took {:?}",
         t0.elapsed()
     );
-    let all = format!("{res:?}");
-    assert!(
-        res.iter().all(|r| r.is_err()),
-        "every rank must fail: {all}"
-    );
+    let all = every_rank_failed(&res);
     assert!(all.contains("timed out after 2s waiting on rank"), "{all}");
     // A small all-reduce goes eagerly to every peer, so the broadcasting rank gets rank 0's
     // message and names the mismatch at once.
@@ -149,11 +147,7 @@ fn collective_mismatch_fails_every_rank() {
         "took {:?}",
         t0.elapsed()
     );
-    let all = format!("{res:?}");
-    assert!(
-        res.iter().all(|r| r.is_err()),
-        "every rank must fail: {all}"
-    );
+    let all = every_rank_failed(&res);
     assert!(
         // Rank 0's or rank 1's eager message, whichever reaches rank 2 first.
         all.contains("rank 2 runs broadcast seq 2 int32 count 64 root 0 but rank ")
@@ -171,11 +165,7 @@ fn collective_mismatch_fails_every_rank() {
                 .map_err(|e| e.to_string())
         }
     });
-    let all = format!("{res:?}");
-    assert!(
-        res.iter().all(|r| r.is_err()),
-        "every rank must fail: {all}"
-    );
+    let all = every_rank_failed(&res);
     assert!(
         all.contains("all_gather seq 2 int32 count 64")
             && all.contains("all_reduce seq 2 int32 max count 64"),
