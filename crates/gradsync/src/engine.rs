@@ -35,7 +35,7 @@
 //! leaves its core to the others. Every wait has a deadline.
 
 use crate::error::Error;
-use crate::recorder::{FlightRecorder, OpRecord, OpState};
+use crate::recorder::{FlightRecorder, OpState};
 use gradsync_core::schedule::plan::{self, Params, PlanError};
 use gradsync_core::schedule::{Buf, Loc, Op, OpId, Program, Schedule};
 use gradsync_core::wire::{DATA_HEADER_LEN, DataHeader, DataHeaderRepr, Signature};
@@ -729,28 +729,11 @@ impl Engine {
                 }
             }
         }
-        self.last_seq = sig.seq;
-        if sig.coll != Collective::SendRecv {
-            self.last_coll_seq = sig.seq;
-        }
-        let started = Instant::now();
-        self.now_coarse = started;
-        let record = self.recorder.start_with(started, |rec| {
-            fill_record(rec, &sig, algo);
-            if matches!(
-                sig.coll,
-                gradsync_core::Collective::Broadcast | gradsync_core::Collective::Reduce
-            ) {
-                rec.root = Some(sig.root);
-            }
-            rec.peers
-                .extend(prog.ops().iter().filter_map(|op| match *op {
-                    Op::Send { peer, .. } | Op::Recv { peer, .. } => Some(peer),
-                    _ => None,
-                }));
-            rec.peers.sort_unstable();
-            rec.peers.dedup();
+        let peers = prog.ops().iter().filter_map(|op| match *op {
+            Op::Send { peer, .. } | Op::Recv { peer, .. } => Some(peer),
+            _ => None,
         });
+        let (record, started) = self.begin(&sig, algo, peers);
         self.running = Some(Running {
             sig,
             sched,
@@ -765,6 +748,38 @@ impl Engine {
             eager: None,
         });
         Ok(())
+    }
+
+    /// The bookkeeping of an operation that starts now: sequence numbers, the engine's clock,
+    /// and its flight record (with the ranks it exchanges data with). Returns the record's
+    /// handle and the start time.
+    fn begin(
+        &mut self,
+        sig: &Signature,
+        algo: &'static str,
+        peers: impl Iterator<Item = usize>,
+    ) -> (usize, Instant) {
+        self.last_seq = sig.seq;
+        if sig.coll != Collective::SendRecv {
+            self.last_coll_seq = sig.seq;
+        }
+        let started = Instant::now();
+        self.now_coarse = started;
+        let record = self.recorder.start_with(started, |rec| {
+            rec.seq = sig.seq;
+            rec.op = sig.coll.name().into();
+            rec.dtype = sig.dtype.name().into();
+            rec.count = sig.count;
+            rec.algorithm = algo.into();
+            rec.bytes = sig.count * sig.dtype.size() as u64;
+            if matches!(sig.coll, Collective::Broadcast | Collective::Reduce) {
+                rec.root = Some(sig.root);
+            }
+            rec.peers.extend(peers);
+            rec.peers.sort_unstable();
+            rec.peers.dedup();
+        });
+        (record, started)
     }
 
     /// Whether an all-reduce of `bytes` runs eagerly here. The answer must be the same on
@@ -834,17 +849,8 @@ impl Engine {
         let missing = (0..w)
             .filter(|&p| p != self.rank)
             .fold(0u32, |m, p| m | 1 << p);
-        self.last_seq = sig.seq;
-        if sig.coll != Collective::SendRecv {
-            self.last_coll_seq = sig.seq;
-        }
         let rank = self.rank;
-        let started = Instant::now();
-        self.now_coarse = started;
-        let record = self.recorder.start_with(started, |rec| {
-            fill_record(rec, &sig, algo);
-            rec.peers.extend((0..w).filter(|&p| p != rank));
-        });
+        let (record, started) = self.begin(&sig, algo, (0..w).filter(|&p| p != rank));
         // An eager operation leaves the queues alone: sized, they are all it needs.
         let mut q = std::mem::take(&mut self.spare);
         if q.recvq.len() != w {
@@ -1980,16 +1986,6 @@ fn eager_detail(ours: &Signature, theirs: &Signature, scheduled: usize, eager: u
         "rank {eager} ran it eagerly and rank {scheduled} through a schedule; \
          set GRADSYNC_ALGO and GRADSYNC_EAGER_MAX alike on every rank"
     )
-}
-
-/// The flight-recorder fields every operation has.
-fn fill_record(rec: &mut OpRecord, sig: &Signature, algo: &'static str) {
-    rec.seq = sig.seq;
-    rec.op = sig.coll.name().into();
-    rec.dtype = sig.dtype.name().into();
-    rec.count = sig.count;
-    rec.algorithm = algo.into();
-    rec.bytes = sig.count * sig.dtype.size() as u64;
 }
 
 fn buf_index(b: Buf) -> usize {
