@@ -186,7 +186,17 @@ impl Endpoint for MemEndpoint {
     }
 
     fn peer_alive(&self, peer: usize) -> bool {
-        peer < self.slots.len() && !self.lock(peer).closed
+        if peer >= self.slots.len() {
+            return false;
+        }
+        if !self.lock(peer).closed {
+            return true;
+        }
+        // As a stream's end is seen only after its data: a closed peer is gone once what it
+        // delivered has been polled.
+        self.lock(self.rank).cq.iter().any(|c| {
+            matches!(c, Completion::WriteImm { peer: p, .. } | Completion::Recv { peer: p, .. } if *p == peer)
+        })
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>) -> Result<()> {
@@ -200,5 +210,25 @@ impl Endpoint for MemEndpoint {
             let _ = self.slots[self.rank].cv.wait_timeout(st, timeout);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_closed_peer_stays_alive_until_what_it_sent_is_polled() {
+        let mut eps = fabric(2);
+        let b = eps.pop().unwrap();
+        let mut a = eps.pop().unwrap();
+        a.post_send(1, b"last words", 7).unwrap();
+        drop(a);
+        let mut b = b;
+        assert!(b.peer_alive(0), "its message is still unread");
+        let mut out = Vec::new();
+        b.poll(&mut out).unwrap();
+        assert!(matches!(&out[..], [Completion::Recv { peer: 0, data }] if data == b"last words"));
+        assert!(!b.peer_alive(0), "gone once everything it sent was read");
     }
 }
