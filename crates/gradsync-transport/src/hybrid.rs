@@ -17,6 +17,7 @@
 use crate::TransportError;
 use crate::shm::ShmEndpoint;
 use crate::{Access, Completion, Endpoint, MemoryRegion, RemoteRegion, Result, Sge};
+use std::collections::HashMap;
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -58,6 +59,12 @@ pub struct HybridEndpoint {
     shm_peers: usize,
     last_net_poll: Instant,
     polls: u32,
+    /// Registrations by remote key: local key and how many registrations share the key (a
+    /// network backend with a registration pool hands out one key for spans inside another).
+    keys: HashMap<u32, (u32, usize)>,
+    /// Local key -> remote key, for registrations whose keys differ (an RDMA adapter's): the
+    /// shared-memory backend knows a region by its remote key alone.
+    local_to_remote: HashMap<u32, u32>,
 }
 
 impl fmt::Debug for HybridEndpoint {
@@ -110,6 +117,8 @@ impl HybridEndpoint {
             shm_peers,
             last_net_poll: Instant::now(),
             polls: 0,
+            keys: HashMap::new(),
+            local_to_remote: HashMap::new(),
         })
     }
 
@@ -149,6 +158,7 @@ impl Endpoint for HybridEndpoint {
 
     fn name(&self) -> &'static str {
         match (self.shm_peers > 0, self.net_peers > 0) {
+            (true, true) if self.net.name() == "rdma" => "shm+rdma",
             (true, true) => "shm+tcp",
             (true, false) => "shm",
             _ => self.net.name(),
@@ -163,9 +173,21 @@ impl Endpoint for HybridEndpoint {
     ) -> Result<MemoryRegion> {
         // SAFETY: the caller's promise about the span is passed on unchanged.
         let mr = unsafe { self.net.register(addr, len, access) }?;
+        if let Some(k) = self.keys.get_mut(&mr.rkey) {
+            // A span inside one the network backend already registered under this key: the
+            // shared-memory backend has the whole span under it.
+            k.1 += 1;
+            return Ok(mr);
+        }
         // SAFETY: as above; the same span under the key the network backend chose.
         match unsafe { self.shm.register_with_key(addr, len, access, mr.rkey) } {
-            Ok(_) => Ok(mr),
+            Ok(_) => {
+                self.keys.insert(mr.rkey, (mr.lkey, 1));
+                if mr.lkey != mr.rkey {
+                    self.local_to_remote.insert(mr.lkey, mr.rkey);
+                }
+                Ok(mr)
+            }
             Err(e) => {
                 self.net.deregister(&mr);
                 Err(e)
@@ -174,7 +196,14 @@ impl Endpoint for HybridEndpoint {
     }
 
     fn deregister(&mut self, mr: &MemoryRegion) {
-        self.shm.deregister(mr);
+        if let Some(k) = self.keys.get_mut(&mr.rkey) {
+            k.1 -= 1;
+            if k.1 == 0 {
+                self.keys.remove(&mr.rkey);
+                self.local_to_remote.remove(&mr.lkey);
+                self.shm.deregister(mr);
+            }
+        }
         self.net.deregister(mr);
     }
 
@@ -188,6 +217,36 @@ impl Endpoint for HybridEndpoint {
         wr_id: u64,
     ) -> Result<()> {
         match self.route(peer, "post_write")? {
+            Route::Shm if !self.local_to_remote.is_empty() && sges.len() <= 4 => {
+                // The shared-memory backend knows regions by their remote keys.
+                let mut t = [Sge {
+                    addr: 0,
+                    len: 0,
+                    lkey: 0,
+                }; 4];
+                for (d, s) in t.iter_mut().zip(sges) {
+                    *d = Sge {
+                        lkey: self.local_to_remote.get(&s.lkey).copied().unwrap_or(s.lkey),
+                        ..*s
+                    };
+                }
+                // SAFETY: the same spans as the caller's, with their keys translated.
+                unsafe {
+                    self.shm
+                        .post_write(peer, &t[..sges.len()], remote, offset, imm, wr_id)
+                }
+            }
+            Route::Shm if !self.local_to_remote.is_empty() => {
+                let t: Vec<Sge> = sges
+                    .iter()
+                    .map(|s| Sge {
+                        lkey: self.local_to_remote.get(&s.lkey).copied().unwrap_or(s.lkey),
+                        ..*s
+                    })
+                    .collect();
+                // SAFETY: as above.
+                unsafe { self.shm.post_write(peer, &t, remote, offset, imm, wr_id) }
+            }
             // SAFETY: the caller's promise about `sges` is passed on unchanged.
             Route::Shm => unsafe { self.shm.post_write(peer, sges, remote, offset, imm, wr_id) },
             // SAFETY: as above.

@@ -23,7 +23,7 @@
 //! peer. Backends: [`mem`] (in-process, for tests), [`tcp`] (sockets; a write is a framed
 //! header followed by its payload, which the receiver reads straight into the destination region),
 //! [`shm`] (ranks of one host: inline ring records, copies into mapped shared allocations, or
-//! cross-memory attach) and [`hybrid`] (shared memory to local peers, the network to the rest).
+//! cross-memory attach), `rdma` (InfiniBand/RoCE verbs, feature `rdma`) and [`hybrid`] (shared memory to local peers, the network to the rest).
 
 use std::fmt;
 use std::time::Duration;
@@ -31,6 +31,8 @@ use std::time::Duration;
 pub mod fault;
 pub mod hybrid;
 pub mod mem;
+#[cfg(feature = "rdma")]
+pub mod rdma;
 mod regions;
 pub mod shm;
 pub mod tcp;
@@ -47,6 +49,10 @@ impl Access {
     pub const LOCAL_READ: Access = Access(1);
     /// Peers may write into the region.
     pub const REMOTE_WRITE: Access = Access(2);
+    /// The registrant owns the memory until it deregisters it, and no allocator reuses it in
+    /// between (the engine's inbox, staging and scratch pool). Backends that pin memory for an
+    /// adapter (rdma) pin only such regions and stage data from any other.
+    pub const PERSISTENT: Access = Access(4);
 
     /// Union of two sets of rights.
     pub const fn union(self, other: Access) -> Access {
@@ -78,6 +84,7 @@ impl MemoryRegion {
     /// What a peer needs to write into this region.
     pub fn remote(&self) -> RemoteRegion {
         RemoteRegion {
+            addr: self.addr as u64,
             rkey: self.rkey,
             len: self.len as u64,
         }
@@ -87,6 +94,9 @@ impl MemoryRegion {
 /// A peer's region, as advertised out of band.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RemoteRegion {
+    /// Start address in the owner's address space (what an RDMA write targets; backends that
+    /// address regions by key and offset ignore it).
+    pub addr: u64,
     /// Remote key.
     pub rkey: u32,
     /// Length in bytes.
@@ -94,22 +104,24 @@ pub struct RemoteRegion {
 }
 
 impl RemoteRegion {
-    /// Encodes as 12 bytes (for the rendezvous store).
-    pub fn to_bytes(&self) -> [u8; 12] {
-        let mut b = [0u8; 12];
+    /// Encodes as 20 bytes (for the rendezvous store).
+    pub fn to_bytes(&self) -> [u8; 20] {
+        let mut b = [0u8; 20];
         b[..4].copy_from_slice(&self.rkey.to_le_bytes());
-        b[4..].copy_from_slice(&self.len.to_le_bytes());
+        b[4..12].copy_from_slice(&self.len.to_le_bytes());
+        b[12..].copy_from_slice(&self.addr.to_le_bytes());
         b
     }
 
     /// Decodes [`to_bytes`](Self::to_bytes); `None` if the length is wrong.
     pub fn from_bytes(b: &[u8]) -> Option<Self> {
-        if b.len() != 12 {
+        if b.len() != 20 {
             return None;
         }
         Some(RemoteRegion {
             rkey: u32::from_le_bytes(b[..4].try_into().ok()?),
-            len: u64::from_le_bytes(b[4..].try_into().ok()?),
+            len: u64::from_le_bytes(b[4..12].try_into().ok()?),
+            addr: u64::from_le_bytes(b[12..].try_into().ok()?),
         })
     }
 }
@@ -260,6 +272,19 @@ pub enum TransportError {
         /// What was wrong.
         msg: String,
     },
+    /// An RDMA verb failed: device or queue pair setup, registration, a post, or a work
+    /// completion with an error status (`peer` is `usize::MAX` when no peer is involved).
+    #[error("rank {rank}: rdma {what}{}: {msg}", if *peer == usize::MAX { String::new() } else { format!(" with rank {peer}") })]
+    Rdma {
+        /// This rank.
+        rank: usize,
+        /// The peer, or `usize::MAX`.
+        peer: usize,
+        /// What failed (`device`, `register`, `queue pair INIT->RTR`, `completion`, ...).
+        what: &'static str,
+        /// The cause, with the values involved.
+        msg: String,
+    },
     /// Connection setup did not finish in time.
     #[error("rank {rank}: connecting timed out after {timeout:?}: {msg}")]
     Timeout {
@@ -281,7 +306,11 @@ impl TransportError {
             | TransportError::PeerClosed { peer, .. }
             | TransportError::Protocol { peer, .. }
             | TransportError::RemoteAccess { peer, .. } => Some(*peer),
-            TransportError::Io { peer, .. } if *peer != usize::MAX => Some(*peer),
+            TransportError::Io { peer, .. } | TransportError::Rdma { peer, .. }
+                if *peer != usize::MAX =>
+            {
+                Some(*peer)
+            }
             _ => None,
         }
     }

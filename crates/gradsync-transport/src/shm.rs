@@ -2534,6 +2534,7 @@ mod tests {
         let cases = [
             (
                 RemoteRegion {
+                    addr: 0,
                     rkey: 0x1234_5678,
                     len: 1000,
                 },

@@ -39,7 +39,11 @@ impl Rig {
             unsafe { tx.register(body.as_mut_ptr(), body.len(), Access::LOCAL_READ) }.unwrap();
         let mut peers = peers;
         let mut dst = vec![Box::<[u8]>::default()];
-        let mut dst_mr = vec![RemoteRegion { rkey: 0, len: 0 }];
+        let mut dst_mr = vec![RemoteRegion {
+            addr: 0,
+            rkey: 0,
+            len: 0,
+        }];
         for p in peers.iter_mut() {
             let mut b: Box<[u8]> = vec![0u8; 16 + LEN].into();
             // SAFETY: the buffer lives in the rig and is read only after a write completed.

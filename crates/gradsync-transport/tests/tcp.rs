@@ -109,6 +109,7 @@ fn bad_key_is_an_error_naming_the_peer() {
         lkey: smr.lkey,
     }];
     let wrong = RemoteRegion {
+        addr: 0,
         rkey: mr.rkey ^ 0x5555,
         len: 4096,
     };
