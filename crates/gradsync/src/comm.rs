@@ -383,15 +383,26 @@ impl Communicator {
                 topology::host_label(&host_ids[p])
             )));
         }
-        let topts = TcpOptions {
-            nsocks: config.nsocks,
-            sock_buf: config.socket_bufsize,
-            timeout: config.timeout.saturating_sub(t0.elapsed()),
-            token: token.map(<[u8]>::to_vec),
-        };
-        let net = TcpEndpoint::establish(rank, &addrs, listener, comm_id, &topts)
-            .map_err(|e| Error::transport(rank, "connect", e))?;
-        let shm = if config.transport != TransportMode::Tcp && local.len() > 1 {
+        let net: Box<dyn Endpoint> =
+            match Self::setup_rdma(&mut store, &prefix, rank, world, &local, &config)? {
+                Some(ep) => ep,
+                None => {
+                    let topts = TcpOptions {
+                        nsocks: config.nsocks,
+                        sock_buf: config.socket_bufsize,
+                        timeout: config.timeout.saturating_sub(t0.elapsed()),
+                        token: token.map(<[u8]>::to_vec),
+                    };
+                    Box::new(
+                        TcpEndpoint::establish(rank, &addrs, listener, comm_id, &topts)
+                            .map_err(|e| Error::transport(rank, "connect", e))?,
+                    )
+                }
+            };
+        let net_name = net.name();
+        let shm = if matches!(config.transport, TransportMode::Auto | TransportMode::Shm)
+            && local.len() > 1
+        {
             match Self::setup_shm(&mut store, &prefix, rank, world, &local, &config) {
                 Ok(shm) => Some(shm),
                 Err(why) if config.transport == TransportMode::Shm => {
@@ -409,19 +420,19 @@ impl Communicator {
         };
         let (ep, routes): (Box<dyn Endpoint>, Vec<&'static str>) = match shm {
             Some(shm) => {
-                let h = HybridEndpoint::new(Box::new(net), shm)
+                let h = HybridEndpoint::new(net, shm)
                     .map_err(|e| Error::transport(rank, "connect", e))?;
-                let routes = h.routes().iter().map(|r| r.name("tcp")).collect();
+                let routes = h.routes().iter().map(|r| r.name(net_name)).collect();
                 (Box::new(h), routes)
             }
             None => (
-                Box::new(net),
+                net,
                 (0..world)
                     .map(|p| {
                         if p == rank {
-                            Route::Own.name("tcp")
+                            Route::Own.name(net_name)
                         } else {
-                            "tcp"
+                            net_name
                         }
                     })
                     .collect(),
@@ -453,8 +464,12 @@ impl Communicator {
         }
         let (mut engine, inbox) = Engine::new(ep, comm_id, eopts)?;
         for (p, t) in layout.routes.iter().enumerate() {
-            if *t == "shm" {
-                engine.set_direct_min(p, config.shm_direct_min);
+            match *t {
+                "shm" => engine.set_direct_min(p, config.shm_direct_min),
+                // RDMA writes only into the peer's inbox (registered for the communicator's
+                // life); caller buffers are never pinned, so no clear-to-send names one.
+                "rdma" => engine.set_direct_min(p, usize::MAX),
+                _ => {}
             }
         }
         let vals = exchange(
@@ -476,12 +491,16 @@ impl Communicator {
         engine.connect_peers(&inboxes);
         tracing::info!(
             target: "gradsync::init",
-            "gradsync {} rank {rank}/{world} interface {ifname} {ip} transport {} hosts {} local ranks {} tcp streams/peer {} chunk {} KiB x {} slots timeout {:?} (init {:.1} ms)",
+            "gradsync {} rank {rank}/{world} interface {ifname} {ip} transport {} hosts {} local ranks {} {} chunk {} KiB x {} slots timeout {:?} (init {:.1} ms)",
             crate::VERSION,
             engine.ep.name(),
             topo.hosts(),
             local.len(),
-            config.nsocks,
+            if net_name == "rdma" {
+                format!("rdma queue pairs/peer {}", config.ib.qps_per_conn)
+            } else {
+                format!("tcp streams/peer {}", config.nsocks)
+            },
             config.chunk_bytes / 1024,
             config.nslots,
             config.timeout,
@@ -495,6 +514,107 @@ impl Communicator {
         c.config = Some(config);
         c.barrier()?;
         Ok(c)
+    }
+
+    /// The RDMA network backend, when `GRADSYNC_TRANSPORT=rdma` asks for it (an error if it
+    /// cannot be had) or the automatic choice can use it: the `rdma` feature is built in, some
+    /// peer is on another host, `GRADSYNC_IB_DISABLE` is not set and every rank opened an
+    /// active port. Every rank publishes its queue pair descriptor (empty when it has none), so
+    /// all ranks make the same choice; then every queue pair goes to RTS and the ranks agree
+    /// that they are ready before any traffic.
+    fn setup_rdma(
+        store: &mut StoreClient,
+        prefix: &str,
+        rank: usize,
+        world: usize,
+        local: &[usize],
+        config: &Config,
+    ) -> Result<Option<Box<dyn Endpoint>>> {
+        let forced = config.transport == TransportMode::Rdma;
+        let wanted = forced
+            || (config.transport == TransportMode::Auto
+                && cfg!(feature = "rdma")
+                && !config.ib.disable
+                && local.len() < world);
+        if !wanted {
+            return Ok(None);
+        }
+        #[cfg(not(feature = "rdma"))]
+        {
+            let _ = (store, prefix, rank);
+            Err(Error::Config(
+                "GRADSYNC_TRANSPORT=rdma: this gradsync was built without the rdma feature (cargo build --features rdma)".into(),
+            ))
+        }
+        #[cfg(feature = "rdma")]
+        {
+            use gradsync_transport::rdma::{RdmaOptions, RdmaSetup};
+            let st = |source| Error::Store { rank, source };
+            let opts = RdmaOptions {
+                hca: config.ib.hca.clone(),
+                gid_index: config.ib.gid_index,
+                qps_per_peer: config.ib.qps_per_conn,
+                ib_timeout: config.ib.timeout,
+                retry_cnt: config.ib.retry_cnt,
+                ..RdmaOptions::default()
+            };
+            let made = RdmaSetup::new(rank, world, &opts);
+            let mine = match &made {
+                Ok(s) => s.info(),
+                Err(e) => {
+                    if !forced {
+                        tracing::info!(target: "gradsync::init", "rank {rank}: no RDMA, using tcp: {e}");
+                    }
+                    Vec::new()
+                }
+            };
+            let vals = exchange(
+                store,
+                prefix,
+                "rdma/info",
+                rank,
+                0..world,
+                &mine,
+                config.timeout,
+            )
+            .map_err(st)?;
+            let setup = match made {
+                Ok(s) => s,
+                Err(e) if forced => {
+                    return Err(Error::transport(rank, "GRADSYNC_TRANSPORT=rdma", e));
+                }
+                Err(_) => return Ok(None),
+            };
+            if let Some(p) = vals.iter().position(Vec::is_empty) {
+                if forced {
+                    return Err(Error::Config(format!(
+                        "GRADSYNC_TRANSPORT=rdma: rank {p} has no usable RDMA port (see its log)"
+                    )));
+                }
+                tracing::info!(target: "gradsync::init", "rank {rank}: rank {p} has no RDMA port, using tcp");
+                return Ok(None);
+            }
+            let device = setup.device();
+            let ep = setup
+                .connect(&vals)
+                .map_err(|e| Error::transport(rank, "rdma connect", e))?;
+            exchange(
+                store,
+                prefix,
+                "rdma/ready",
+                rank,
+                0..world,
+                b"1",
+                config.timeout,
+            )
+            .map_err(st)?;
+            tracing::info!(
+                target: "gradsync::init",
+                "rank {rank}: rdma device {device}, {} queue pairs per peer",
+                config.ib.qps_per_conn
+            );
+            Ok(Some(Box::new(ep)))
+        }
     }
 
     /// Connects the shared-memory backend to the other ranks of this host. Every local rank

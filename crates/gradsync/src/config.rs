@@ -88,28 +88,66 @@ pub struct Config {
     /// Whether init binds the calling thread to the NUMA node of the network interface when the
     /// machine has more than one node (`GRADSYNC_NUMA_BIND`, `1` default, `0` off).
     pub numa_bind: bool,
+    /// RDMA device settings (`GRADSYNC_IB_*`); used with the `rdma` feature.
+    pub ib: IbConfig,
+}
+
+/// RDMA settings, read whether or not the `rdma` feature is built in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IbConfig {
+    /// `GRADSYNC_IB_HCA`: device, or `device:port`; unset picks the first active port.
+    pub hca: Option<String>,
+    /// `GRADSYNC_IB_GID_INDEX`: GID index (RoCE); unset picks the RoCE v2 GID of an IPv4
+    /// address.
+    pub gid_index: Option<u32>,
+    /// `GRADSYNC_IB_QPS_PER_CONN`: queue pairs per peer, used round-robin (1..=16, default 2).
+    pub qps_per_conn: usize,
+    /// `GRADSYNC_IB_TIMEOUT`: local ACK timeout exponent, 4.096 µs x 2^n (1..=31, default 18).
+    pub timeout: u8,
+    /// `GRADSYNC_IB_RETRY_CNT`: transport retries (0..=7, default 7).
+    pub retry_cnt: u8,
+    /// `GRADSYNC_IB_DISABLE=1`: the automatic choice never uses RDMA.
+    pub disable: bool,
+}
+
+impl Default for IbConfig {
+    fn default() -> Self {
+        IbConfig {
+            hca: None,
+            gid_index: None,
+            qps_per_conn: 2,
+            timeout: 18,
+            retry_cnt: 7,
+            disable: false,
+        }
+    }
 }
 
 /// `GRADSYNC_TRANSPORT`: how the transport of each rank pair is chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum TransportMode {
-    /// `auto`: shared memory to ranks on the same host, TCP to the others. When the kernel
-    /// refuses cross-memory attach, local pairs fall back to TCP (logged at WARN).
+    /// `auto`: shared memory to ranks on the same host, the network to the others: RDMA when
+    /// the `rdma` feature is built in and every rank has an active port (unless
+    /// `GRADSYNC_IB_DISABLE=1`), TCP otherwise. When the kernel refuses cross-memory attach,
+    /// local pairs fall back to the network (logged at WARN).
     #[default]
     Auto,
     /// `tcp`: every pair over TCP.
     Tcp,
     /// `shm`: every pair over shared memory; an error if a peer is on another host.
     Shm,
+    /// `rdma`: every pair over InfiniBand/RoCE verbs (the `rdma` feature and an active port).
+    Rdma,
 }
 
 impl TransportMode {
-    /// Parses `auto`, `tcp` or `shm`.
+    /// Parses `auto`, `tcp`, `shm` or `rdma`.
     pub fn parse(s: &str) -> Option<Self> {
         match s.trim().to_ascii_lowercase().as_str() {
             "auto" => Some(TransportMode::Auto),
             "tcp" | "net" | "socket" => Some(TransportMode::Tcp),
             "shm" => Some(TransportMode::Shm),
+            "rdma" | "ib" | "verbs" => Some(TransportMode::Rdma),
             _ => None,
         }
     }
@@ -235,6 +273,7 @@ impl Config {
             transport: TransportMode::Auto,
             host_id: None,
             numa_bind: true,
+            ib: IbConfig::default(),
         }
     }
 
@@ -412,7 +451,9 @@ impl Config {
         }
         if let Some(v) = var("GRADSYNC_TRANSPORT") {
             self.transport = TransportMode::parse(&v).ok_or_else(|| {
-                Error::Config(format!("GRADSYNC_TRANSPORT={v:?} must be auto, tcp or shm"))
+                Error::Config(format!(
+                    "GRADSYNC_TRANSPORT={v:?} must be auto, tcp, shm or rdma"
+                ))
             })?;
         }
         if let Some(on) = env.flag("GRADSYNC_NUMA_BIND")? {
@@ -423,6 +464,39 @@ impl Config {
         }
         if let Some(a) = var("GRADSYNC_ALGO") {
             (self.algorithm, self.collective_algorithms) = parse_algorithms(&a)?;
+        }
+        if let Some(h) = var("GRADSYNC_IB_HCA") {
+            self.ib.hca = Some(h.trim().to_string());
+        }
+        if let Some(i) = env.parse::<u32>("GRADSYNC_IB_GID_INDEX")? {
+            self.ib.gid_index = Some(i);
+        }
+        if let Some(n) = env.parse::<usize>("GRADSYNC_IB_QPS_PER_CONN")? {
+            if !(1..=16).contains(&n) {
+                return Err(Error::Config(format!(
+                    "GRADSYNC_IB_QPS_PER_CONN={n} must be between 1 and 16"
+                )));
+            }
+            self.ib.qps_per_conn = n;
+        }
+        if let Some(t) = env.parse::<u8>("GRADSYNC_IB_TIMEOUT")? {
+            if !(1..=31).contains(&t) {
+                return Err(Error::Config(format!(
+                    "GRADSYNC_IB_TIMEOUT={t} must be between 1 and 31"
+                )));
+            }
+            self.ib.timeout = t;
+        }
+        if let Some(r) = env.parse::<u8>("GRADSYNC_IB_RETRY_CNT")? {
+            if r > 7 {
+                return Err(Error::Config(format!(
+                    "GRADSYNC_IB_RETRY_CNT={r} must be between 0 and 7"
+                )));
+            }
+            self.ib.retry_cnt = r;
+        }
+        if let Some(on) = env.flag("GRADSYNC_IB_DISABLE")? {
+            self.ib.disable = on;
         }
         Ok(())
     }
@@ -595,10 +669,51 @@ mod tests {
         assert_eq!(c.transport, TransportMode::Shm);
         let c = from(&[base[0], base[1], ("GRADSYNC_TRANSPORT", "tcp")]).unwrap();
         assert_eq!(c.transport, TransportMode::Tcp);
-        let e = from(&[base[0], base[1], ("GRADSYNC_TRANSPORT", "ib")]).unwrap_err();
-        assert!(e.to_string().contains("GRADSYNC_TRANSPORT=\"ib\""), "{e}");
+        let c = from(&[base[0], base[1], ("GRADSYNC_TRANSPORT", "rdma")]).unwrap();
+        assert_eq!(c.transport, TransportMode::Rdma);
+        let e = from(&[base[0], base[1], ("GRADSYNC_TRANSPORT", "udp")]).unwrap_err();
+        assert!(e.to_string().contains("GRADSYNC_TRANSPORT=\"udp\""), "{e}");
         let c = from(&[base[0], base[1], ("GRADSYNC_HOST_ID", "node-a")]).unwrap();
         assert_eq!(c.host_id.as_deref(), Some("node-a"));
+    }
+
+    #[test]
+    fn rdma_options() {
+        let base = [("RANK", "0"), ("WORLD_SIZE", "1")];
+        assert_eq!(from(&base).unwrap().ib, IbConfig::default());
+        let c = from(&[
+            base[0],
+            base[1],
+            ("GRADSYNC_IB_HCA", "mlx5_1:2"),
+            ("GRADSYNC_IB_GID_INDEX", "3"),
+            ("GRADSYNC_IB_QPS_PER_CONN", "4"),
+            ("GRADSYNC_IB_TIMEOUT", "20"),
+            ("GRADSYNC_IB_RETRY_CNT", "5"),
+            ("GRADSYNC_IB_DISABLE", "1"),
+        ])
+        .unwrap();
+        assert_eq!(
+            c.ib,
+            IbConfig {
+                hca: Some("mlx5_1:2".into()),
+                gid_index: Some(3),
+                qps_per_conn: 4,
+                timeout: 20,
+                retry_cnt: 5,
+                disable: true,
+            }
+        );
+        for (k, v) in [
+            ("GRADSYNC_IB_QPS_PER_CONN", "0"),
+            ("GRADSYNC_IB_QPS_PER_CONN", "17"),
+            ("GRADSYNC_IB_TIMEOUT", "32"),
+            ("GRADSYNC_IB_RETRY_CNT", "8"),
+            ("GRADSYNC_IB_GID_INDEX", "-1"),
+        ] {
+            let e = from(&[base[0], base[1], (k, v)]).unwrap_err();
+            let e = e.to_string();
+            assert!(e.contains(k) && e.contains(v), "{e}");
+        }
     }
 
     #[test]

@@ -481,18 +481,30 @@ impl Engine {
             ep.register(
                 inbox.ptr,
                 inbox.len,
-                Access::REMOTE_WRITE.union(Access::LOCAL_READ),
+                Access::REMOTE_WRITE
+                    .union(Access::LOCAL_READ)
+                    .union(Access::PERSISTENT),
             )
         }
         .map_err(|e| Error::transport(rank, "register inbox", e))?;
         let hdrs = AlignedBuf::zeroed(DATA_HEADER_LEN * opts.nslots * world);
         // SAFETY: owned by the engine and deregistered before it is freed.
-        let hdr_mr = unsafe { ep.register(hdrs.ptr, hdrs.len, Access::LOCAL_READ) }
-            .map_err(|e| Error::transport(rank, "register headers", e))?;
+        let hdr_mr = unsafe {
+            ep.register(
+                hdrs.ptr,
+                hdrs.len,
+                Access::LOCAL_READ.union(Access::PERSISTENT),
+            )
+        }
+        .map_err(|e| Error::transport(rank, "register headers", e))?;
         let remote = inbox_mr.remote();
         let peers = (0..world)
             .map(|_| PeerState {
-                remote_inbox: RemoteRegion { rkey: 0, len: 0 },
+                remote_inbox: RemoteRegion {
+                    addr: 0,
+                    rkey: 0,
+                    len: 0,
+                },
                 credits: opts.nslots,
                 tx_ctr: 0,
                 rx_ctr: 0,
@@ -627,7 +639,9 @@ impl Engine {
                 self.ep.register(
                     buf.ptr,
                     buf.len,
-                    Access::LOCAL_READ.union(Access::REMOTE_WRITE),
+                    Access::LOCAL_READ
+                        .union(Access::REMOTE_WRITE)
+                        .union(Access::PERSISTENT),
                 )
             }
             .map_err(|e| Error::transport(self.rank, "register scratch", e))?;
@@ -1376,6 +1390,7 @@ impl Engine {
                     let wr = self.next_wr;
                     self.next_wr += 1;
                     let remote = RemoteRegion {
+                        addr: 0,
                         rkey: cts.rkey,
                         len: cts.offset + bytes as u64,
                     };

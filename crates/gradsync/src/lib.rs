@@ -23,7 +23,7 @@
 //! | `gradsync` (this crate) | [`Communicator`], the engine that runs schedules over a transport |
 //! | `gradsync-core` | schedules as pure state machines (`poll_action` / `handle_complete`), the signature header, the simulator |
 //! | `gradsync-reduce` | reduction kernels, dtype x op, vectorized |
-//! | `gradsync-transport` | the verbs-shaped transport trait and its backends (in-memory, TCP, shared memory, and the hybrid that routes each peer to shared memory or TCP) |
+//! | `gradsync-transport` | the verbs-shaped transport trait and its backends (in-memory, TCP, shared memory, RDMA verbs with the `rdma` feature, and the hybrid that routes each peer to shared memory or the network) |
 //! | `gradsync-store` | the rendezvous key-value store used at init |
 //!
 //! # How a collective runs
@@ -69,11 +69,14 @@ pub mod recorder;
 pub mod topology;
 
 pub use comm::{Communicator, Pending, Work};
-pub use config::{Config, TransportMode};
+pub use config::{Config, IbConfig, TransportMode};
 pub use element::Element;
 pub use error::Error;
 pub use gradsync_core::schedule::plan::Algorithm;
 pub use gradsync_core::{Collective, DataType, ReduceOp};
+/// The RDMA backend's device queries (`list_ports`, `pick_gid`), with the `rdma` feature.
+#[cfg(feature = "rdma")]
+pub use gradsync_transport::rdma;
 
 /// Result type of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

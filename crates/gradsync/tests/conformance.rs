@@ -333,6 +333,54 @@ fn shm_direct(world: usize, _: bool) {
     tcp_suite_with(world, true, cfg);
 }
 
+/// Every pair over RDMA verbs (all ranks are threads of this process, each with its own device
+/// context and queue pairs). Needs an active RDMA port: `scripts/rdma-vm.sh` runs these inside
+/// a Soft-RoCE VM; elsewhere they say that they skip.
+#[cfg(feature = "rdma")]
+fn rdma_suite(world: usize, tiny: bool) {
+    let mut cfg = config(tiny);
+    cfg.transport = TransportMode::Rdma;
+    rdma_run(world, tiny, cfg);
+}
+
+/// The direct-write configuration over RDMA: the engine must not offer a caller's buffer to an
+/// RDMA peer, so everything still lands through the inbox.
+#[cfg(feature = "rdma")]
+fn rdma_direct(world: usize, _: bool) {
+    let mut cfg = config_direct();
+    cfg.transport = TransportMode::Rdma;
+    rdma_run(world, true, cfg);
+}
+
+/// Emulated hosts with the automatic choice: shared memory inside a host, RDMA across.
+#[cfg(feature = "rdma")]
+fn rdma_hosts(world: usize, hosts: usize, tiny: bool, algo: Option<Algorithm>) {
+    let mut cfg = config(tiny);
+    cfg.algorithm = algo;
+    cfg.host_id = Some(format!("hosts{hosts}"));
+    rdma_run(world, tiny, cfg);
+}
+
+#[cfg(feature = "rdma")]
+fn rdma_run(world: usize, tiny: bool, cfg: Config) {
+    if !gradsync_transport::rdma::active_port_present() {
+        eprintln!(
+            "skipped: no active RDMA port on this machine (scripts/rdma-vm.sh runs the rdma suites under Soft-RoCE)"
+        );
+        return;
+    }
+    tcp_suite_with(world, tiny, cfg);
+}
+
+/// The transport the automatic choice gives ranks on different hosts.
+fn network_transport() -> &'static str {
+    #[cfg(feature = "rdma")]
+    if gradsync_transport::rdma::active_port_present() {
+        return "rdma";
+    }
+    "tcp"
+}
+
 fn tcp_suite_with(world: usize, tiny: bool, base: Config) {
     let server = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = server.local_addr().to_string();
@@ -360,6 +408,7 @@ fn tcp_suite_with(world: usize, tiny: bool, base: Config) {
                 let want = match transport {
                     TransportMode::Tcp => "tcp",
                     TransportMode::Shm => "shm",
+                    TransportMode::Rdma => "rdma",
                     TransportMode::Auto => "",
                 };
                 for p in (0..world).filter(|&p| p != rank && !want.is_empty()) {
@@ -368,7 +417,8 @@ fn tcp_suite_with(world: usize, tiny: bool, base: Config) {
                 if emulated {
                     for p in (0..world).filter(|&p| p != rank) {
                         let same = c.host_of(p) == c.host_of(rank);
-                        assert_eq!(c.peer_transport(p), if same { "shm" } else { "tcp" });
+                        let want = if same { "shm" } else { network_transport() };
+                        assert_eq!(c.peer_transport(p), want, "rank {rank} -> {p}");
                     }
                 }
                 run_rank(c, tiny, tx)
@@ -432,4 +482,17 @@ suite! {
     hosts_2x3_hier: hosts_suite(6, 2, false, Some(Algorithm::Hierarchical));
     hosts_4x1_hier: hosts_suite(4, 4, true, Some(Algorithm::Hierarchical));
     hosts_3x2_central: hosts_suite(6, 3, true, Some(Algorithm::Central));
+}
+
+#[cfg(feature = "rdma")]
+suite! {
+    rdma_w1: rdma_suite(1, false);
+    rdma_w2: rdma_suite(2, false);
+    rdma_w2_tiny: rdma_suite(2, true);
+    rdma_w3: rdma_suite(3, false);
+    rdma_w4_tiny: rdma_suite(4, true);
+    rdma_w5: rdma_suite(5, false);
+    rdma_direct_w3: rdma_direct(3, true);
+    rdma_hosts_2x2: rdma_hosts(4, 2, false, None);
+    rdma_hosts_2x2_hier: rdma_hosts(4, 2, true, Some(Algorithm::Hierarchical));
 }
