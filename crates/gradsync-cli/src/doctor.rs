@@ -4,9 +4,11 @@
 //! pairs are measured one at a time while the other ranks wait, so no two measurements share a
 //! link: a ping-pong of 8-byte messages (one-way latency) and a stream of `--size` messages in
 //! each direction (bandwidth), over the transport the pair uses for collectives (shared memory
-//! on one host, TCP across hosts). Rank 0 prints
+//! on one host, TCP or RDMA across hosts). Rank 0 prints
 //!
 //! - one line per rank: host, address, interface, MTU, NUMA placement;
+//! - the RDMA devices of its host (with the `rdma` feature): port state, MTU, link layer and
+//!   GIDs, as `ibv_devinfo` shows them;
 //! - the bandwidth and latency matrices;
 //! - one line per link with its slower direction, flagged `SLOW` when that is below
 //!   `--threshold` (default 80%) of the median link;
@@ -76,6 +78,42 @@ struct Report {
     json: String,
 }
 
+/// The RDMA ports of this host, as `ibv_devinfo` shows them: state, MTU, link layer, GIDs.
+#[cfg(feature = "rdma")]
+fn rdma_devices() -> String {
+    let mut s = String::from("#\n# RDMA devices (this host):\n");
+    match gradsync::rdma::list_ports() {
+        Err(e) => s += &format!("#  none: {e}\n"),
+        Ok(ports) if ports.is_empty() => s += "#  none\n",
+        Ok(ports) => {
+            for p in ports {
+                s += &format!(
+                    "#  {}:{}  {}  active_mtu {}  max_mtu {}  link_layer {}  lid {}  node_guid {:016x}  fw {}\n",
+                    p.device,
+                    p.port,
+                    p.state,
+                    p.active_mtu,
+                    p.max_mtu,
+                    p.link_layer,
+                    p.lid,
+                    p.node_guid,
+                    if p.fw_ver.is_empty() { "-" } else { &p.fw_ver }
+                );
+                for g in &p.gids {
+                    s += &format!("#      GID[{:>3}]  {}  {}\n", g.index, g.gid, g.kind);
+                }
+            }
+        }
+    }
+    s
+}
+
+/// Without the `rdma` feature there is nothing to list.
+#[cfg(not(feature = "rdma"))]
+fn rdma_devices() -> String {
+    "#\n# RDMA devices: not listed (gradsync built without the rdma feature)\n".into()
+}
+
 /// This rank's line: host, address, interface, MTU, NUMA placement.
 fn describe_self(comm: &Communicator) -> String {
     let ifname = comm.interface().to_string();
@@ -112,6 +150,7 @@ fn measure(args: &DoctorArgs, comm: &mut Communicator) -> anyhow::Result<Report>
         "shm" => 1u8,
         "tcp" => 2,
         "mem" => 3,
+        "rdma" => 4,
         _ => 0,
     };
     let mine: Vec<u8> = (0..n).map(|p| code(comm.peer_transport(p))).collect();
@@ -234,6 +273,7 @@ fn render(
         1 => "shm",
         2 => "tcp",
         3 => "mem",
+        4 => "rdma",
         _ => "?",
     };
     let gb = |x: f64| x / 1e9;
@@ -247,6 +287,7 @@ fn render(
     for (r, info) in infos.iter().enumerate() {
         s += &format!("#  rank {r:>3}  {info}\n");
     }
+    s += &rdma_devices();
     s += &matrix("bandwidth GB/s (row sends to column)", n, |i, j| {
         format!("{:>8.3}", gb(bw[i * n + j]))
     });
