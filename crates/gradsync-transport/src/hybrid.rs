@@ -59,9 +59,9 @@ pub struct HybridEndpoint {
     shm_peers: usize,
     last_net_poll: Instant,
     polls: u32,
-    /// Registrations by remote key: local key and how many registrations share the key (a
-    /// network backend with a registration pool hands out one key for spans inside another).
-    keys: HashMap<u32, (u32, usize)>,
+    /// Registrations by remote key: local key, how many registrations share it, and the span
+    /// (address, length) the shared-memory backend has under it.
+    keys: HashMap<u32, (u32, usize, usize, usize)>,
     /// Local key -> remote key, for registrations whose keys differ (an RDMA adapter's): the
     /// shared-memory backend knows a region by its remote key alone.
     local_to_remote: HashMap<u32, u32>,
@@ -174,15 +174,28 @@ impl Endpoint for HybridEndpoint {
         // SAFETY: the caller's promise about the span is passed on unchanged.
         let mr = unsafe { self.net.register(addr, len, access) }?;
         if let Some(k) = self.keys.get_mut(&mr.rkey) {
-            // A span inside one the network backend already registered under this key: the
-            // shared-memory backend has the whole span under it.
-            k.1 += 1;
-            return Ok(mr);
+            // The network backend handed out a key it already gave: the same span again can
+            // share the shared-memory registration; any other span (a span inside a pooled
+            // registration, or a key that collides with a recorded one) would make local
+            // peers' offsets land elsewhere, so it is refused.
+            if (k.2, k.3) == (addr as usize, len) {
+                k.1 += 1;
+                return Ok(mr);
+            }
+            self.net.deregister(&mr);
+            return Err(TransportError::Invalid {
+                rank: self.rank,
+                op: "register",
+                msg: format!(
+                    "the network backend gave key 0x{:08x} to {len} bytes at {addr:p}, a key already naming {} bytes at 0x{:x}",
+                    mr.rkey, k.3, k.2
+                ),
+            });
         }
         // SAFETY: as above; the same span under the key the network backend chose.
         match unsafe { self.shm.register_with_key(addr, len, access, mr.rkey) } {
             Ok(_) => {
-                self.keys.insert(mr.rkey, (mr.lkey, 1));
+                self.keys.insert(mr.rkey, (mr.lkey, 1, addr as usize, len));
                 if mr.lkey != mr.rkey {
                     self.local_to_remote.insert(mr.lkey, mr.rkey);
                 }

@@ -413,7 +413,7 @@ impl Info {
         let qps = u32_at(8)?;
         let gid: [u8; 16] = b.get(12..28)?.try_into().ok()?;
         let n = (world as usize).checked_mul(qps as usize)?;
-        if b.len() != 40 + n.checked_mul(8)? {
+        if b.len() != n.checked_mul(8)?.checked_add(40)? {
             return None;
         }
         let mut qp = Vec::with_capacity(n);
@@ -914,6 +914,8 @@ struct Wr {
     rkey: u32,
     offset: u64,
     len: u64,
+    /// Length of the target region as the peer advertised it.
+    region_len: u64,
 }
 
 /// A ring of registered memory that data from unregistered memory is copied into.
@@ -1158,19 +1160,30 @@ impl RdmaEndpoint {
     }
 
     /// Posts as much of every peer's pending queue as there is room for.
-    fn flush_pending(&mut self) -> Result<()> {
+    fn flush_pending(&mut self) {
         for peer in 0..self.peers.len() {
             while let Some(item) = self.peers[peer].pending.pop_front() {
-                match self.try_post(peer, item)? {
-                    None => {}
-                    Some(back) => {
+                if self.peers[peer].broken.is_some() {
+                    // The operation that queued it has failed; its buffers may be gone.
+                    self.peers[peer].pending.clear();
+                    break;
+                }
+                match self.try_post(peer, item) {
+                    Ok(None) => {}
+                    Ok(Some(back)) => {
                         self.peers[peer].pending.push_front(back);
+                        break;
+                    }
+                    Err(e) => {
+                        self.peers[peer].broken = Some(e.to_string());
+                        self.peers[peer].pending.clear();
+                        self.peers[peer].pending.clear();
+                        self.errors.push_back(e);
                         break;
                     }
                 }
             }
         }
-        Ok(())
     }
 
     /// A queue pair of `peer` with room, round-robin.
@@ -1278,6 +1291,7 @@ impl RdmaEndpoint {
                         rkey: remote.rkey,
                         offset,
                         len: total as u64,
+                        region_len: remote.len,
                     },
                 );
                 if !direct {
@@ -1338,6 +1352,7 @@ impl RdmaEndpoint {
                         rkey: 0,
                         offset: 0,
                         len: data.len() as u64,
+                        region_len: 0,
                     },
                 );
                 if ctrl.is_none() {
@@ -1382,7 +1397,7 @@ impl RdmaEndpoint {
                         rkey: w.rkey,
                         offset: w.offset,
                         len: w.len,
-                        region_len: 0,
+                        region_len: w.region_len,
                         why: "the peer's adapter refused the remote key or the bounds (remote access error: the key is unknown, deregistered, lacks remote write, or the span is past the region's end)",
                     };
                 }
@@ -1431,6 +1446,7 @@ impl RdmaEndpoint {
                         other => other.to_string(),
                     };
                     self.peers[peer].broken = Some(why);
+                    self.peers[peer].pending.clear();
                     if wc.status != WC_WR_FLUSH_ERR || self.peers[peer].byes == 0 {
                         self.errors.push_back(TransportError::PeerClosed {
                             rank: self.rank,
@@ -1506,7 +1522,16 @@ impl RdmaEndpoint {
         loop {
             // SAFETY: `wcs` has room for 32 completions.
             let n = unsafe { ffi::gs_poll(self.dev.raw, wcs.as_mut_ptr(), 32) };
-            if n <= 0 {
+            if n < 0 {
+                self.errors.push_back(setup_err(
+                    self.rank,
+                    usize::MAX,
+                    "completion queue",
+                    format!("ibv_poll_cq failed ({n})"),
+                ));
+                break;
+            }
+            if n == 0 {
                 break;
             }
             for wc in &wcs[..n as usize] {
@@ -1718,10 +1743,15 @@ impl Endpoint for RdmaEndpoint {
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>) -> Result<()> {
+        let before = out.len();
         self.drain_cq(out);
-        self.flush_pending()?;
+        self.flush_pending();
         out.extend(self.ready.drain(..));
-        if let Some(e) = self.errors.pop_front() {
+        // What arrived goes up first (a caller drops `out` on an error): the error waits for
+        // the next poll.
+        if out.len() == before
+            && let Some(e) = self.errors.pop_front()
+        {
             return Err(e);
         }
         Ok(())
@@ -1745,7 +1775,8 @@ impl Endpoint for RdmaEndpoint {
             return Ok(());
         }
         // Pending posts wait for send completions, which raise events too.
-        let ms = timeout.as_millis().min(i32::MAX as u128) as c_int;
+        // Round up: a sub-millisecond wait must not become a busy poll(2) of 0 ms.
+        let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as c_int;
         let mut pfd = libc::pollfd {
             // SAFETY: the device is open.
             fd: unsafe { ffi::gs_channel_fd(self.dev.raw) },

@@ -556,6 +556,9 @@ impl Communicator {
                 qps_per_peer: config.ib.qps_per_conn,
                 ib_timeout: config.ib.timeout,
                 retry_cnt: config.ib.retry_cnt,
+                // Room for several slot writes (header + chunk) in flight at any chunk size.
+                staging_bytes: gradsync_transport::rdma::DEFAULT_STAGING
+                    .max(4 * (config.chunk_bytes + 4096)),
                 ..RdmaOptions::default()
             };
             let made = RdmaSetup::new(rank, world, &opts);
