@@ -61,20 +61,27 @@ gs-transport-tests rdma:: --test-threads=1
 gs-conformance rdma_ --test-threads=1
 gradsync doctor --nproc 2 --size 1M --iters 2 --lat-iters 50
 gradsync bench --nproc 2 all_reduce -b 8 -e 8M -f 8 -c 1 -d all -n 2 -w 1
-echo "== benchmark: 2-rank all-reduce (4 MiB, f32 sum, busbw from the time column) against ib_write_bw (1 MiB RDMA writes, average), alternating"
-for i in $(seq '"$reps"'); do
-  ib_write_bw -d rxe0 -x $RDMAVM_GID_INDEX -F -s 1048576 -n 200 --report_gbits >/tmp/srv.txt 2>&1 &
-  retry -s 0.2 ib_write_bw -d rxe0 -x $RDMAVM_GID_INDEX -F -s 1048576 -n 200 --report_gbits $RDMAVM_IP >/tmp/cli.txt 2>&1
+echo "== benchmark: 2-rank all-reduce (4 MiB, f32 sum, busbw from the time column) against ib_write_bw (1 MiB RDMA writes, average; one direction, and both directions at once as the all-reduce runs, per direction), alternating"
+ibw() {  # extra flags: prints the client average in Gb/s
+  ib_write_bw -d rxe0 -x $RDMAVM_GID_INDEX -F -s 1048576 -n 200 --report_gbits "$@" >/tmp/srv.txt 2>&1 &
+  retry -s 0.2 ib_write_bw -d rxe0 -x $RDMAVM_GID_INDEX -F -s 1048576 -n 200 --report_gbits "$@" $RDMAVM_IP >/tmp/cli.txt 2>&1
   wait
-  ib=$(awk "\$1 == 1048576 {print \$4}" /tmp/cli.txt)
+  awk "\$1 == 1048576 {print \$4}" /tmp/cli.txt
+}
+for i in $(seq '"$reps"'); do
+  ib=$(ibw)
+  bi=$(ibw -b)
   gradsync bench --nproc 2 all_reduce -b 4M -e 4M -n 10 -w 2 >/tmp/gs.txt 2>&1
   us=$(awk "/^ +4194304/ {print \$6}" /tmp/gs.txt)
   gs=$(awk -v t=$us "BEGIN{printf \"%.3f\", 4194304 * 8 / (t * 1000)}")
   r=$(awk -v g=$gs -v i=$ib "BEGIN{printf \"%.3f\", g / i}")
-  echo "RDMA-BENCH rep $i: ib_write_bw $ib Gb/s, gradsync busbw $gs Gb/s ($us us per call), ratio $r"
+  rb=$(awk -v g=$gs -v i=$bi "BEGIN{printf \"%.3f\", g / (i / 2)}")
+  echo "RDMA-BENCH rep $i: ib_write_bw $ib Gb/s one way, $bi Gb/s both ways; gradsync busbw $gs Gb/s ($us us per call); ratio $r to one way, $rb to both ways per direction"
   echo $r >>/tmp/ratios
+  echo $rb >>/tmp/ratios_bi
 done
-echo "RDMA-BENCH median ratio of $(wc -l </tmp/ratios) reps: $(sort -n /tmp/ratios | awk "{v[NR]=\$1} END{print v[int((NR+1)/2)]}")"'
+med() { sort -n "$1" | awk "{v[NR]=\$1} END{print v[int((NR+1)/2)]}"; }
+echo "RDMA-BENCH median of $(wc -l </tmp/ratios) reps: ratio $(med /tmp/ratios) to one way, $(med /tmp/ratios_bi) to both ways per direction"'
     export RDMAVM_SINGLE_CMD
     scripts/rdma-vm.sh single
 fi

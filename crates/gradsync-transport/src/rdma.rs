@@ -758,6 +758,17 @@ impl RdmaSetup {
         for (p, pi) in peers_info.iter().enumerate() {
             let Some(pi) = pi else { continue };
             let mtu = self.info.mtu.min(pi.mtu);
+            if !(1..=5).contains(&mtu) {
+                return Err(setup_err(
+                    rank,
+                    p,
+                    "queue pair INIT->RTR",
+                    format!(
+                        "path_mtu: rank {p} advertises MTU code {}, this port {}; valid codes are 1-5 (256-4096 bytes)",
+                        pi.mtu, self.info.mtu
+                    ),
+                ));
+            }
             for (i, &qp) in self.qps[p].iter().enumerate() {
                 let (dqpn, rpsn) = pi.qp[rank * q + i];
                 let (_, spsn) = self.info.qp[p * q + i];

@@ -598,19 +598,26 @@ impl Communicator {
                 return Ok(None);
             }
             let device = setup.device();
-            let ep = setup
-                .connect(&vals)
-                .map_err(|e| Error::transport(rank, "rdma connect", e))?;
-            exchange(
+            // Every rank says whether its queue pairs reached RTS, so a rank whose transition
+            // failed does not leave the others waiting for it until the deadline.
+            let connected = setup.connect(&vals);
+            let ok: &[u8] = if connected.is_ok() { b"1" } else { b"0" };
+            let ready = exchange(
                 store,
                 prefix,
                 "rdma/ready",
                 rank,
                 0..world,
-                b"1",
+                ok,
                 config.timeout,
             )
             .map_err(st)?;
+            let ep = connected.map_err(|e| Error::transport(rank, "rdma connect", e))?;
+            if let Some(p) = ready.iter().position(|v| v.as_slice() != b"1") {
+                return Err(Error::Config(format!(
+                    "rank {p} could not connect its RDMA queue pairs (see its log); rank {rank} stops too"
+                )));
+            }
             tracing::info!(
                 target: "gradsync::init",
                 "rank {rank}: rdma device {device}, {} queue pairs per peer",

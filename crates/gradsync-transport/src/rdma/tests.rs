@@ -485,3 +485,38 @@ fn memlock_refusal_says_how_to_raise_the_limit() {
         "{err}"
     );
 }
+
+#[test]
+fn a_bad_descriptor_names_the_transition_and_attribute() {
+    if device_or_skip("a_bad_descriptor_names_the_transition_and_attribute").is_none() {
+        return;
+    }
+    let o = opts();
+    let a = RdmaSetup::new(0, 2, &o).unwrap();
+    let b = RdmaSetup::new(1, 2, &o).unwrap();
+    let mut bad = Info::decode(&b.info()).unwrap();
+    bad.mtu = 0;
+    let e = a
+        .connect(&[Vec::new(), bad.encode()])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("with rank 1") && e.contains("INIT->RTR") && e.contains("path_mtu"),
+        "{e}"
+    );
+    let mut other = Info::decode(&b.info()).unwrap();
+    other.qps = 3;
+    other.qp = vec![(1, 1); 6];
+    let a = RdmaSetup::new(0, 2, &o).unwrap();
+    let e = a
+        .connect(&[Vec::new(), other.encode()])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("GRADSYNC_IB_QPS_PER_CONN"), "{e}");
+    let a = RdmaSetup::new(0, 2, &o).unwrap();
+    let e = a
+        .connect(&[Vec::new(), vec![1, 2, 3]])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("malformed") && e.contains("rank 1"), "{e}");
+}
