@@ -317,6 +317,27 @@ fn hosts_suite(world: usize, hosts: usize, tiny: bool, algo: Option<Algorithm>) 
     tcp_suite_with(world, tiny, cfg);
 }
 
+/// Every all-reduce forced to recursive halving-doubling (the other collectives as usual).
+fn mem_forced(world: usize, tiny: bool, algo: Algorithm) {
+    let mut cfg = config(tiny);
+    cfg.algorithm = Some(algo);
+    mem_suite_with(world, tiny, cfg);
+}
+
+fn tcp_forced(world: usize, tiny: bool, algo: Algorithm) {
+    let mut cfg = config(tiny);
+    cfg.algorithm = Some(algo);
+    cfg.transport = TransportMode::Tcp;
+    tcp_suite_with(world, tiny, cfg);
+}
+
+fn shm_forced(world: usize, tiny: bool, algo: Algorithm) {
+    let mut cfg = config(tiny);
+    cfg.algorithm = Some(algo);
+    cfg.transport = TransportMode::Shm;
+    tcp_suite_with(world, tiny, cfg);
+}
+
 fn mem_direct(world: usize, _: bool) {
     mem_suite_with(world, true, config_direct());
 }
@@ -482,6 +503,11 @@ suite! {
     hosts_2x3_hier: hosts_suite(6, 2, false, Some(Algorithm::Hierarchical));
     hosts_4x1_hier: hosts_suite(4, 4, true, Some(Algorithm::Hierarchical));
     hosts_3x2_central: hosts_suite(6, 3, true, Some(Algorithm::Central));
+    mem_w6_rabenseifner_tiny: mem_forced(6, true, Algorithm::Rabenseifner);
+    mem_w8_rabenseifner: mem_forced(8, false, Algorithm::Rabenseifner);
+    tcp_w3_rabenseifner: tcp_forced(3, false, Algorithm::Rabenseifner);
+    shm_w4_rabenseifner_tiny: shm_forced(4, true, Algorithm::Rabenseifner);
+    shm_w5_rabenseifner: shm_forced(5, false, Algorithm::Rabenseifner);
 }
 
 #[cfg(feature = "rdma")]

@@ -25,6 +25,9 @@
 //! | `reduce`         | -                                           | -                      |
 //! | `barrier`        | dissemination                               | dissemination          |
 //!
+//! `Rabenseifner` (all-reduce only): a reduce-scatter by recursive halving, then an all-gather
+//! by recursive doubling.
+//!
 //! (RS: ring reduce-scatter, AG: ring all-gather, each over the ranks of one host or over the
 //! ranks of equal local rank on all hosts; hosts hold [`Params::local_size`] ranks each.)
 //!
@@ -112,6 +115,10 @@ pub enum Algorithm {
     /// Planning fails with [`PlanError::NonUniformHosts`] when `local_size` does not divide the
     /// world.
     Hierarchical,
+    /// Recursive halving-doubling (Rabenseifner, all-reduce only): a reduce-scatter by recursive
+    /// halving, then an all-gather by recursive doubling; `2 log2 n` latencies and the ring's
+    /// bandwidth term, for medium buffers.
+    Rabenseifner,
     /// Central aggregator (a parameter server at rank 0, all-reduce only): every other rank sends
     /// its buffer to rank 0, which reduces in rank order and sends the result back. Rank 0's link
     /// carries `n - 1` buffers each way; this is the baseline that the ring is compared against.
@@ -120,31 +127,36 @@ pub enum Algorithm {
 
 impl Algorithm {
     /// Every algorithm.
-    pub const ALL: [Algorithm; 5] = [
+    pub const ALL: [Algorithm; 6] = [
         Algorithm::Ring,
         Algorithm::RecursiveDoubling,
+        Algorithm::Rabenseifner,
         Algorithm::Tree,
         Algorithm::Hierarchical,
         Algorithm::Central,
     ];
 
-    /// Name in snake case (`ring`, `recursive_doubling`, `tree`, `hierarchical`, `central`).
+    /// Name in snake case (`ring`, `recursive_doubling`, `rabenseifner`, `tree`, `hierarchical`,
+    /// `central`).
     pub const fn name(self) -> &'static str {
         match self {
             Algorithm::Ring => "ring",
             Algorithm::RecursiveDoubling => "recursive_doubling",
+            Algorithm::Rabenseifner => "rabenseifner",
             Algorithm::Tree => "tree",
             Algorithm::Hierarchical => "hierarchical",
             Algorithm::Central => "central",
         }
     }
 
-    /// Parses a name (`ring`, `recursive_doubling` or `rd`, `tree`, `hierarchical` or `hier`,
-    /// `central`), case-insensitively, as `GRADSYNC_ALGO` spells it.
+    /// Parses a name (`ring`, `recursive_doubling` or `rd`, `rabenseifner`, `halving_doubling` or
+    /// `rhd`, `tree`, `hierarchical` or `hier`, `central`), case-insensitively, as
+    /// `GRADSYNC_ALGO` spells it.
     pub fn parse(s: &str) -> Result<Self, PlanError> {
         Ok(match s.to_ascii_lowercase().as_str() {
             "ring" => Algorithm::Ring,
             "recursive_doubling" | "recursivedoubling" | "rd" => Algorithm::RecursiveDoubling,
+            "rabenseifner" | "halving_doubling" | "rhd" => Algorithm::Rabenseifner,
             "tree" => Algorithm::Tree,
             "hierarchical" | "hier" => Algorithm::Hierarchical,
             "central" => Algorithm::Central,
@@ -211,8 +223,8 @@ pub enum PlanError {
     },
     /// An algorithm name was not recognised.
     #[error(
-        "unknown algorithm {0:?} (expected one of ring, recursive_doubling, tree, hierarchical, \
-         central)"
+        "unknown algorithm {0:?} (expected one of ring, recursive_doubling, rabenseifner, tree, \
+         hierarchical, central)"
     )]
     UnknownAlgorithm(String),
     /// A hierarchical schedule was asked for, but the ranks do not split into hosts of
@@ -370,6 +382,7 @@ pub fn build(p: &Params) -> Result<Program, PlanError> {
     Ok(match (p.coll, p.algorithm) {
         (AllReduce, Ring) => super::ring::all_reduce(p),
         (AllReduce, RecursiveDoubling) => super::doubling::all_reduce(p),
+        (AllReduce, Rabenseifner) => super::doubling::rabenseifner(p),
         (AllReduce, Tree) => super::tree::all_reduce(p, super::tree::Shape::Binomial),
         (ReduceScatter, Ring) => super::ring::reduce_scatter(p),
         (AllGather, Ring) => super::ring::all_gather(p),

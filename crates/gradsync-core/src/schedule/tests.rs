@@ -194,6 +194,7 @@ mod plan_tests {
         assert_eq!(build(&zero).unwrap_err(), PlanError::ZeroSegment);
         for (coll, alg) in [
             (ReduceScatter, RecursiveDoubling),
+            (ReduceScatter, Rabenseifner),
             (ReduceScatter, Tree),
             (AllGather, RecursiveDoubling),
             (AllGather, Tree),
@@ -274,6 +275,7 @@ mod plan_tests {
             assert_eq!(alg.to_string(), alg.name());
         }
         assert_eq!(Algorithm::parse("RD"), Ok(Algorithm::RecursiveDoubling));
+        assert_eq!(Algorithm::parse("rhd"), Ok(Algorithm::Rabenseifner));
         assert_eq!(Algorithm::parse("hier"), Ok(Algorithm::Hierarchical));
         assert_eq!(
             Algorithm::parse("Hierarchical"),

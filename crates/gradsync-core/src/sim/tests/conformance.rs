@@ -293,6 +293,7 @@ hierarchical! {
 conformance! {
     all_reduce_ring: AllReduce Ring;
     all_reduce_doubling: AllReduce RecursiveDoubling;
+    all_reduce_rabenseifner: AllReduce Rabenseifner;
     all_reduce_tree: AllReduce Tree;
     reduce_scatter_ring: ReduceScatter Ring;
     all_gather_ring: AllGather Ring;
