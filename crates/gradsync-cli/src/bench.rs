@@ -120,6 +120,11 @@ pub struct BenchArgs {
     /// (a drill of failure recovery; rank 0 must survive, it hosts the store).
     #[arg(long)]
     pub shrink_on_failure: bool,
+    /// After the table, print the alpha-beta cost model's predicted time of every all-reduce
+    /// algorithm next to the measured time and the automatic choice (the model is measured
+    /// between ranks 0 and 1 first, or read from `GRADSYNC_COST_FILE`).
+    #[arg(long)]
+    pub explain: bool,
 }
 
 /// Parses `-d`: one data type, or `all`.
@@ -322,6 +327,11 @@ fn run_rank(args: &BenchArgs, plan: &Plan, comm: &mut Communicator) -> anyhow::R
             check::AVG_VARIED_MAX_WORLD
         );
     }
+    let model = if args.explain {
+        Some(crate::explain::calibrate(comm).context("calibrating the cost model")?)
+    } else {
+        None
+    };
     let head = header(args, plan, comm)?;
     let mut out = std::io::stdout();
     if rank == 0 {
@@ -330,6 +340,7 @@ fn run_rank(args: &BenchArgs, plan: &Plan, comm: &mut Communicator) -> anyhow::R
         out.flush()?;
     }
     let mut rows = Vec::new();
+    let mut explained = Vec::new();
     for &dtype in &plan.dtypes {
         for &op in &plan.ops {
             for &bytes in &plan.sizes {
@@ -377,12 +388,18 @@ fn run_rank(args: &BenchArgs, plan: &Plan, comm: &mut Communicator) -> anyhow::R
                     writeln!(out, "{}", table::format_row(&row))?;
                     out.flush()?;
                 }
+                if model.is_some() {
+                    explained.push((dtype, row.clone()));
+                }
                 rows.push(row);
             }
         }
     }
     if rank == 0 {
         out.write_all(table::table_footer(&rows).as_bytes())?;
+        if let Some((m, from)) = &model {
+            out.write_all(crate::explain::render(comm, m, from, &explained)?.as_bytes())?;
+        }
         out.flush()?;
         if let Some(path) = &args.json {
             let file = std::fs::File::create(path)

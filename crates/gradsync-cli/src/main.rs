@@ -21,6 +21,7 @@
 mod bench;
 mod check;
 mod doctor;
+mod explain;
 mod flight;
 mod launch;
 mod table;

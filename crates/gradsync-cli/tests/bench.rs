@@ -190,3 +190,86 @@ fn logging_variables_reach_the_ranks() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown subsystem \"BOGUS\""));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The lines of the `--explain` section for `size` (the line after `# ` starts with it).
+fn explain_row(out: &Output, size: &str) -> Vec<String> {
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let after = text.split("# explain:").nth(1).expect("an explain section");
+    after
+        .lines()
+        .map(|l| {
+            l.trim_start_matches('#')
+                .split_whitespace()
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .find(|w| w.first().map(String::as_str) == Some(size))
+        .unwrap_or_else(|| panic!("no explain row for {size}: {after}"))
+}
+
+#[test]
+fn explain_prints_every_algorithm_under_a_pinned_or_measured_model() {
+    let dir = std::env::temp_dir().join(format!("gradsync-explain-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pinned = dir.join("pinned.json");
+    std::fs::write(
+        &pinned,
+        r#"{"transport": "shm", "alpha_us": 2.0, "gbytes_per_s": 1.0}"#,
+    )
+    .unwrap();
+    let args = [
+        "all_reduce",
+        "--nproc",
+        "2",
+        "-b",
+        "8",
+        "-e",
+        "64K",
+        "-f",
+        "8",
+        "-n",
+        "2",
+        "-w",
+        "1",
+        "--explain",
+    ];
+    let out = bench(&args, &[("GRADSYNC_COST_FILE", pinned.to_str().unwrap())]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("pinned in") && text.contains("alpha 2.00 us, 1.000 GB/s"),
+        "{text}"
+    );
+    // The table keeps its nccl-tests shape: the explain lines are comments.
+    assert_eq!(rows(&out).len(), 5, "{text}");
+    // 8 bytes on 2 ranks: eager is one message (2 us + 8 ns); the ring, recursive doubling and
+    // halving-doubling exchange one message per step, the tree two one after the other.
+    let r = explain_row(&out, "8");
+    assert_eq!(
+        &r[1..6],
+        ["2.0", "4.0", "2.0", "4.0", "4.0"],
+        "eager ring rd rabenseifner tree: {r:?}"
+    );
+    assert_eq!(r[r.len() - 2], "eager", "the automatic choice: {r:?}");
+    // 32 KiB: the bandwidth term (32.8 us at 1 GB/s) shows up. On 2 ranks recursive doubling
+    // sends it in one message, the ring in two halves (one more latency), the tree twice.
+    let r = explain_row(&out, "32768");
+    assert_eq!(r[1], "-", "not eager at 32 KiB: {r:?}");
+    assert_eq!(&r[2..6], ["36.8", "34.8", "36.8", "69.5"], "{r:?}");
+    assert_eq!(
+        r[r.len() - 3],
+        "recursive_doubling",
+        "the model's best: {r:?}"
+    );
+    // Without a file the model is measured; with a path that does not exist yet, it is saved.
+    let saved = dir.join("saved.json");
+    let out = bench(&args, &[("GRADSYNC_COST_FILE", saved.to_str().unwrap())]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("measured between ranks 0 and 1"), "{text}");
+    let model: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&saved).unwrap()).unwrap();
+    assert!(model["alpha_us"].as_f64().unwrap() > 0.0, "{model}");
+    assert!(model["gbytes_per_s"].as_f64().unwrap() > 0.0, "{model}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

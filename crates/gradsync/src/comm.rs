@@ -1065,6 +1065,37 @@ impl Communicator {
         }
     }
 
+    /// The schedule a call of `coll` on `bytes` bytes per rank runs: `None` for the eager path of
+    /// a small all-reduce, else the algorithm (forced by `GRADSYNC_ALGO` or chosen by size and
+    /// topology), as the flight recorder names it.
+    pub fn algorithm_for(&self, coll: Collective, bytes: usize) -> Option<Algorithm> {
+        if coll == Collective::AllReduce
+            && self.algorithm.is_none()
+            && self.engine.eager_fits(bytes)
+        {
+            return None;
+        }
+        let local = self.layout.local_size;
+        Some(match (coll, self.algorithm) {
+            (Collective::AllReduce, Some(a)) => a,
+            // Several hosts of several ranks each: reduce inside the host over shared memory,
+            // across hosts over the network, one inter-host ring per local rank.
+            (Collective::AllReduce, None)
+                if bytes > plan::SMALL_ALL_REDUCE_BYTES && local > 1 && local < self.world =>
+            {
+                Algorithm::Hierarchical
+            }
+            (c, _) => match self.coll_algorithms.iter().find(|(k, _)| *k == c) {
+                Some(&(_, a)) => a,
+                None => plan::default_algorithm(coll, self.world, bytes),
+            },
+        })
+    }
+
+    /// Elements of `dtype` per pipeline segment (one message, `GRADSYNC_CHUNK_SIZE`).
+    pub fn segment_elems(&self, dtype: gradsync_core::DataType) -> usize {
+        self.engine.segment_elems(dtype)
+    }
     /// Plans a collective and takes its sequence number.
     fn plan(
         &mut self,
@@ -1076,27 +1107,8 @@ impl Communicator {
         in_place: bool,
     ) -> Result<(Signature, Planned, &'static str)> {
         let bytes = count * dtype.size();
-        let (prog, algo) = if coll == Collective::AllReduce
-            && self.algorithm.is_none()
-            && self.engine.eager_fits(bytes)
-        {
-            (self.engine.eager_planned(), "eager")
-        } else {
+        let (prog, algo) = if let Some(algorithm) = self.algorithm_for(coll, bytes) {
             let local = self.layout.local_size;
-            let algorithm = match (coll, self.algorithm) {
-                (Collective::AllReduce, Some(a)) => a,
-                // Several hosts of several ranks each: reduce inside the host over shared
-                // memory, across hosts over the network, one inter-host ring per local rank.
-                (Collective::AllReduce, None)
-                    if bytes > plan::SMALL_ALL_REDUCE_BYTES && local > 1 && local < self.world =>
-                {
-                    Algorithm::Hierarchical
-                }
-                (c, _) => match self.coll_algorithms.iter().find(|(k, _)| *k == c) {
-                    Some(&(_, a)) => a,
-                    None => plan::default_algorithm(coll, self.world, bytes),
-                },
-            };
             let params = Params {
                 coll,
                 rank: self.rank,
@@ -1114,6 +1126,8 @@ impl Communicator {
                 .schedule_for(&params)
                 .map_err(|e| self.invalid(coll.name(), e.to_string()))?;
             (prog, algorithm.name())
+        } else {
+            (self.engine.eager_planned(), "eager")
         };
         self.seq += 1;
         let reduces = matches!(
