@@ -52,6 +52,8 @@ done
 export RDMAVM_BINS="$bin/gs-transport-tests $bin/gs-conformance $bin/gradsync"
 
 reps=${RDMA_CHECK_REPS:-3}
+# The single VM runs about 5 minutes of emulated work; leave room for a slower machine.
+export RDMAVM_TIMEOUT=${RDMAVM_TIMEOUT:-1200}
 if [ "$mode" = single ] || [ "$mode" = all ]; then
     step "one VM: tests, conformance, doctor, benchmark"
     # shellcheck disable=SC2016
