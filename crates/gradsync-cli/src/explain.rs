@@ -12,29 +12,11 @@
 use std::time::Instant;
 
 use anyhow::{Context, ensure};
-use gradsync::{Algorithm, Collective, Communicator, DataType, ReduceOp};
-use gradsync_core::schedule::plan::Params;
-use gradsync_core::sim::{LinkModel, predict};
-use serde::{Deserialize, Serialize};
+use gradsync::{Algorithm, Collective, Communicator, DataType};
 
 use crate::table::Row;
 
-/// A calibrated (or pinned) link model.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct CostModel {
-    /// Transport between ranks 0 and 1 when it was measured (`shm`, `tcp`, `rdma`).
-    pub transport: String,
-    /// One-way latency per message, microseconds.
-    pub alpha_us: f64,
-    /// Bandwidth, GB/s (10^9 bytes per second).
-    pub gbytes_per_s: f64,
-}
-
-impl CostModel {
-    fn link(&self) -> LinkModel {
-        LinkModel::new(self.alpha_us * 1e-6, (self.gbytes_per_s * 1e9).max(1.0))
-    }
-}
+pub use gradsync::cost::CostModel;
 
 const PINGS: usize = 200;
 const BIG: usize = 4 << 20;
@@ -121,23 +103,8 @@ pub fn calibrate(comm: &mut Communicator) -> anyhow::Result<(CostModel, String)>
     Ok((m, from))
 }
 
-/// The algorithms the model compares for an all-reduce on this communicator.
-fn candidates(comm: &Communicator) -> Vec<Algorithm> {
-    let (world, local) = (comm.world_size(), comm.local_size());
-    let mut v = vec![
-        Algorithm::Ring,
-        Algorithm::RecursiveDoubling,
-        Algorithm::Rabenseifner,
-        Algorithm::Tree,
-    ];
-    if local > 1 && local < world {
-        v.push(Algorithm::Hierarchical);
-    }
-    v
-}
-
-/// Predicted seconds of an all-reduce of `bytes` bytes of `dtype` with `algo` (`None`: the
-/// eager path, `world - 1` messages of the whole buffer from every rank, back to back).
+/// Predicted seconds of an all-reduce of `bytes` bytes of `dtype` with `algo` (`None`: eager)
+/// under `model`, on every link alike.
 fn predicted(
     comm: &Communicator,
     model: &CostModel,
@@ -145,28 +112,18 @@ fn predicted(
     bytes: u64,
     algo: Option<Algorithm>,
 ) -> anyhow::Result<f64> {
-    let world = comm.world_size();
     let link = model.link();
-    let Some(algorithm) = algo else {
-        return Ok((world - 1) as f64 * link.message_s(bytes as usize));
-    };
-    let params: Vec<Params> = (0..world)
-        .map(|rank| Params {
-            coll: Collective::AllReduce,
-            rank,
-            world,
-            count: bytes as usize / dtype.size(),
-            root: 0,
-            op: ReduceOp::Sum,
-            segment: comm.segment_elems(dtype),
-            in_place: false,
-            algorithm,
-            local_size: comm.local_size(),
-        })
-        .collect();
-    Ok(predict(&params, dtype, &link)
-        .map_err(|e| anyhow::anyhow!("predicting {algorithm}: {e}"))?
-        .time_s)
+    gradsync::cost::predict_all_reduce(
+        comm.world_size(),
+        comm.local_size(),
+        comm.segment_elems(dtype),
+        dtype,
+        bytes as usize,
+        algo,
+        &link,
+        &link,
+    )
+    .map_err(|e| anyhow::anyhow!(e))
 }
 
 /// The `--explain` section for the measured `rows` (rank 0 prints it).
@@ -176,7 +133,7 @@ pub fn render(
     from: &str,
     rows: &[(DataType, Row)],
 ) -> anyhow::Result<String> {
-    let algos = candidates(comm);
+    let algos = gradsync::cost::all_reduce_candidates(comm.world_size(), comm.local_size());
     let mut s = format!(
         "#\n# explain: alpha-beta model ({from}): {} alpha {:.2} us, {:.3} GB/s per link\n",
         model.transport, model.alpha_us, model.gbytes_per_s

@@ -273,3 +273,60 @@ fn explain_prints_every_algorithm_under_a_pinned_or_measured_model() {
     assert!(model["gbytes_per_s"].as_f64().unwrap() > 0.0, "{model}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn info_log_explains_every_all_reduce_choice_once_per_size_class() {
+    let dir = std::env::temp_dir().join(format!("gradsync-info-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pinned = dir.join("pinned.json");
+    std::fs::write(
+        &pinned,
+        r#"{"transport": "shm", "alpha_us": 2.0, "gbytes_per_s": 1.0}"#,
+    )
+    .unwrap();
+    let out = bench(
+        &[
+            "all_reduce",
+            "--nproc",
+            "2",
+            "-b",
+            "8",
+            "-e",
+            "32K",
+            "-f",
+            "64",
+            "-n",
+            "3",
+            "-w",
+            "1",
+        ],
+        &[
+            ("GRADSYNC_COST_FILE", pinned.to_str().unwrap()),
+            ("GRADSYNC_DEBUG", "INFO"),
+            ("GRADSYNC_DEBUG_SUBSYS", "COLL"),
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("predicted (pinned in"))
+        .collect();
+    // Sizes 8, 512 and 32768: one line each, from rank 0 only, however many calls.
+    assert_eq!(lines.len(), 3, "{err}");
+    assert!(
+        lines[0].contains("all_reduce of 8 bytes on 2 ranks")
+            && lines[0].contains("eager 2.0 us ring 4.0 us recursive_doubling 2.0 us")
+            && lines[0].ends_with("model's best eager, runs eager"),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[2]
+            .contains("ring 36.8 us recursive_doubling 34.8 us rabenseifner 36.8 us tree 69.5 us")
+            && lines[2].ends_with("model's best recursive_doubling, runs recursive_doubling"),
+        "{}",
+        lines[2]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -53,6 +53,8 @@ pub struct Communicator {
     _store: Option<StoreServer>,
     /// Scratch of deterministic all-reduces, kept from one call to the next.
     det_scratch: Vec<u8>,
+    /// All-reduce size classes (log2 of the bytes) whose choice was logged at INFO.
+    explained: u64,
 }
 
 /// What init learned about the placement of ranks.
@@ -877,6 +879,7 @@ impl Communicator {
             layout,
             _store: store,
             det_scratch: Vec::new(),
+            explained: 0,
         }
     }
 
@@ -1096,6 +1099,77 @@ impl Communicator {
     pub fn segment_elems(&self, dtype: gradsync_core::DataType) -> usize {
         self.engine.segment_elems(dtype)
     }
+    /// Logs at INFO (`COLL`, rank 0), once per power-of-two size class, the cost model's predicted time
+    /// of every all-reduce algorithm for `bytes` bytes, its best, and what this communicator
+    /// runs. The model comes from `GRADSYNC_COST_FILE` when that file exists, else from
+    /// uncalibrated figures for the transport to the next rank.
+    fn explain_choice(&mut self, dtype: gradsync_core::DataType, bytes: usize) {
+        let class = usize::BITS - bytes.leading_zeros();
+        if self.explained & (1u64 << class.min(63)) != 0 || self.world < 2 || self.rank != 0 {
+            return;
+        }
+        self.explained |= 1u64 << class.min(63);
+        let next = (self.rank + 1) % self.world;
+        let pinned = std::env::var_os("GRADSYNC_COST_FILE")
+            .map(std::path::PathBuf::from)
+            .filter(|p| p.exists());
+        let (intra, inter, from) = match &pinned {
+            Some(p) => match crate::cost::CostModel::load(p) {
+                Ok(m) => (m.clone(), m, format!("pinned in {}", p.display())),
+                Err(e) => {
+                    tracing::warn!(target: "gradsync::coll", "rank {}: {e}", self.rank);
+                    return;
+                }
+            },
+            None => {
+                let far = (0..self.world)
+                    .find(|&p| self.host_of(p) != self.host_of(self.rank))
+                    .map_or(self.peer_transport(next), |p| self.peer_transport(p));
+                (
+                    crate::cost::CostModel::uncalibrated(self.peer_transport(next)),
+                    crate::cost::CostModel::uncalibrated(far),
+                    "uncalibrated; calibrate with gradsync bench --explain and GRADSYNC_COST_FILE"
+                        .to_string(),
+                )
+            }
+        };
+        let (il, el) = (intra.link(), inter.link());
+        let (world, local) = (self.world, self.layout.local_size);
+        let segment = self.engine.segment_elems(dtype);
+        let runs = self.algorithm_for(Collective::AllReduce, bytes);
+        let mut line = String::new();
+        let mut best = (f64::INFINITY, "");
+        let mut candidates: Vec<Option<Algorithm>> = Vec::new();
+        if runs.is_none() {
+            candidates.push(None);
+        }
+        candidates.extend(
+            crate::cost::all_reduce_candidates(world, local)
+                .into_iter()
+                .map(Some),
+        );
+        for a in candidates {
+            let name = a.map_or("eager", Algorithm::name);
+            match crate::cost::predict_all_reduce(world, local, segment, dtype, bytes, a, &il, &el)
+            {
+                Ok(t) => {
+                    if t < best.0 {
+                        best = (t, name);
+                    }
+                    line += &format!(" {name} {:.1} us", t * 1e6);
+                }
+                Err(e) => line += &format!(" {name} ({e})"),
+            }
+        }
+        tracing::info!(
+            target: "gradsync::coll",
+            "rank {}: all_reduce of {bytes} bytes on {world} ranks, predicted ({from}):{line}; model's best {}, runs {}",
+            self.rank,
+            best.1,
+            runs.map_or("eager", Algorithm::name)
+        );
+    }
+
     /// Plans a collective and takes its sequence number.
     fn plan(
         &mut self,
@@ -1107,6 +1181,11 @@ impl Communicator {
         in_place: bool,
     ) -> Result<(Signature, Planned, &'static str)> {
         let bytes = count * dtype.size();
+        if coll == Collective::AllReduce
+            && tracing::enabled!(target: "gradsync::coll", tracing::Level::INFO)
+        {
+            self.explain_choice(dtype, bytes);
+        }
         let (prog, algo) = if let Some(algorithm) = self.algorithm_for(coll, bytes) {
             let local = self.layout.local_size;
             let params = Params {

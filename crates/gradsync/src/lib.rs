@@ -61,6 +61,7 @@
 
 mod comm;
 mod config;
+pub mod cost;
 mod element;
 mod engine;
 mod error;
