@@ -220,25 +220,23 @@ pub fn list_ports() -> std::result::Result<Vec<PortInfo>, String> {
     if n < 0 {
         return Err(format!("ibv_get_device_list: {}", errno_str(-n)));
     }
+    let mut table = vec![ffi::GsGid::default(); 1024];
+    // SAFETY: `table` has room for the entries the call may write.
+    let g = unsafe { ffi::gs_list_gids(table.as_mut_ptr(), table.len() as c_int) };
+    table.truncate(g.max(0) as usize);
     let mut out = Vec::new();
     for p in &raw[..n as usize] {
         let device = cstr(&p.dev);
-        let name = CString::new(device.clone()).unwrap_or_default();
-        let mut gids = Vec::new();
-        for idx in 0..p.gid_tbl_len.min(256) {
-            let mut g = [0u8; 16];
-            let mut t = 0u32;
-            // SAFETY: `name` is NUL-terminated and `g` holds 16 bytes.
-            let rc =
-                unsafe { ffi::gs_gid_by_name(name.as_ptr(), p.port, idx, g.as_mut_ptr(), &mut t) };
-            if rc == 0 && g != [0u8; 16] {
-                gids.push(GidEntry {
-                    index: idx,
-                    gid: std::net::Ipv6Addr::from(g),
-                    kind: gid_kind(t),
-                });
-            }
-        }
+        let mut gids: Vec<GidEntry> = table
+            .iter()
+            .filter(|e| e.port == p.port && cstr(&e.dev) == device && e.gid != [0u8; 16])
+            .map(|e| GidEntry {
+                index: e.index,
+                gid: std::net::Ipv6Addr::from(e.gid),
+                kind: gid_kind(e.typ),
+            })
+            .collect();
+        gids.sort_by_key(|g| g.index);
         out.push(PortInfo {
             device,
             port: p.port,

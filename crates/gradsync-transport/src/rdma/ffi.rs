@@ -63,6 +63,31 @@ impl Default for GsPort {
     }
 }
 
+/// `struct gs_gid`: one GID table entry of one port.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct GsGid {
+    pub dev: [c_char; 64],
+    pub gid: [u8; 16],
+    pub index: u32,
+    pub port: u32,
+    pub typ: u32,
+    pub pad: u32,
+}
+
+impl Default for GsGid {
+    fn default() -> Self {
+        GsGid {
+            dev: [0; 64],
+            gid: [0; 16],
+            index: 0,
+            port: 0,
+            typ: 0,
+            pad: 0,
+        }
+    }
+}
+
 /// `struct gs_wc`: one work completion.
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug)]
@@ -83,13 +108,7 @@ unsafe extern "C" {
     pub fn gs_open(name: *const c_char, port: u32, cqe: c_int, err: *mut c_int) -> *mut GsDev;
     pub fn gs_port_info(d: *mut GsDev, out: *mut GsPort) -> c_int;
     pub fn gs_gid(d: *mut GsDev, idx: u32, gid: *mut u8, typ: *mut u32) -> c_int;
-    pub fn gs_gid_by_name(
-        name: *const c_char,
-        port: u32,
-        idx: u32,
-        gid: *mut u8,
-        typ: *mut u32,
-    ) -> c_int;
+    pub fn gs_list_gids(out: *mut GsGid, max: c_int) -> c_int;
     pub fn gs_close(d: *mut GsDev);
     pub fn gs_reg(
         d: *mut GsDev,

@@ -184,28 +184,42 @@ int gs_gid(struct gs_dev *d, uint32_t idx, uint8_t gid[16], uint32_t *type)
 	return 0;
 }
 
-/* Same, by device name, for the doctor's listing. */
-int gs_gid_by_name(const char *name, uint32_t port, uint32_t idx, uint8_t gid[16], uint32_t *type)
+/* Every valid GID of every port of every device (one table query per device), up to max;
+ * returns the number written or -errno. type: 0 IB/RoCE v1, 1 RoCE v2. */
+struct gs_gid {
+	char dev[64];
+	uint8_t gid[16];
+	uint32_t index;
+	uint32_t port;
+	uint32_t type;
+	uint32_t pad;
+};
+
+int gs_list_gids(struct gs_gid *out, int max)
 {
-	int num = 0, rc = ENODEV;
+	int n = 0, num = 0;
+	struct ibv_gid_entry e[256];
 	struct ibv_device **list = ibv_get_device_list(&num);
 	if (!list)
-		return errno ? errno : ENODEV;
-	for (int i = 0; i < num; i++) {
-		if (strcmp(ibv_get_device_name(list[i]), name) != 0)
-			continue;
+		return -errno;
+	for (int i = 0; i < num && n < max; i++) {
 		struct ibv_context *ctx = ibv_open_device(list[i]);
-		if (!ctx) {
-			rc = errno ? errno : EIO;
-			break;
+		if (!ctx)
+			continue;
+		ssize_t got = ibv_query_gid_table(ctx, e, 256, 0);
+		for (ssize_t k = 0; k < got && n < max; k++) {
+			memset(&out[n], 0, sizeof(out[n]));
+			strncpy(out[n].dev, ibv_get_device_name(list[i]), sizeof(out[n].dev) - 1);
+			memcpy(out[n].gid, e[k].gid.raw, 16);
+			out[n].index = e[k].gid_index;
+			out[n].port = e[k].port_num;
+			out[n].type = e[k].gid_type == IBV_GID_TYPE_ROCE_V2 ? 1 : 0;
+			n++;
 		}
-		struct gs_dev d = { .ctx = ctx, .port = port };
-		rc = gs_gid(&d, idx, gid, type);
 		ibv_close_device(ctx);
-		break;
 	}
 	ibv_free_device_list(list);
-	return rc;
+	return n;
 }
 
 void gs_close(struct gs_dev *d)
