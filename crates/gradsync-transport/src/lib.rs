@@ -319,6 +319,18 @@ impl TransportError {
 /// Result of transport calls.
 pub type Result<T, E = TransportError> = std::result::Result<T, E>;
 
+/// Refuses a two-sided message longer than [`MAX_SEND`] (every backend's `post_send`).
+pub(crate) fn check_send_len(rank: usize, len: usize) -> Result<()> {
+    if len > MAX_SEND {
+        return Err(TransportError::Invalid {
+            rank,
+            op: "post_send",
+            msg: format!("{len} bytes exceed the {MAX_SEND}-byte limit"),
+        });
+    }
+    Ok(())
+}
+
 /// A rank's connections to all its peers and its completion queue.
 pub trait Endpoint: Send + fmt::Debug {
     /// This rank.

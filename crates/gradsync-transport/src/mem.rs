@@ -7,7 +7,8 @@
 
 use crate::regions::RegionTable;
 use crate::{
-    Access, Completion, Endpoint, MAX_SEND, MemoryRegion, RemoteRegion, Result, Sge, TransportError,
+    Access, Completion, Endpoint, MemoryRegion, RemoteRegion, Result, Sge, TransportError,
+    check_send_len,
 };
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex};
@@ -167,13 +168,7 @@ impl Endpoint for MemEndpoint {
 
     fn post_send(&mut self, peer: usize, data: &[u8], wr_id: u64) -> Result<()> {
         self.check_peer(peer, "post_send")?;
-        if data.len() > MAX_SEND {
-            return Err(TransportError::Invalid {
-                rank: self.rank,
-                op: "post_send",
-                msg: format!("{} bytes exceed the {MAX_SEND}-byte limit", data.len()),
-            });
-        }
+        check_send_len(self.rank, data.len())?;
         self.push(
             peer,
             Completion::Recv {

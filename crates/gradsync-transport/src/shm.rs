@@ -105,7 +105,8 @@
 
 use crate::regions::RegionTable;
 use crate::{
-    Access, Completion, Endpoint, MAX_SEND, MemoryRegion, RemoteRegion, Result, Sge, TransportError,
+    Access, Completion, Endpoint, MAX_SEND, MemoryRegion, RemoteRegion, Result, Sge,
+    TransportError, check_send_len,
 };
 use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
@@ -2137,13 +2138,7 @@ impl Endpoint for ShmEndpoint {
     }
 
     fn post_send(&mut self, peer: usize, data: &[u8], wr_id: u64) -> Result<()> {
-        if data.len() > MAX_SEND {
-            return Err(TransportError::Invalid {
-                rank: self.rank,
-                op: "post_send",
-                msg: format!("{} bytes exceed the {MAX_SEND}-byte limit", data.len()),
-            });
-        }
+        check_send_len(self.rank, data.len())?;
         let me = self.me();
         let (p, _) = self.target(peer, "post_send")?;
         let hdr = RecHdr {

@@ -50,7 +50,8 @@
 
 use crate::regions::RegionTable;
 use crate::{
-    Access, Completion, Endpoint, MAX_SEND, MemoryRegion, RemoteRegion, Result, Sge, TransportError,
+    Access, Completion, Endpoint, MAX_SEND, MemoryRegion, RemoteRegion, Result, Sge,
+    TransportError, check_send_len,
 };
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
@@ -1084,13 +1085,7 @@ impl Endpoint for TcpEndpoint {
     }
 
     fn post_send(&mut self, peer: usize, data: &[u8], wr_id: u64) -> Result<()> {
-        if data.len() > MAX_SEND {
-            return Err(TransportError::Invalid {
-                rank: self.rank,
-                op: "post_send",
-                msg: format!("{} bytes exceed the {MAX_SEND}-byte limit", data.len()),
-            });
-        }
+        check_send_len(self.rank, data.len())?;
         let mut hdr = [0u8; FRAME_HDR];
         hdr[0] = KIND_SEND;
         hdr[12..16].copy_from_slice(&(data.len() as u32).to_le_bytes());
