@@ -47,6 +47,7 @@
 mod ffi;
 
 use crate::TransportError;
+use crate::check_send_len;
 use crate::regions::RegionTable;
 use crate::{Access, Completion, Endpoint, MAX_SEND, MemoryRegion, RemoteRegion, Result, Sge};
 use std::collections::{HashMap, VecDeque};
@@ -1177,15 +1178,14 @@ impl RdmaEndpoint {
                     self.peers[peer].pending.clear();
                     break;
                 }
-                match self.try_post(peer, item) {
-                    Ok(None) => {}
-                    Ok(Some(back)) => {
-                        self.peers[peer].pending.push_front(back);
+                match self.try_post(peer, &item) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        self.peers[peer].pending.push_front(item);
                         break;
                     }
                     Err(e) => {
                         self.peers[peer].broken = Some(e.to_string());
-                        self.peers[peer].pending.clear();
                         self.peers[peer].pending.clear();
                         self.errors.push_back(e);
                         break;
@@ -1206,180 +1206,206 @@ impl RdmaEndpoint {
         Some(i)
     }
 
-    /// Posts `item` now, or gives it back when there is no room.
-    fn try_post(&mut self, peer: usize, item: Pending) -> Result<Option<Pending>> {
-        let Some(qi) = self.pick_qp(peer) else {
-            return Ok(Some(item));
-        };
-        let qp = self.peers[peer].qps[qi].raw;
-        let id = self.next_wr;
+    /// Posts a queued `item` now; `false` when there is no room.
+    fn try_post(&mut self, peer: usize, item: &Pending) -> Result<bool> {
         match item {
             Pending::Write {
-                ref sges,
+                sges,
                 remote,
                 offset,
                 imm,
                 wr_id,
-            } => {
-                let total: usize = sges.iter().map(|s| s.len).sum();
-                let direct =
-                    sges.len() <= MAX_SGE as usize && sges.iter().all(|s| self.pinned_for(s));
-                let (addrs, lens, keys, staged) = if direct {
-                    (
-                        sges.iter().map(|s| s.addr as u64).collect::<Vec<_>>(),
-                        sges.iter().map(|s| s.len as u32).collect::<Vec<_>>(),
-                        sges.iter().map(|s| s.lkey).collect::<Vec<_>>(),
-                        None,
-                    )
-                } else {
-                    let Some((seq, off)) = self.staging.alloc(total) else {
-                        return Ok(Some(item));
-                    };
-                    let mut at = off;
-                    for s in sges {
-                        // SAFETY: the caller keeps every span valid until WriteDone, which is
-                        // reported only after this copy; the staging span is ours until the
-                        // adapter completes the write.
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(
-                                s.addr as *const u8,
-                                self.staging.buf.ptr.add(at),
-                                s.len,
-                            );
-                        }
-                        at += s.len;
-                    }
-                    (
-                        vec![self.staging.buf.ptr as u64 + off as u64],
-                        vec![total as u32],
-                        vec![self.staging.lkey],
-                        Some(seq),
-                    )
-                };
-                let n = if total == 0 { 0 } else { addrs.len() as u32 };
-                // SAFETY: every span is registered (an adapter registration or the staging
-                // ring) and stays valid until the completion of work request `id`.
-                let rc = unsafe {
-                    ffi::gs_post_write(
-                        qp,
-                        id,
-                        addrs.as_ptr(),
-                        lens.as_ptr(),
-                        keys.as_ptr(),
-                        n,
-                        remote.addr.wrapping_add(offset),
-                        remote.rkey,
-                        u32::from(imm.is_some()),
-                        imm.unwrap_or(0),
-                    )
-                };
-                if rc != 0 {
-                    if let Some(seq) = staged {
-                        self.staging.free(seq);
-                    }
-                    return Err(setup_err(
-                        self.rank,
-                        peer,
-                        "post_write",
-                        format!(
-                            "ibv_post_send (RDMA WRITE of {total} bytes): {}",
-                            errno_str(rc)
-                        ),
-                    ));
-                }
-                self.next_wr += 1;
-                self.peers[peer].qps[qi].outstanding += 1;
-                self.wrs.insert(
-                    id,
-                    Wr {
-                        peer,
-                        qp: qi,
-                        staged,
-                        user: if direct { Some(wr_id) } else { None },
-                        write: true,
-                        rkey: remote.rkey,
-                        offset,
-                        len: total as u64,
-                        region_len: remote.len,
-                    },
-                );
-                if !direct {
-                    self.ready.push_back(Completion::WriteDone { wr_id });
-                }
-            }
-            Pending::Send {
-                ref data,
-                wr_id,
-                ctrl,
-            } => {
-                let Some((seq, off)) = self.staging.alloc(data.len()) else {
-                    return Ok(Some(item));
-                };
-                // SAFETY: the staging span is ours until the send completes.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        data.as_ptr(),
-                        self.staging.buf.ptr.add(off),
-                        data.len(),
-                    );
-                }
-                // SAFETY: the span lies in the registered staging ring.
-                let rc = unsafe {
-                    ffi::gs_post_send(
-                        qp,
-                        id,
-                        self.staging.buf.ptr as u64 + off as u64,
-                        data.len() as u32,
-                        self.staging.lkey,
-                        u32::from(ctrl.is_some()),
-                        ctrl.unwrap_or(0),
-                    )
-                };
-                if rc != 0 {
-                    self.staging.free(seq);
-                    return Err(setup_err(
-                        self.rank,
-                        peer,
-                        "post_send",
-                        format!(
-                            "ibv_post_send (SEND of {} bytes): {}",
-                            data.len(),
-                            errno_str(rc)
-                        ),
-                    ));
-                }
-                self.next_wr += 1;
-                self.peers[peer].qps[qi].outstanding += 1;
-                self.wrs.insert(
-                    id,
-                    Wr {
-                        peer,
-                        qp: qi,
-                        staged: Some(seq),
-                        user: None,
-                        write: false,
-                        rkey: 0,
-                        offset: 0,
-                        len: data.len() as u64,
-                        region_len: 0,
-                    },
-                );
-                if ctrl.is_none() {
-                    self.ready.push_back(Completion::SendDone { wr_id });
-                }
-            }
+            } => self.try_write(peer, sges, *remote, *offset, *imm, *wr_id),
+            Pending::Send { data, wr_id, ctrl } => self.try_send(peer, data, *wr_id, *ctrl),
         }
-        Ok(None)
     }
 
-    fn enqueue(&mut self, peer: usize, item: Pending) -> Result<()> {
-        if !self.peers[peer].pending.is_empty() {
-            self.peers[peer].pending.push_back(item);
+    /// Posts a write now, straight from registered memory or through the staging ring;
+    /// `false` when there is no room (queue pair or staging).
+    fn try_write(
+        &mut self,
+        peer: usize,
+        sges: &[Sge],
+        remote: RemoteRegion,
+        offset: u64,
+        imm: Option<u32>,
+        wr_id: u64,
+    ) -> Result<bool> {
+        let Some(qi) = self.pick_qp(peer) else {
+            return Ok(false);
+        };
+        let total: usize = sges.iter().map(|s| s.len).sum();
+        let direct = sges.len() <= MAX_SGE as usize && sges.iter().all(|s| self.pinned_for(s));
+        let mut addrs = [0u64; MAX_SGE as usize];
+        let mut lens = [0u32; MAX_SGE as usize];
+        let mut keys = [0u32; MAX_SGE as usize];
+        let (n, staged) = if direct {
+            for (i, s) in sges.iter().enumerate() {
+                (addrs[i], lens[i], keys[i]) = (s.addr as u64, s.len as u32, s.lkey);
+            }
+            (sges.len(), None)
+        } else {
+            let Some((seq, off)) = self.staging.alloc(total) else {
+                return Ok(false);
+            };
+            let mut at = off;
+            for s in sges {
+                // SAFETY: the caller keeps every span valid until WriteDone, which is reported
+                // only after this copy; the staging span is ours until the adapter completes
+                // the write.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        s.addr as *const u8,
+                        self.staging.buf.ptr.add(at),
+                        s.len,
+                    );
+                }
+                at += s.len;
+            }
+            addrs[0] = self.staging.buf.ptr as u64 + off as u64;
+            lens[0] = total as u32;
+            keys[0] = self.staging.lkey;
+            (1, Some(seq))
+        };
+        let id = self.next_wr;
+        // SAFETY: every span is registered (an adapter registration or the staging ring) and
+        // stays valid until the completion of work request `id`.
+        let rc = unsafe {
+            ffi::gs_post_write(
+                self.peers[peer].qps[qi].raw,
+                id,
+                addrs.as_ptr(),
+                lens.as_ptr(),
+                keys.as_ptr(),
+                if total == 0 { 0 } else { n as u32 },
+                remote.addr.wrapping_add(offset),
+                remote.rkey,
+                u32::from(imm.is_some()),
+                imm.unwrap_or(0),
+            )
+        };
+        if rc != 0 {
+            if let Some(seq) = staged {
+                self.staging.free(seq);
+            }
+            return Err(setup_err(
+                self.rank,
+                peer,
+                "post_write",
+                format!(
+                    "ibv_post_send (RDMA WRITE of {total} bytes): {}",
+                    errno_str(rc)
+                ),
+            ));
+        }
+        self.posted(
+            id,
+            Wr {
+                peer,
+                qp: qi,
+                staged,
+                user: direct.then_some(wr_id),
+                write: true,
+                rkey: remote.rkey,
+                offset,
+                len: total as u64,
+                region_len: remote.len,
+            },
+        );
+        if !direct {
+            self.ready.push_back(Completion::WriteDone { wr_id });
+        }
+        Ok(true)
+    }
+
+    /// Posts a send (with `ctrl`, an internal message carrying it as immediate) through the
+    /// staging ring; `false` when there is no room.
+    fn try_send(
+        &mut self,
+        peer: usize,
+        data: &[u8],
+        wr_id: u64,
+        ctrl: Option<u32>,
+    ) -> Result<bool> {
+        let Some(qi) = self.pick_qp(peer) else {
+            return Ok(false);
+        };
+        let Some((seq, off)) = self.staging.alloc(data.len()) else {
+            return Ok(false);
+        };
+        // SAFETY: the staging span is ours until the send completes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.staging.buf.ptr.add(off), data.len());
+        }
+        let id = self.next_wr;
+        // SAFETY: the span lies in the registered staging ring.
+        let rc = unsafe {
+            ffi::gs_post_send(
+                self.peers[peer].qps[qi].raw,
+                id,
+                self.staging.buf.ptr as u64 + off as u64,
+                data.len() as u32,
+                self.staging.lkey,
+                u32::from(ctrl.is_some()),
+                ctrl.unwrap_or(0),
+            )
+        };
+        if rc != 0 {
+            self.staging.free(seq);
+            return Err(setup_err(
+                self.rank,
+                peer,
+                "post_send",
+                format!(
+                    "ibv_post_send (SEND of {} bytes): {}",
+                    data.len(),
+                    errno_str(rc)
+                ),
+            ));
+        }
+        self.posted(
+            id,
+            Wr {
+                peer,
+                qp: qi,
+                staged: Some(seq),
+                user: None,
+                write: false,
+                rkey: 0,
+                offset: 0,
+                len: data.len() as u64,
+                region_len: 0,
+            },
+        );
+        if ctrl.is_none() {
+            self.ready.push_back(Completion::SendDone { wr_id });
+        }
+        Ok(true)
+    }
+
+    /// Books work request `id`, just posted.
+    fn posted(&mut self, id: u64, w: Wr) {
+        self.next_wr += 1;
+        self.peers[w.peer].qps[w.qp].outstanding += 1;
+        self.wrs.insert(id, w);
+    }
+
+    /// A send now, or queued (copied) behind what waits for room.
+    fn send_or_queue(
+        &mut self,
+        peer: usize,
+        data: &[u8],
+        wr_id: u64,
+        ctrl: Option<u32>,
+    ) -> Result<()> {
+        if self.peers[peer].pending.is_empty() && self.try_send(peer, data, wr_id, ctrl)? {
             return Ok(());
         }
-        if let Some(back) = self.try_post(peer, item)? {
-            self.peers[peer].pending.push_back(back);
-        }
+        self.peers[peer].pending.push_back(Pending::Send {
+            data: data.to_vec(),
+            wr_id,
+            ctrl,
+        });
         Ok(())
     }
 
@@ -1714,35 +1740,25 @@ impl Endpoint for RdmaEndpoint {
                 why: "past the end of the region the peer advertised",
             });
         }
-        self.enqueue(
-            peer,
-            Pending::Write {
-                sges: sges.to_vec(),
-                remote,
-                offset,
-                imm,
-                wr_id,
-            },
-        )
+        if self.peers[peer].pending.is_empty()
+            && self.try_write(peer, sges, remote, offset, imm, wr_id)?
+        {
+            return Ok(());
+        }
+        self.peers[peer].pending.push_back(Pending::Write {
+            sges: sges.to_vec(),
+            remote,
+            offset,
+            imm,
+            wr_id,
+        });
+        Ok(())
     }
 
     fn post_send(&mut self, peer: usize, data: &[u8], wr_id: u64) -> Result<()> {
         self.peer_check(peer, "post_send")?;
-        if data.len() > MAX_SEND {
-            return Err(TransportError::Invalid {
-                rank: self.rank,
-                op: "post_send",
-                msg: format!("{} bytes exceed the {MAX_SEND}-byte limit", data.len()),
-            });
-        }
-        self.enqueue(
-            peer,
-            Pending::Send {
-                data: data.to_vec(),
-                wr_id,
-                ctrl: None,
-            },
-        )
+        check_send_len(self.rank, data.len())?;
+        self.send_or_queue(peer, data, wr_id, None)
     }
 
     fn peer_alive(&self, peer: usize) -> bool {
@@ -1818,14 +1834,7 @@ impl Endpoint for RdmaEndpoint {
                 continue;
             }
             for _ in 0..self.peers[peer].qps.len() {
-                let _ = self.enqueue(
-                    peer,
-                    Pending::Send {
-                        data: Vec::new(),
-                        wr_id: 0,
-                        ctrl: Some(CTRL_BYE),
-                    },
-                );
+                let _ = self.send_or_queue(peer, &[], 0, Some(CTRL_BYE));
             }
         }
         // Wait for our goodbyes to be acknowledged and for the peers' goodbyes.
