@@ -61,25 +61,12 @@ pub(crate) fn all_reduce(p: &Params) -> Program {
     let loc = |b: Buf, off: usize| Loc::new(b, off);
 
     if r < 2 * rem && r % 2 == 0 {
-        // Folded out: contribute to r + 1, get the result back from it.
-        let partner = r + 1;
-        for (j, &(off, len)) in segs.iter().enumerate() {
-            let op = Op::Send {
-                peer: partner,
-                src: loc(base, off),
-                len,
-            };
-            hz.push(&mut prog, op, j, &[base], &[], &[]);
-        }
-        for (j, &(off, len)) in segs.iter().enumerate() {
-            let op = Op::Recv {
-                peer: partner,
-                dst: loc(Buf::Output, off),
-                reduce_with: None,
-                len,
-            };
-            hz.push(&mut prog, op, j, &[], &[Buf::Output], &[]);
-        }
+        let indexed: Vec<_> = segs
+            .iter()
+            .enumerate()
+            .map(|(j, &(o, l))| (o, l, j))
+            .collect();
+        fold_out(&mut prog, &mut hz, base, r + 1, &indexed);
         return prog;
     }
     let fold = r < 2 * rem;
@@ -158,23 +145,63 @@ pub(crate) fn all_reduce(p: &Params) -> Program {
             };
             hz.push(&mut prog, op, j, &[cur], &[Buf::Output], &[]);
         }
-        if finalizes(p) {
-            let op = Op::Finalize {
-                loc: loc(Buf::Output, off),
-                len,
-            };
-            hz.push(&mut prog, op, j, &[Buf::Output], &[Buf::Output], &[]);
-        }
-        if fold {
-            let op = Op::Send {
-                peer: r - 1,
-                src: loc(Buf::Output, off),
-                len,
-            };
-            hz.push(&mut prog, op, j, &[Buf::Output], &[], &[]);
-        }
+        finish_segment(&mut prog, &mut hz, p, fold.then(|| r - 1), (off, len, j));
     }
     prog
+}
+
+/// The rank folded out of a world that is not a power of two: it contributes its buffer (in
+/// `base`) to `partner` and receives the result into `Output`, segment by segment.
+fn fold_out(
+    prog: &mut Program,
+    hz: &mut Hazards,
+    base: Buf,
+    partner: usize,
+    segs: &[(usize, usize, usize)],
+) {
+    for &(off, len, j) in segs {
+        let op = Op::Send {
+            peer: partner,
+            src: Loc::new(base, off),
+            len,
+        };
+        hz.push(prog, op, j, &[base], &[], &[]);
+    }
+    for &(off, len, j) in segs {
+        let op = Op::Recv {
+            peer: partner,
+            dst: Loc::new(Buf::Output, off),
+            reduce_with: None,
+            len,
+        };
+        hz.push(prog, op, j, &[], &[Buf::Output], &[]);
+    }
+}
+
+/// The end of segment `(off, len, j)` of `Output`, once its result is there: the division of
+/// an average, then, for a rank that folded in `fold_back`, the result sent back to it.
+fn finish_segment(
+    prog: &mut Program,
+    hz: &mut Hazards,
+    p: &Params,
+    fold_back: Option<usize>,
+    (off, len, j): (usize, usize, usize),
+) {
+    if finalizes(p) {
+        let op = Op::Finalize {
+            loc: Loc::new(Buf::Output, off),
+            len,
+        };
+        hz.push(prog, op, j, &[Buf::Output], &[Buf::Output], &[]);
+    }
+    if let Some(peer) = fold_back {
+        let op = Op::Send {
+            peer,
+            src: Loc::new(Buf::Output, off),
+            len,
+        };
+        hz.push(prog, op, j, &[Buf::Output], &[], &[]);
+    }
 }
 
 /// Dissemination barrier of zero-length messages.
@@ -268,24 +295,7 @@ pub(crate) fn rabenseifner(p: &Params) -> Program {
     let mut hz = Hazards::new(nsegs);
 
     if r < 2 * rem && r % 2 == 0 {
-        // Folded out: contribute to r + 1, get the result back from it.
-        for &(off, len, j) in &all {
-            let op = Op::Send {
-                peer: r + 1,
-                src: loc(base, off),
-                len,
-            };
-            hz.push(&mut prog, op, j, &[base], &[], &[]);
-        }
-        for &(off, len, j) in &all {
-            let op = Op::Recv {
-                peer: r + 1,
-                dst: loc(Buf::Output, off),
-                reduce_with: None,
-                len,
-            };
-            hz.push(&mut prog, op, j, &[], &[Buf::Output], &[]);
-        }
+        fold_out(&mut prog, &mut hz, base, r + 1, &all);
         return prog;
     }
     let fold = r < 2 * rem;
@@ -368,23 +378,9 @@ pub(crate) fn rabenseifner(p: &Params) -> Program {
             }
         }
     }
-    for &(off, len, j) in &all {
-        if finalizes(p) {
-            let op = Op::Finalize {
-                loc: loc(Buf::Output, off),
-                len,
-            };
-            hz.push(&mut prog, op, j, &[Buf::Output], &[Buf::Output], &[]);
-        }
-        if fold {
-            // The result goes back to r - 1 segment by segment, each once it is final.
-            let op = Op::Send {
-                peer: r - 1,
-                src: loc(Buf::Output, off),
-                len,
-            };
-            hz.push(&mut prog, op, j, &[Buf::Output], &[], &[]);
-        }
+    for &seg in &all {
+        // The result goes back to r - 1 segment by segment, each once it is final.
+        finish_segment(&mut prog, &mut hz, p, fold.then(|| r - 1), seg);
     }
     prog
 }
