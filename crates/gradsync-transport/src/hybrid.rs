@@ -230,35 +230,30 @@ impl Endpoint for HybridEndpoint {
         wr_id: u64,
     ) -> Result<()> {
         match self.route(peer, "post_write")? {
-            Route::Shm if !self.local_to_remote.is_empty() && sges.len() <= 4 => {
-                // The shared-memory backend knows regions by their remote keys.
-                let mut t = [Sge {
+            Route::Shm if !self.local_to_remote.is_empty() => {
+                // The shared-memory backend knows regions by their remote keys; a gather list
+                // of the usual length is translated on the stack.
+                let map = |s: &Sge| Sge {
+                    lkey: self.local_to_remote.get(&s.lkey).copied().unwrap_or(s.lkey),
+                    ..*s
+                };
+                let mut small = [Sge {
                     addr: 0,
                     len: 0,
                     lkey: 0,
                 }; 4];
-                for (d, s) in t.iter_mut().zip(sges) {
-                    *d = Sge {
-                        lkey: self.local_to_remote.get(&s.lkey).copied().unwrap_or(s.lkey),
-                        ..*s
-                    };
-                }
+                let big: Vec<Sge>;
+                let t: &[Sge] = if sges.len() <= small.len() {
+                    for (d, s) in small.iter_mut().zip(sges) {
+                        *d = map(s);
+                    }
+                    &small[..sges.len()]
+                } else {
+                    big = sges.iter().map(map).collect();
+                    &big
+                };
                 // SAFETY: the same spans as the caller's, with their keys translated.
-                unsafe {
-                    self.shm
-                        .post_write(peer, &t[..sges.len()], remote, offset, imm, wr_id)
-                }
-            }
-            Route::Shm if !self.local_to_remote.is_empty() => {
-                let t: Vec<Sge> = sges
-                    .iter()
-                    .map(|s| Sge {
-                        lkey: self.local_to_remote.get(&s.lkey).copied().unwrap_or(s.lkey),
-                        ..*s
-                    })
-                    .collect();
-                // SAFETY: as above.
-                unsafe { self.shm.post_write(peer, &t, remote, offset, imm, wr_id) }
+                unsafe { self.shm.post_write(peer, t, remote, offset, imm, wr_id) }
             }
             // SAFETY: the caller's promise about `sges` is passed on unchanged.
             Route::Shm => unsafe { self.shm.post_write(peer, sges, remote, offset, imm, wr_id) },
