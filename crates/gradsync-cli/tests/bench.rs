@@ -191,6 +191,19 @@ fn logging_variables_reach_the_ranks() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A fresh directory holding `pinned.json`, a cost model of 2 us and 1 GB/s per link.
+fn pinned_model(tag: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("gradsync-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pinned = dir.join("pinned.json");
+    std::fs::write(
+        &pinned,
+        r#"{"transport": "shm", "alpha_us": 2.0, "gbytes_per_s": 1.0}"#,
+    )
+    .unwrap();
+    (dir, pinned)
+}
+
 /// The lines of the `--explain` section for `size` (the line after `# ` starts with it).
 fn explain_row(out: &Output, size: &str) -> Vec<String> {
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -209,14 +222,7 @@ fn explain_row(out: &Output, size: &str) -> Vec<String> {
 
 #[test]
 fn explain_prints_every_algorithm_under_a_pinned_or_measured_model() {
-    let dir = std::env::temp_dir().join(format!("gradsync-explain-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let pinned = dir.join("pinned.json");
-    std::fs::write(
-        &pinned,
-        r#"{"transport": "shm", "alpha_us": 2.0, "gbytes_per_s": 1.0}"#,
-    )
-    .unwrap();
+    let (dir, pinned) = pinned_model("explain");
     let args = [
         "all_reduce",
         "--nproc",
@@ -276,14 +282,7 @@ fn explain_prints_every_algorithm_under_a_pinned_or_measured_model() {
 
 #[test]
 fn info_log_explains_every_all_reduce_choice_once_per_size_class() {
-    let dir = std::env::temp_dir().join(format!("gradsync-info-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let pinned = dir.join("pinned.json");
-    std::fs::write(
-        &pinned,
-        r#"{"transport": "shm", "alpha_us": 2.0, "gbytes_per_s": 1.0}"#,
-    )
-    .unwrap();
+    let (dir, pinned) = pinned_model("info");
     let out = bench(
         &[
             "all_reduce",
