@@ -283,7 +283,9 @@ failed() {
     [ -e "$DIR/$1.rc" ] && ! grep -q '^RDMAVM: PASS guest command' "$DIR/$1.log" 2>/dev/null
 }
 
-rm -f "$DIR"/*.stopped
+# clear every verdict file of an earlier run here, before any VM starts: a VM started in the
+# background clears its own only once it runs, and the watcher below must not read stale ones
+rm -f "$DIR"/*.stopped "$DIR"/{single,server,client}.{rc,log,pid}
 if [ "$MODE" = single ]; then
     QEMU_PIDS=("$DIR/single.pid")
     vm single -nic none
