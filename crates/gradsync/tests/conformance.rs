@@ -508,6 +508,11 @@ suite! {
     tcp_w3_rabenseifner: tcp_forced(3, false, Algorithm::Rabenseifner);
     shm_w4_rabenseifner_tiny: shm_forced(4, true, Algorithm::Rabenseifner);
     shm_w5_rabenseifner: shm_forced(5, false, Algorithm::Rabenseifner);
+    mem_w7_double_tree_tiny: mem_forced(7, true, Algorithm::DoubleTree);
+    mem_w8_double_tree: mem_forced(8, false, Algorithm::DoubleTree);
+    tcp_w4_double_tree: tcp_forced(4, false, Algorithm::DoubleTree);
+    shm_w3_double_tree_tiny: shm_forced(3, true, Algorithm::DoubleTree);
+    shm_w6_double_tree: shm_forced(6, false, Algorithm::DoubleTree);
 }
 
 #[cfg(feature = "rdma")]

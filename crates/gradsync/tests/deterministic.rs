@@ -73,6 +73,8 @@ fn deterministic_results_do_not_depend_on_algorithm_chunking_or_size() {
         Some(Algorithm::Ring),
         Some(Algorithm::Tree),
         Some(Algorithm::RecursiveDoubling),
+        Some(Algorithm::Rabenseifner),
+        Some(Algorithm::DoubleTree),
     ];
     for world in [3, 4] {
         for n in [5usize, 1000, 70_000] {

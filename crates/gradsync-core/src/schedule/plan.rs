@@ -26,7 +26,8 @@
 //! | `barrier`        | dissemination                               | dissemination          |
 //!
 //! `Rabenseifner` (all-reduce only): a reduce-scatter by recursive halving, then an all-gather
-//! by recursive doubling.
+//! by recursive doubling. `DoubleTree` (all-reduce only): each half of the buffer reduced up and
+//! broadcast down its own binary tree, every rank interior in at most one of the two.
 //!
 //! (RS: ring reduce-scatter, AG: ring all-gather, each over the ranks of one host or over the
 //! ranks of equal local rank on all hosts; hosts hold [`Params::local_size`] ranks each.)
@@ -40,6 +41,10 @@
 //!   whole buffer at every step (see [`super::doubling`]);
 //! - tree: `2 log2(n) alpha + 2 log2(n) * B * beta` unpipelined; with segments the bandwidth term
 //!   approaches `2 * (fan-out) * B * beta` (see [`super::tree`]);
+//! - double binary tree: `2 log2(n)` latencies like the tree, but each tree carries half the
+//!   buffer and a rank is interior in at most one: pipelined, a rank sends at most `2 B` (`3/2 B`
+//!   as an interior rank of one tree, `1/2 B` as a leaf of the other), close to the ring's
+//!   `2 (n - 1) / n * B` (see [`super::tree`]);
 //! - hierarchical, over `H` hosts of `L` ranks (`n = H L`), with `alpha_l`, `beta_l` inside a host
 //!   and `alpha_h`, `beta_h` across hosts: `2 (L - 1) alpha_l + 2 (L - 1) / L * B * beta_l` for the
 //!   reduce-scatter and all-gather inside the hosts, plus
@@ -119,6 +124,10 @@ pub enum Algorithm {
     /// halving, then an all-gather by recursive doubling; `2 log2 n` latencies and the ring's
     /// bandwidth term, for medium buffers.
     Rabenseifner,
+    /// Double binary tree (all-reduce only): each half of the buffer is reduced up and broadcast
+    /// down its own binary tree, pipelined by segment; every rank is interior in at most one of
+    /// the two trees. `2 log2 n` latencies and close to the ring's bandwidth for large buffers.
+    DoubleTree,
     /// Central aggregator (a parameter server at rank 0, all-reduce only): every other rank sends
     /// its buffer to rank 0, which reduces in rank order and sends the result back. Rank 0's link
     /// carries `n - 1` buffers each way; this is the baseline that the ring is compared against.
@@ -127,30 +136,33 @@ pub enum Algorithm {
 
 impl Algorithm {
     /// Every algorithm.
-    pub const ALL: [Algorithm; 6] = [
+    pub const ALL: [Algorithm; 7] = [
         Algorithm::Ring,
         Algorithm::RecursiveDoubling,
         Algorithm::Rabenseifner,
         Algorithm::Tree,
+        Algorithm::DoubleTree,
         Algorithm::Hierarchical,
         Algorithm::Central,
     ];
 
-    /// Name in snake case (`ring`, `recursive_doubling`, `rabenseifner`, `tree`, `hierarchical`,
-    /// `central`).
+    /// Name in snake case (`ring`, `recursive_doubling`, `rabenseifner`, `tree`, `double_tree`,
+    /// `hierarchical`, `central`).
     pub const fn name(self) -> &'static str {
         match self {
             Algorithm::Ring => "ring",
             Algorithm::RecursiveDoubling => "recursive_doubling",
             Algorithm::Rabenseifner => "rabenseifner",
             Algorithm::Tree => "tree",
+            Algorithm::DoubleTree => "double_tree",
             Algorithm::Hierarchical => "hierarchical",
             Algorithm::Central => "central",
         }
     }
 
     /// Parses a name (`ring`, `recursive_doubling` or `rd`, `rabenseifner`, `halving_doubling` or
-    /// `rhd`, `tree`, `hierarchical` or `hier`, `central`), case-insensitively, as
+    /// `rhd`, `tree`, `double_tree` or `dbtree`, `hierarchical` or `hier`, `central`),
+    /// case-insensitively, as
     /// `GRADSYNC_ALGO` spells it.
     pub fn parse(s: &str) -> Result<Self, PlanError> {
         Ok(match s.to_ascii_lowercase().as_str() {
@@ -158,6 +170,7 @@ impl Algorithm {
             "recursive_doubling" | "recursivedoubling" | "rd" => Algorithm::RecursiveDoubling,
             "rabenseifner" | "halving_doubling" | "rhd" => Algorithm::Rabenseifner,
             "tree" => Algorithm::Tree,
+            "double_tree" | "doubletree" | "dbtree" => Algorithm::DoubleTree,
             "hierarchical" | "hier" => Algorithm::Hierarchical,
             "central" => Algorithm::Central,
             _ => return Err(PlanError::UnknownAlgorithm(s.to_string())),
@@ -224,7 +237,7 @@ pub enum PlanError {
     /// An algorithm name was not recognised.
     #[error(
         "unknown algorithm {0:?} (expected one of ring, recursive_doubling, rabenseifner, tree, \
-         hierarchical, central)"
+         double_tree, hierarchical, central)"
     )]
     UnknownAlgorithm(String),
     /// A hierarchical schedule was asked for, but the ranks do not split into hosts of
@@ -384,6 +397,7 @@ pub fn build(p: &Params) -> Result<Program, PlanError> {
         (AllReduce, RecursiveDoubling) => super::doubling::all_reduce(p),
         (AllReduce, Rabenseifner) => super::doubling::rabenseifner(p),
         (AllReduce, Tree) => super::tree::all_reduce(p, super::tree::Shape::Binomial),
+        (AllReduce, DoubleTree) => super::tree::double_tree_all_reduce(p),
         (ReduceScatter, Ring) => super::ring::reduce_scatter(p),
         (AllGather, Ring) => super::ring::all_gather(p),
         (AllReduce, Hierarchical) => super::hier::all_reduce(p),

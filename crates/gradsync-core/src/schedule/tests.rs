@@ -694,6 +694,50 @@ mod plan_tests {
         }
     }
 
+    /// The double binary tree: two spanning trees of depth about log2 n in which every rank is
+    /// interior at most once; the all-reduce sends each half of the buffer once up and once down
+    /// every edge of its tree, and the sends of a rank never exceed twice the buffer.
+    #[test]
+    fn double_tree_shape_and_traffic() {
+        use super::super::tree::double_tree_interior;
+        for n in 2..=300usize {
+            let a = double_tree_interior(0, n);
+            let b = double_tree_interior(1, n);
+            assert!(
+                a.iter().all(|r| !b.contains(r)),
+                "n = {n}: ranks interior in both trees: {a:?} / {b:?}"
+            );
+            assert!(a.len() + b.len() <= n);
+            // Both trees span the world: count = 2 elements, one per tree, so every rank sends
+            // one element up its tree (root excepted) and one down to each child.
+            let progs = world_of(p(Collective::AllReduce, Algorithm::DoubleTree, 0, n, 2));
+            assert_eq!(sends(&progs), 2 * 2 * (n - 1), "n = {n}");
+            if n <= 64 {
+                // Each rank's elements sent, with a large buffer in segments of 16.
+                let count = 64 * 16;
+                let big = Params {
+                    segment: 16,
+                    ..p(Collective::AllReduce, Algorithm::DoubleTree, 0, n, count)
+                };
+                for (rank, prog) in world_of(big).iter().enumerate() {
+                    let sent: usize = prog
+                        .ops()
+                        .iter()
+                        .filter(|o| matches!(o, Op::Send { .. }))
+                        .map(Op::len)
+                        .sum();
+                    assert!(sent <= 2 * count, "n = {n} rank {rank} sends {sent}");
+                    let recvs = prog
+                        .ops()
+                        .iter()
+                        .filter(|o| matches!(o, Op::Recv { .. }))
+                        .count();
+                    assert!(recvs > 0, "n = {n} rank {rank} receives nothing");
+                }
+            }
+        }
+    }
+
     #[test]
     fn central_root_reduces_in_rank_order() {
         for n in [2, 3, 5, 8] {

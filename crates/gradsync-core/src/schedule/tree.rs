@@ -1,5 +1,5 @@
-//! Tree schedules: broadcast, reduce, the tree all-reduce (reduce to rank 0, then broadcast), and
-//! the central all-reduce on a star.
+//! Tree schedules: broadcast, reduce, the tree all-reduce (reduce to rank 0, then broadcast), the
+//! double binary tree all-reduce, and the central all-reduce on a star.
 //!
 //! Ranks are renumbered relative to the root (`v = (rank - root) mod n`) and arranged in a
 //! tree; data flows down it for a broadcast and up it for a reduce, one segment at a time.
@@ -284,6 +284,229 @@ pub(crate) fn all_reduce(p: &Params, shape: Shape) -> Program {
                 &[have],
             );
         }
+    }
+    prog
+}
+
+// ---- double binary tree ------------------------------------------------------------------------
+
+/// The in-order binary tree over positions `1..=n`: position `p` with lowest set bit `b` has
+/// children `p - b/2` and `p + b/2`, and its parent is whichever of `p - b`, `p + b` has lowest
+/// set bit `2b`. Positions above `n` do not exist: a child out of range is replaced by its own
+/// left descendant in range, and a parent out of range by its own parent. The root is the
+/// largest power of two `<= n`; odd positions are leaves, even ones interior.
+fn bt_parent(p: usize, n: usize) -> Option<usize> {
+    if p == 1usize << (usize::BITS - 1 - n.leading_zeros()) {
+        return None;
+    }
+    let mut q = p;
+    loop {
+        let b = q & q.wrapping_neg();
+        q = (q | (b << 1)) & !b;
+        if q <= n {
+            return Some(q);
+        }
+    }
+}
+
+/// Children of position `p` (left first) in the tree of [`bt_parent`].
+fn bt_children(p: usize, n: usize) -> Vec<usize> {
+    let b = p & p.wrapping_neg();
+    if b == 1 {
+        return Vec::new();
+    }
+    let mut kids = vec![p - b / 2];
+    let mut c = p + b / 2;
+    while c > n && c & 1 == 0 {
+        c -= (c & c.wrapping_neg()) / 2;
+    }
+    if c <= n {
+        kids.push(c);
+    }
+    kids
+}
+
+/// Position of `rank` in tree `t` (0 or 1) of the double binary tree over `n` ranks, and back.
+///
+/// Tree 0 puts rank `r` at position `r + 1`: its interior ranks are the odd ones. Tree 1 puts
+/// them elsewhere so that its interior ranks are even: mirrored (`r = n - p`) when `n` is even,
+/// shifted by one (`r = p mod n`) when `n` is odd. So every rank is interior in at most one of
+/// the two trees and forwards at most one tree's traffic (NCCL's construction).
+fn dt_position(t: usize, rank: usize, n: usize) -> usize {
+    match t {
+        0 => rank + 1,
+        _ if n.is_multiple_of(2) => n - rank,
+        _ if rank == 0 => n,
+        _ => rank,
+    }
+}
+
+fn dt_rank(t: usize, p: usize, n: usize) -> usize {
+    match t {
+        0 => p - 1,
+        _ if n.is_multiple_of(2) => n - p,
+        _ => p % n,
+    }
+}
+
+/// One rank's place in tree `t` of the double binary tree: parent, children (in fold order) as
+/// ranks, its depth and the depth of the tree.
+struct DtNode {
+    parent: Option<usize>,
+    children: Vec<usize>,
+    depth: usize,
+    height: usize,
+}
+
+fn dt_depth(p: usize, n: usize) -> usize {
+    let mut d = 0;
+    let mut q = p;
+    while let Some(up) = bt_parent(q, n) {
+        q = up;
+        d += 1;
+    }
+    d
+}
+
+fn dt_node(t: usize, rank: usize, n: usize) -> DtNode {
+    let p = dt_position(t, rank, n);
+    DtNode {
+        parent: bt_parent(p, n).map(|q| dt_rank(t, q, n)),
+        children: bt_children(p, n)
+            .into_iter()
+            .map(|c| dt_rank(t, c, n))
+            .collect(),
+        depth: dt_depth(p, n),
+        height: (1..=n).map(|q| dt_depth(q, n)).max().unwrap_or(0),
+    }
+}
+
+/// The ranks that are interior (have children) in tree `t` of the double binary tree over `n`
+/// ranks; for tests and documentation.
+pub fn double_tree_interior(t: usize, n: usize) -> Vec<usize> {
+    (0..n)
+        .filter(|&r| !bt_children(dt_position(t, r, n), n).is_empty())
+        .collect()
+}
+
+/// The smallest pipeline segment of the double binary tree, in elements.
+const DT_MIN_SEGMENT: usize = 1024;
+
+/// Double binary tree all-reduce: the buffer is split in two halves, and each half is reduced up
+/// one of two binary trees and broadcast back down the same tree, pipelined by segment. A rank
+/// is interior in at most one tree (see [`dt_position`]), so no rank sends more than twice the
+/// buffer (as in a ring) while the depth stays `log2 n`: the latency of a tree with close to
+/// the bandwidth of the ring for large buffers.
+///
+/// # Message order
+///
+/// The two trees share links (rank a may send tree 0's partial sums to rank b while it forwards
+/// tree 1's result to it), and messages between two ranks match in FIFO order. Both ends must
+/// therefore order them alike, and the order decides how well the two trees pipeline. Every
+/// message gets a step: going up, segment `j` leaves a rank at depth `d` at step `j + H - d` (H:
+/// the tree's height), as in an ideal lock-step execution; going down, at step `j + H + d + S`,
+/// where the slack `S = 2 H + 4` lets the partial sums of later segments overtake results that
+/// are late. A rank's program lists its ops by step (then tree), which keeps every dependency
+/// before its dependent (a dependency always has a smaller step, so no order of this kind can
+/// deadlock), and both ends of a link see its messages in the same order.
+///
+/// Segments are the caller's, but smaller when a half is short: at least two per hop of the
+/// tree's height, of at least 1024 elements, so that small buffers still pipeline.
+///
+/// Each tree folds a rank's own contribution, then its children's in a fixed order, and the
+/// root's result is what every rank receives: the bits do not depend on timing. For `Avg` each
+/// tree's root divides its half, once.
+pub(crate) fn double_tree_all_reduce(p: &Params) -> Program {
+    let n = p.world;
+    let mut prog = Program::new();
+    if n == 1 {
+        if !p.in_place {
+            let (i, o) = (Loc::new(Buf::Input, 0), Loc::new(Buf::Output, 0));
+            copy_segments(&mut prog, i, o, p.count, p.segment, |_| None);
+        }
+        return prog;
+    }
+    let own_buf = if p.in_place { Buf::Output } else { Buf::Input };
+    let half = p.count.div_ceil(2);
+    // (step, tree, op, deps as indices into `ops`), generated in dependency order per tree.
+    let mut ops: Vec<((usize, usize), Op, Vec<usize>)> = Vec::new();
+    for (t, (base, len)) in [(0, half), (half, p.count - half)].into_iter().enumerate() {
+        let me = dt_node(t, p.rank, n);
+        let (d, h) = (me.depth, me.height);
+        // At least two segments per hop of the way up and down, so that the pipeline fills,
+        // but no segment under DT_MIN_SEGMENT elements (nor above the caller's).
+        let seg = p.segment.min(len.div_ceil(2 * h).max(DT_MIN_SEGMENT));
+        // Results going down trail the partial sums going up by a round trip and some, so that
+        // one tree's traffic waits for the other's only when it is that far behind.
+        let slack = 2 * h + 4;
+        for (j, (off, l)) in segments(len, seg).enumerate() {
+            let out = Loc::new(Buf::Output, base + off);
+            let mut acc = Loc::new(own_buf, base + off);
+            let mut last: Option<usize> = None;
+            for &c in &me.children {
+                let op = Op::Recv {
+                    peer: c,
+                    dst: out,
+                    reduce_with: Some(acc),
+                    len: l,
+                };
+                ops.push(((j + h - d - 1, t), op, last.into_iter().collect()));
+                last = Some(ops.len() - 1);
+                acc = out;
+            }
+            let have = match me.parent {
+                None => {
+                    if finalizes(p) {
+                        let op = Op::Finalize { loc: out, len: l };
+                        ops.push(((j + h - 1, t), op, last.into_iter().collect()));
+                        last = Some(ops.len() - 1);
+                    }
+                    last.expect("a root in a world above one has children")
+                }
+                Some(parent) => {
+                    let up = Op::Send {
+                        peer: parent,
+                        src: acc,
+                        len: l,
+                    };
+                    ops.push(((j + h - d, t), up, last.into_iter().collect()));
+                    let up = ops.len() - 1;
+                    // The result overwrites `Output`, which the send up may still be reading.
+                    let war = if acc.buf == Buf::Output {
+                        vec![up]
+                    } else {
+                        Vec::new()
+                    };
+                    let down = Op::Recv {
+                        peer: parent,
+                        dst: out,
+                        reduce_with: None,
+                        len: l,
+                    };
+                    ops.push(((j + h + d - 1 + slack, t), down, war));
+                    ops.len() - 1
+                }
+            };
+            for &c in me.children.iter().rev() {
+                let op = Op::Send {
+                    peer: c,
+                    src: out,
+                    len: l,
+                };
+                ops.push(((j + h + d + slack, t), op, vec![have]));
+            }
+        }
+    }
+    let mut order: Vec<usize> = (0..ops.len()).collect();
+    order.sort_by_key(|&i| ops[i].0);
+    let mut id_of: Vec<Option<OpId>> = vec![None; ops.len()];
+    for &i in &order {
+        let deps: Vec<OpId> = ops[i]
+            .2
+            .iter()
+            .map(|&k| id_of[k].expect("dependency placed first"))
+            .collect();
+        id_of[i] = Some(prog.push(ops[i].1, &deps));
     }
     prog
 }

@@ -295,6 +295,7 @@ conformance! {
     all_reduce_doubling: AllReduce RecursiveDoubling;
     all_reduce_rabenseifner: AllReduce Rabenseifner;
     all_reduce_tree: AllReduce Tree;
+    all_reduce_double_tree: AllReduce DoubleTree;
     reduce_scatter_ring: ReduceScatter Ring;
     all_gather_ring: AllGather Ring;
     broadcast_tree: Broadcast Tree;
