@@ -121,8 +121,8 @@ pub struct BenchArgs {
     #[arg(long)]
     pub shrink_on_failure: bool,
     /// After the table, print the alpha-beta cost model's predicted time of every all-reduce
-    /// algorithm next to the measured time and the automatic choice (the model is measured
-    /// between ranks 0 and 1 first, or read from `GRADSYNC_COST_FILE`).
+    /// algorithm next to the measured time and the automatic choice (the model the communicator
+    /// settled at init: pinned in `GRADSYNC_COST_FILE`, cached per host, or measured).
     #[arg(long)]
     pub explain: bool,
 }
@@ -327,11 +327,6 @@ fn run_rank(args: &BenchArgs, plan: &Plan, comm: &mut Communicator) -> anyhow::R
             check::AVG_VARIED_MAX_WORLD
         );
     }
-    let model = if args.explain {
-        Some(crate::explain::calibrate(comm).context("calibrating the cost model")?)
-    } else {
-        None
-    };
     let head = header(args, plan, comm)?;
     let mut out = std::io::stdout();
     if rank == 0 {
@@ -388,7 +383,7 @@ fn run_rank(args: &BenchArgs, plan: &Plan, comm: &mut Communicator) -> anyhow::R
                     writeln!(out, "{}", table::format_row(&row))?;
                     out.flush()?;
                 }
-                if model.is_some() {
+                if args.explain {
                     explained.push((dtype, row.clone()));
                 }
                 rows.push(row);
@@ -397,8 +392,8 @@ fn run_rank(args: &BenchArgs, plan: &Plan, comm: &mut Communicator) -> anyhow::R
     }
     if rank == 0 {
         out.write_all(table::table_footer(&rows).as_bytes())?;
-        if let Some((m, from)) = &model {
-            out.write_all(crate::explain::render(comm, m, from, &explained)?.as_bytes())?;
+        if args.explain {
+            out.write_all(crate::explain::render(comm, &explained)?.as_bytes())?;
         }
         out.flush()?;
         if let Some(path) = &args.json {

@@ -249,34 +249,49 @@ fn explain_prints_every_algorithm_under_a_pinned_or_measured_model() {
     // The table keeps its nccl-tests shape: the explain lines are comments.
     assert_eq!(rows(&out).len(), 5, "{text}");
     // 8 bytes on 2 ranks: eager is one message (2 us + 8 ns); the ring, recursive doubling and
-    // halving-doubling exchange one message per step, the tree two one after the other.
+    // halving-doubling exchange one message per step, the tree two one after the other, the
+    // double tree one each way in each of its two trees, at once.
     let r = explain_row(&out, "8");
     assert_eq!(
-        &r[1..6],
-        ["2.0", "4.0", "2.0", "4.0", "4.0"],
-        "eager ring rd rabenseifner tree: {r:?}"
+        &r[1..7],
+        ["2.0", "4.0", "2.0", "4.0", "4.0", "4.0"],
+        "eager ring rd rabenseifner tree double_tree: {r:?}"
     );
     assert_eq!(r[r.len() - 2], "eager", "the automatic choice: {r:?}");
     // 32 KiB: the bandwidth term (32.8 us at 1 GB/s) shows up. On 2 ranks recursive doubling
-    // sends it in one message, the ring in two halves (one more latency), the tree twice.
+    // sends it in one message, the ring in two halves (one more latency), the tree twice; the
+    // double tree pipelines 8 KiB segments (two per hop), four messages of 8.2 us per rank and
+    // two more latencies.
     let r = explain_row(&out, "32768");
     assert_eq!(r[1], "-", "not eager at 32 KiB: {r:?}");
-    assert_eq!(&r[2..6], ["36.8", "34.8", "36.8", "69.5"], "{r:?}");
+    assert_eq!(&r[2..7], ["36.8", "34.8", "36.8", "69.5", "40.8"], "{r:?}");
     assert_eq!(
         r[r.len() - 3],
         "recursive_doubling",
         "the model's best: {r:?}"
     );
-    // Without a file the model is measured; with a path that does not exist yet, it is saved.
+    // With a path that does not exist yet, init measures the model and saves it there.
     let saved = dir.join("saved.json");
     let out = bench(&args, &[("GRADSYNC_COST_FILE", saved.to_str().unwrap())]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
-    assert!(text.contains("measured between ranks 0 and 1"), "{text}");
+    assert!(
+        text.contains("(measured at init in") && text.contains("saved to"),
+        "{text}"
+    );
     let model: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&saved).unwrap()).unwrap();
-    assert!(model["alpha_us"].as_f64().unwrap() > 0.0, "{model}");
-    assert!(model["gbytes_per_s"].as_f64().unwrap() > 0.0, "{model}");
+    for link in ["intra", "inter"] {
+        assert!(model[link]["alpha_us"].as_f64().unwrap() > 0.0, "{model}");
+        assert!(
+            model[link]["gbytes_per_s"].as_f64().unwrap() > 0.0,
+            "{model}"
+        );
+    }
+    // The next run reads it (pinned): nothing is measured.
+    let out = bench(&args, &[("GRADSYNC_COST_FILE", saved.to_str().unwrap())]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("(pinned in"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -309,23 +324,133 @@ fn info_log_explains_every_all_reduce_choice_once_per_size_class() {
     assert!(out.status.success(), "{err}");
     let lines: Vec<&str> = err
         .lines()
-        .filter(|l| l.contains("predicted (pinned in"))
+        .filter(|l| l.contains(" bytes (pinned in"))
         .collect();
     // Sizes 8, 512 and 32768: one line each, from rank 0 only, however many calls.
     assert_eq!(lines.len(), 3, "{err}");
     assert!(
         lines[0].contains("all_reduce of 8 bytes on 2 ranks")
             && lines[0].contains("eager 2.0 us ring 4.0 us recursive_doubling 2.0 us")
-            && lines[0].ends_with("model's best eager, runs eager"),
+            && lines[0].ends_with("model's choice recursive_doubling, runs eager"),
         "{}",
         lines[0]
     );
     assert!(
-        lines[2]
-            .contains("ring 36.8 us recursive_doubling 34.8 us rabenseifner 36.8 us tree 69.5 us")
-            && lines[2].ends_with("model's best recursive_doubling, runs recursive_doubling"),
+        lines[2].contains(
+            "ring 36.8 us recursive_doubling 34.8 us rabenseifner 36.8 us tree 69.5 us double_tree 40.8 us"
+        ) && lines[2].ends_with("model's choice recursive_doubling, runs recursive_doubling"),
         "{}",
         lines[2]
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The automatic all-reduce choice follows the cost model: on a model where latency dominates,
+/// a 1 MiB all-reduce on 4 ranks runs recursive doubling (2 steps), where bandwidth dominates
+/// it runs one of the bandwidth-optimal schedules.
+#[test]
+fn automatic_choice_follows_the_cost_model() {
+    let dir = std::env::temp_dir().join(format!("gradsync-choice-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut runs = Vec::new();
+    for (name, alpha, gbps) in [("latency", 1000.0, 100.0), ("bandwidth", 0.01, 0.1)] {
+        let f = dir.join(format!("{name}.json"));
+        std::fs::write(
+            &f,
+            format!(r#"{{"transport": "shm", "alpha_us": {alpha}, "gbytes_per_s": {gbps}}}"#),
+        )
+        .unwrap();
+        let out = bench(
+            &[
+                "all_reduce",
+                "--nproc",
+                "4",
+                "-b",
+                "1M",
+                "-e",
+                "1M",
+                "-n",
+                "1",
+                "-w",
+                "0",
+            ],
+            &[
+                ("GRADSYNC_COST_FILE", f.to_str().unwrap()),
+                ("GRADSYNC_DEBUG", "INFO"),
+                ("GRADSYNC_DEBUG_SUBSYS", "COLL"),
+            ],
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        let line = err
+            .lines()
+            .find(|l| l.contains("all_reduce of 1048576 bytes on 4 ranks"))
+            .unwrap_or_else(|| panic!("no choice logged: {err}"));
+        let tail = line.rsplit("model's choice ").next().unwrap();
+        let (choice, ran) = tail.split_once(", runs ").expect("choice and run");
+        assert_eq!(choice, ran, "{line}");
+        runs.push(ran.to_string());
+    }
+    assert_eq!(runs[0], "recursive_doubling", "{runs:?}");
+    assert!(
+        ["ring", "rabenseifner"].contains(&runs[1].as_str()),
+        "{runs:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Init measures the links once per host and caches the model; the next init reads the cache,
+/// `GRADSYNC_CALIBRATE=always` measures again and `off` never measures.
+#[test]
+fn init_calibrates_once_and_caches_per_host() {
+    let dir = std::env::temp_dir().join(format!("gradsync-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |calibrate: &str| {
+        let out = bench(
+            &[
+                "all_reduce",
+                "--nproc",
+                "2",
+                "-b",
+                "8",
+                "-e",
+                "8",
+                "-n",
+                "1",
+                "-w",
+                "0",
+                "--explain",
+            ],
+            &[
+                ("XDG_CACHE_HOME", dir.to_str().unwrap()),
+                ("GRADSYNC_CALIBRATE", calibrate),
+            ],
+        );
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{text}");
+        text
+    };
+    let first = run("auto");
+    assert!(first.contains("(measured at init in"), "{first}");
+    let files: Vec<_> = std::fs::read_dir(dir.join("gradsync"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let name = files[0].file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        name.starts_with("cost-") && name.ends_with("-shm-shm.json"),
+        "{name}"
+    );
+    let second = run("auto");
+    assert!(
+        second.contains(&format!("(cached in {}", files[0].display())),
+        "{second}"
+    );
+    assert!(run("always").contains("(measured at init in"));
+    assert!(run("off").contains("(cached in"));
+    std::fs::remove_dir_all(dir.join("gradsync")).unwrap();
+    assert!(run("off").contains("(uncalibrated)"));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -55,7 +55,23 @@ pub struct Communicator {
     det_scratch: Vec<u8>,
     /// All-reduce size classes (log2 of the bytes) whose choice was logged at INFO.
     explained: u64,
+    /// The cost model of the automatic all-reduce choice.
+    costs: crate::cost::LinkCosts,
+    /// Where the cost model came from (pinned, cached, measured, uncalibrated).
+    cost_from: String,
+    /// The model's all-reduce choice per size class, computed on first use.
+    choices: std::sync::Mutex<HashMap<u32, crate::cost::Choice>>,
 }
+
+/// The cost model as rank 0 publishes it to the other ranks at init.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct PublishedCosts {
+    links: crate::cost::LinkCosts,
+    from: String,
+}
+
+/// Largest bulk message of the calibration at init.
+const CALIBRATION_MAX_BULK: usize = 8 << 20;
 
 /// What init learned about the placement of ranks.
 #[derive(Clone, Debug)]
@@ -515,7 +531,200 @@ impl Communicator {
         c.store = Some(store);
         c.config = Some(config);
         c.barrier()?;
+        c.settle_costs(&prefix)?;
         Ok(c)
+    }
+
+    /// Settles the cost model of the automatic choice at init (see [`crate::cost`]). Rank 0
+    /// takes it from `GRADSYNC_COST_FILE`, from the per-host cache, or measures it with the
+    /// first other rank of its host and the first rank of another host (who join in), saves
+    /// what it measured, and publishes the model in the store; every other rank reads it from
+    /// there, so all ranks choose alike.
+    fn settle_costs(&mut self, prefix: &str) -> Result<()> {
+        use crate::cost::{CALIBRATION_BUDGET, LinkCosts};
+        let rank = self.rank;
+        let st = |source| Error::Store { rank, source };
+        let Some(config) = self.config.clone() else {
+            return Ok(());
+        };
+        let host0 = self.host_of(0);
+        let intra_peer = (1..self.world).find(|&r| self.host_of(r) == host0);
+        let inter_peer = (1..self.world).find(|&r| self.host_of(r) != host0);
+        let plan_key = format!("{prefix}/cost/plan");
+        let model_key = format!("{prefix}/cost/model");
+        let timeout = self.timeout();
+        if rank != 0 {
+            if Some(rank) == intra_peer || Some(rank) == inter_peer {
+                let store = self.store.as_mut().expect("init keeps its store");
+                let plan = store.wait(&[&plan_key], timeout).map_err(st)?;
+                if plan[0].first() == Some(&1) {
+                    self.calibration_follow(0)?;
+                }
+            }
+            let store = self.store.as_mut().expect("init keeps its store");
+            let v = store.wait(&[&model_key], timeout).map_err(st)?;
+            let p: PublishedCosts = serde_json::from_slice(&v[0]).map_err(|e| {
+                Error::Config(format!("rank 0 published a malformed cost model: {e}"))
+            })?;
+            (self.costs, self.cost_from) = (p.links, p.from);
+            return Ok(());
+        }
+        let intra_t = intra_peer.map_or("shm", |p| self.peer_transport(p));
+        let inter_t = inter_peer.map_or(intra_t, |p| self.peer_transport(p));
+        let cache = crate::cost::cache_path(self.host_name(0), intra_t, inter_t);
+        let pinned = config.cost_file.as_ref().filter(|f| f.exists());
+        let mut decided: Option<(LinkCosts, String)> = None;
+        if let Some(f) = pinned {
+            let links = LinkCosts::load(f)
+                .map_err(|e| Error::Config(format!("GRADSYNC_COST_FILE: {e}")))?;
+            decided = Some((links, format!("pinned in {}", f.display())));
+        } else if config.cost_file.is_none()
+            && config.calibrate != crate::Calibrate::Always
+            && let Some(c) = cache.as_ref().filter(|c| c.exists())
+        {
+            match LinkCosts::load(c) {
+                Ok(links) => decided = Some((links, format!("cached in {}", c.display()))),
+                Err(e) => tracing::warn!(target: "gradsync::init", "rank 0: {e}; measuring again"),
+            }
+        }
+        if decided.is_none() && (config.calibrate == crate::Calibrate::Off || self.world < 2) {
+            decided = Some((
+                LinkCosts::uncalibrated(intra_t, inter_t),
+                "uncalibrated".to_string(),
+            ));
+        }
+        let measure = decided.is_none();
+        if let Some(store) = self.store.as_mut() {
+            store.set(&plan_key, &[u8::from(measure)]).map_err(st)?;
+        }
+        let (links, from) = match decided {
+            Some(d) => d,
+            None => {
+                let t0 = Instant::now();
+                let links_n = usize::from(intra_peer.is_some()) + usize::from(inter_peer.is_some());
+                let budget = CALIBRATION_BUDGET / links_n.max(1) as u32;
+                let intra = match intra_peer {
+                    Some(p) => self.calibration_lead(p, budget)?,
+                    None => crate::cost::CostModel::uncalibrated(intra_t),
+                };
+                let inter = match inter_peer {
+                    Some(p) => self.calibration_lead(p, budget)?,
+                    None => intra.clone(),
+                };
+                let links = LinkCosts { intra, inter };
+                let mut from = format!(
+                    "measured at init in {:.0} ms",
+                    t0.elapsed().as_secs_f64() * 1e3
+                );
+                if let Some(path) = config.cost_file.as_ref().or(cache.as_ref()) {
+                    match links.save(path) {
+                        Ok(()) => from += &format!(", saved to {}", path.display()),
+                        Err(e) => tracing::warn!(
+                            target: "gradsync::init",
+                            "rank 0: cannot save the cost model to {}: {e}",
+                            path.display()
+                        ),
+                    }
+                }
+                (links, from)
+            }
+        };
+        tracing::info!(
+            target: "gradsync::init",
+            "rank 0: cost model ({from}): inside a host {} alpha {:.2} us {:.3} GB/s, across hosts {} alpha {:.2} us {:.3} GB/s",
+            links.intra.transport, links.intra.alpha_us, links.intra.gbytes_per_s,
+            links.inter.transport, links.inter.alpha_us, links.inter.gbytes_per_s
+        );
+        let published = PublishedCosts { links, from };
+        let text = serde_json::to_vec(&published)
+            .map_err(|e| Error::Config(format!("cannot encode the cost model: {e}")))?;
+        if let Some(store) = self.store.as_mut() {
+            store.set(&model_key, &text).map_err(st)?;
+        }
+        (self.costs, self.cost_from) = (published.links, published.from);
+        Ok(())
+    }
+
+    /// Rank 0's side of the calibration of its link to `peer`: the latency from the median
+    /// round trip of small ping-pongs, the bandwidth from bulk messages that double in size
+    /// (64 KiB up to [`CALIBRATION_MAX_BULK`]) while a round takes under a sixteenth of
+    /// `budget`, three rounds at the last size, the whole within about `budget`.
+    fn calibration_lead(
+        &mut self,
+        peer: usize,
+        budget: Duration,
+    ) -> Result<crate::cost::CostModel> {
+        let start = Instant::now();
+        let mut ctl = [0i64; 2];
+        let mut rtts = Vec::new();
+        for i in 0..40 {
+            let t = Instant::now();
+            self.send(&[1i64, 0], peer)?;
+            self.recv(&mut ctl, peer)?;
+            if i >= 3 {
+                rtts.push(t.elapsed().as_secs_f64());
+            }
+            if rtts.len() >= 5 && start.elapsed() > budget / 4 {
+                break;
+            }
+        }
+        rtts.sort_by(f64::total_cmp);
+        let rtt = rtts[rtts.len() / 2];
+        let mut size = 64usize << 10;
+        let mut bulk = Vec::new();
+        let (mut best, mut at_size) = (0f64, 0);
+        loop {
+            bulk.resize(size, 0u8);
+            let t = Instant::now();
+            self.send(&[2i64, size as i64], peer)?;
+            self.send(&bulk, peer)?;
+            self.recv(&mut ctl, peer)?;
+            let secs = t.elapsed().as_secs_f64();
+            let bw = size as f64 / (secs - rtt).max(secs / 2.0);
+            at_size += 1;
+            best = if at_size == 1 { bw } else { best.max(bw) };
+            if start.elapsed() >= budget || at_size >= 3 {
+                break;
+            }
+            if secs < budget.as_secs_f64() / 16.0 && size < CALIBRATION_MAX_BULK {
+                size *= 2;
+                at_size = 0;
+            }
+        }
+        self.send(&[0i64, 0], peer)?;
+        Ok(crate::cost::CostModel {
+            transport: self.peer_transport(peer).to_string(),
+            alpha_us: rtt / 2.0 * 1e6,
+            gbytes_per_s: best / 1e9,
+        })
+    }
+
+    /// The other side of [`calibration_lead`](Self::calibration_lead): answers pings and bulk
+    /// messages from `lead` until it says stop.
+    fn calibration_follow(&mut self, lead: usize) -> Result<()> {
+        let mut ctl = [0i64; 2];
+        let mut bulk = Vec::new();
+        loop {
+            self.recv(&mut ctl, lead)?;
+            match ctl[0] {
+                0 => return Ok(()),
+                1 => self.send(&ctl, lead)?,
+                _ => {
+                    let n = usize::try_from(ctl[1])
+                        .ok()
+                        .filter(|&n| n <= CALIBRATION_MAX_BULK)
+                        .ok_or_else(|| {
+                            self.invalid(
+                                "calibrate",
+                                format!("rank {lead} announced a bulk message of {} bytes", ctl[1]),
+                            )
+                        })?;
+                    bulk.resize(n, 0u8);
+                    self.recv(&mut bulk, lead)?;
+                    self.send(&ctl, lead)?;
+                }
+            }
+        }
     }
 
     /// The RDMA network backend, when `GRADSYNC_TRANSPORT=rdma` asks for it (an error if it
@@ -859,7 +1068,8 @@ impl Communicator {
         algorithm: Option<Algorithm>,
         store: Option<StoreServer>,
     ) -> Self {
-        let layout = Layout::single_host(world, rank, engine.ep.name());
+        let engine_name = engine.ep.name();
+        let layout = Layout::single_host(world, rank, engine_name);
         Communicator {
             engine,
             rank,
@@ -880,6 +1090,9 @@ impl Communicator {
             _store: store,
             det_scratch: Vec::new(),
             explained: 0,
+            costs: crate::cost::LinkCosts::uncalibrated(engine_name, engine_name),
+            cost_from: "uncalibrated".to_string(),
+            choices: std::sync::Mutex::new(HashMap::new()),
         }
     }
 
@@ -1069,8 +1282,9 @@ impl Communicator {
     }
 
     /// The schedule a call of `coll` on `bytes` bytes per rank runs: `None` for the eager path of
-    /// a small all-reduce, else the algorithm (forced by `GRADSYNC_ALGO` or chosen by size and
-    /// topology), as the flight recorder names it.
+    /// a small all-reduce, else the algorithm as the flight recorder names it: forced by
+    /// `GRADSYNC_ALGO`, or for an all-reduce the cost model's fastest for the size class of
+    /// `bytes` ([`crate::cost::choose_all_reduce`]), or the default of the collective.
     pub fn algorithm_for(&self, coll: Collective, bytes: usize) -> Option<Algorithm> {
         if coll == Collective::AllReduce
             && self.algorithm.is_none()
@@ -1078,15 +1292,12 @@ impl Communicator {
         {
             return None;
         }
-        let local = self.layout.local_size;
         Some(match (coll, self.algorithm) {
             (Collective::AllReduce, Some(a)) => a,
-            // Several hosts of several ranks each: reduce inside the host over shared memory,
-            // across hosts over the network, one inter-host ring per local rank.
             (Collective::AllReduce, None)
-                if bytes > plan::SMALL_ALL_REDUCE_BYTES && local > 1 && local < self.world =>
+                if (2..=crate::cost::MODEL_MAX_WORLD).contains(&self.world) =>
             {
-                Algorithm::Hierarchical
+                self.model_choice(bytes).best
             }
             (c, _) => match self.coll_algorithms.iter().find(|(k, _)| *k == c) {
                 Some(&(_, a)) => a,
@@ -1099,73 +1310,73 @@ impl Communicator {
     pub fn segment_elems(&self, dtype: gradsync_core::DataType) -> usize {
         self.engine.segment_elems(dtype)
     }
-    /// Logs at INFO (`COLL`, rank 0), once per power-of-two size class, the cost model's predicted time
-    /// of every all-reduce algorithm for `bytes` bytes, its best, and what this communicator
-    /// runs. The model comes from `GRADSYNC_COST_FILE` when that file exists, else from
-    /// uncalibrated figures for the transport to the next rank.
-    fn explain_choice(&mut self, dtype: gradsync_core::DataType, bytes: usize) {
-        let class = usize::BITS - bytes.leading_zeros();
+    /// The cost model of the automatic all-reduce choice, and where it came from (`pinned in
+    /// PATH`, `cached in PATH`, `measured at init ...`, `uncalibrated`).
+    pub fn cost_model(&self) -> (&crate::cost::LinkCosts, &str) {
+        (&self.costs, &self.cost_from)
+    }
+
+    /// The model's predictions and choice for the size class of `bytes`, computed once per class.
+    pub fn model_choice(&self, bytes: usize) -> crate::cost::Choice {
+        let class = crate::cost::size_class(bytes);
+        let mut map = self.choices.lock().unwrap_or_else(|e| e.into_inner());
+        map.entry(class)
+            .or_insert_with(|| {
+                crate::cost::choose_all_reduce(
+                    self.world,
+                    self.layout.local_size,
+                    self.engine.segment_elems(gradsync_core::DataType::F32),
+                    class,
+                    &self.costs,
+                )
+            })
+            .clone()
+    }
+
+    /// Logs at INFO (`COLL`, rank 0), once per power-of-two size class, the cost model's
+    /// predicted time of every all-reduce algorithm for that class, its choice, and what this
+    /// communicator runs (eager, or a forced algorithm, where those apply).
+    fn explain_choice(&mut self, bytes: usize) {
+        let class = crate::cost::size_class(bytes);
         if self.explained & (1u64 << class.min(63)) != 0 || self.world < 2 || self.rank != 0 {
             return;
         }
         self.explained |= 1u64 << class.min(63);
-        let next = (self.rank + 1) % self.world;
-        let pinned = std::env::var_os("GRADSYNC_COST_FILE")
-            .map(std::path::PathBuf::from)
-            .filter(|p| p.exists());
-        let (intra, inter, from) = match &pinned {
-            Some(p) => match crate::cost::CostModel::load(p) {
-                Ok(m) => (m.clone(), m, format!("pinned in {}", p.display())),
-                Err(e) => {
-                    tracing::warn!(target: "gradsync::coll", "rank {}: {e}", self.rank);
-                    return;
-                }
-            },
-            None => {
-                let far = (0..self.world)
-                    .find(|&p| self.host_of(p) != self.host_of(self.rank))
-                    .map_or(self.peer_transport(next), |p| self.peer_transport(p));
-                (
-                    crate::cost::CostModel::uncalibrated(self.peer_transport(next)),
-                    crate::cost::CostModel::uncalibrated(far),
-                    "uncalibrated; calibrate with gradsync bench --explain and GRADSYNC_COST_FILE"
-                        .to_string(),
-                )
-            }
-        };
-        let (il, el) = (intra.link(), inter.link());
-        let (world, local) = (self.world, self.layout.local_size);
-        let segment = self.engine.segment_elems(dtype);
         let runs = self.algorithm_for(Collective::AllReduce, bytes);
+        let choice = self.model_choice(bytes);
         let mut line = String::new();
-        let mut best = (f64::INFINITY, "");
-        let mut candidates: Vec<Option<Algorithm>> = Vec::new();
         if runs.is_none() {
-            candidates.push(None);
+            let (intra, inter) = (self.costs.intra.link(), self.costs.inter.link());
+            let (world, local) = (self.world, self.layout.local_size);
+            let seg = self.engine.segment_elems(gradsync_core::DataType::F32);
+            let dt = gradsync_core::DataType::F32;
+            if let Ok(t) = crate::cost::predict_all_reduce(
+                world,
+                local,
+                seg,
+                dt,
+                crate::cost::class_bytes(class),
+                None,
+                &intra,
+                &inter,
+            ) {
+                line += &format!(" eager {:.1} us", t * 1e6);
+            }
         }
-        candidates.extend(
-            crate::cost::all_reduce_candidates(world, local)
-                .into_iter()
-                .map(Some),
-        );
-        for a in candidates {
-            let name = a.map_or("eager", Algorithm::name);
-            match crate::cost::predict_all_reduce(world, local, segment, dtype, bytes, a, &il, &el)
-            {
-                Ok(t) => {
-                    if t < best.0 {
-                        best = (t, name);
-                    }
-                    line += &format!(" {name} {:.1} us", t * 1e6);
-                }
-                Err(e) => line += &format!(" {name} ({e})"),
+        for (a, t) in &choice.predicted {
+            match t {
+                Ok(t) => line += &format!(" {a} {:.1} us", t * 1e6),
+                Err(e) => line += &format!(" {a} ({e})"),
             }
         }
         tracing::info!(
             target: "gradsync::coll",
-            "rank {}: all_reduce of {bytes} bytes on {world} ranks, predicted ({from}):{line}; model's best {}, runs {}",
+            "rank {}: all_reduce of {bytes} bytes on {} ranks, predicted at {} bytes ({}):{line}; model's choice {}, runs {}",
             self.rank,
-            best.1,
+            self.world,
+            crate::cost::class_bytes(class),
+            self.cost_from,
+            choice.best,
             runs.map_or("eager", Algorithm::name)
         );
     }
@@ -1184,7 +1395,7 @@ impl Communicator {
         if coll == Collective::AllReduce
             && tracing::enabled!(target: "gradsync::coll", tracing::Level::INFO)
         {
-            self.explain_choice(dtype, bytes);
+            self.explain_choice(bytes);
         }
         let (prog, algo) = if let Some(algorithm) = self.algorithm_for(coll, bytes) {
             let local = self.layout.local_size;

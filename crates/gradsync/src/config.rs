@@ -90,6 +90,39 @@ pub struct Config {
     pub numa_bind: bool,
     /// RDMA device settings (`GRADSYNC_IB_*`); used with the `rdma` feature.
     pub ib: IbConfig,
+    /// Whether init measures the links for the cost model of the automatic algorithm choice
+    /// (`GRADSYNC_CALIBRATE`); see [`Calibrate`].
+    pub calibrate: Calibrate,
+    /// A cost model file (`GRADSYNC_COST_FILE`): when it exists the model is read from it and
+    /// nothing is measured (pinned); when it does not, the model init measures is written
+    /// there instead of the per-host cache. Read on rank 0 only. See [`crate::cost`].
+    pub cost_file: Option<std::path::PathBuf>,
+}
+
+/// `GRADSYNC_CALIBRATE`: where the cost model of the automatic choice comes from when no
+/// `GRADSYNC_COST_FILE` pins it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Calibrate {
+    /// `auto`: read the per-host cache file ([`crate::cost::cache_path`]); when there is none,
+    /// measure at init (bounded by [`crate::cost::CALIBRATION_BUDGET`]) and write it.
+    #[default]
+    Auto,
+    /// `always`: measure at every init, and rewrite the cache.
+    Always,
+    /// `0` or `off`: never measure; the cache file if there is one, else uncalibrated figures.
+    Off,
+}
+
+impl Calibrate {
+    /// Parses `auto` (or `1`), `always`, `off` (or `0`).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" | "1" => Some(Calibrate::Auto),
+            "always" => Some(Calibrate::Always),
+            "off" | "0" => Some(Calibrate::Off),
+            _ => None,
+        }
+    }
 }
 
 /// RDMA settings, read whether or not the `rdma` feature is built in.
@@ -274,6 +307,8 @@ impl Config {
             host_id: None,
             numa_bind: true,
             ib: IbConfig::default(),
+            calibrate: Calibrate::Auto,
+            cost_file: None,
         }
     }
 
@@ -436,6 +471,16 @@ impl Config {
         }
         if let Some(v) = var("GRADSYNC_SHM_DIRECT_MIN") {
             self.shm_direct_min = direct_min_var("GRADSYNC_SHM_DIRECT_MIN", &v)?;
+        }
+        if let Some(v) = var("GRADSYNC_CALIBRATE") {
+            self.calibrate = Calibrate::parse(&v).ok_or_else(|| {
+                Error::Config(format!(
+                    "GRADSYNC_CALIBRATE={v:?} must be auto, always or off (or 1, 0)"
+                ))
+            })?;
+        }
+        if let Some(v) = var("GRADSYNC_COST_FILE") {
+            self.cost_file = Some(std::path::PathBuf::from(v));
         }
         if let Some(on) = env.flag("GRADSYNC_DETERMINISTIC")? {
             self.deterministic = on;
@@ -766,6 +811,28 @@ mod tests {
         );
         let e = algo("gather:ring").unwrap_err().to_string();
         assert!(e.contains("unknown collective \"gather\""), "{e}");
+    }
+
+    #[test]
+    fn calibrate_and_cost_file_options() {
+        let base = [("RANK", "0"), ("WORLD_SIZE", "1")];
+        let c = from(&base).unwrap();
+        assert_eq!((c.calibrate, c.cost_file), (Calibrate::Auto, None));
+        for (v, want) in [
+            ("0", Calibrate::Off),
+            ("always", Calibrate::Always),
+            ("auto", Calibrate::Auto),
+        ] {
+            let c = from(&[base[0], base[1], ("GRADSYNC_CALIBRATE", v)]).unwrap();
+            assert_eq!(c.calibrate, want, "{v}");
+        }
+        let e = from(&[base[0], base[1], ("GRADSYNC_CALIBRATE", "yes")]).unwrap_err();
+        assert!(e.to_string().contains("GRADSYNC_CALIBRATE=\"yes\""), "{e}");
+        let c = from(&[base[0], base[1], ("GRADSYNC_COST_FILE", "/tmp/m.json")]).unwrap();
+        assert_eq!(
+            c.cost_file.as_deref(),
+            Some(std::path::Path::new("/tmp/m.json"))
+        );
     }
 
     #[test]

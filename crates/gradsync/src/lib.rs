@@ -70,7 +70,7 @@ pub mod recorder;
 pub mod topology;
 
 pub use comm::{Communicator, Pending, Work};
-pub use config::{Config, IbConfig, TransportMode};
+pub use config::{Calibrate, Config, IbConfig, TransportMode};
 pub use element::Element;
 pub use error::Error;
 pub use gradsync_core::schedule::plan::Algorithm;
