@@ -3,9 +3,11 @@
 //! A [`CostModel`] is one link: a per-message latency and a bandwidth; [`LinkCosts`] holds one
 //! for the links inside a host and one for the links between hosts. A communicator gets its
 //! model at init (see [`crate::Config::calibrate`]): pinned in `GRADSYNC_COST_FILE`, read from
-//! the per-host cache file ([`cache_path`]) that an earlier init wrote, or measured between rank
-//! 0 and a rank on its host and one on another host (a few ping-pongs and bulk messages,
-//! bounded by [`CALIBRATION_BUDGET`]) and then cached. Rank 0 decides and hands its model to
+//! the per-host cache file ([`cache_path`]) that an earlier init wrote, or measured (bounded by
+//! [`CALIBRATION_BUDGET`]) and then cached. On a single host every rank joins ring all-gathers
+//! of 8 bytes and of growing blocks, so that the links are measured loaded as a collective loads
+//! them (ranks that share cores or memory bandwidth share them while measured); across hosts
+//! rank 0 ping-pongs with a rank on its host and with one on another host. Rank 0 decides and hands its model to
 //! every rank, so all ranks choose alike.
 //!
 //! The automatic all-reduce choice ([`choose_all_reduce`]) takes, for each size class (sizes
@@ -139,9 +141,9 @@ impl LinkCosts {
     }
 }
 
-/// The longest a calibration at init measures, all links together (about 10 ms on loopback;
-/// slow links use smaller bulk messages).
-pub const CALIBRATION_BUDGET: Duration = Duration::from_millis(150);
+/// About the longest a calibration at init measures, all links together: the bulk messages
+/// stop growing, and the measurement ends, once it is spent.
+pub const CALIBRATION_BUDGET: Duration = Duration::from_millis(120);
 
 /// The per-host cache file of the model measured at init: `$XDG_CACHE_HOME/gradsync/` (or
 /// `~/.cache/gradsync/`) `cost-HOST-INTRA-INTER.json`, where HOST is rank 0's host name

@@ -519,6 +519,14 @@ impl FlightRecorder {
         }
     }
 
+    /// Forgets every recorded operation, as if none had run (after the communicator's own
+    /// operations at init, whose sequence numbers the caller's operations then reuse).
+    pub fn clear(&self) {
+        let mut ring = lock(&self.inner.ring);
+        ring.slots.clear();
+        ring.next = 0;
+    }
+
     /// A snapshot of the recorder with reason `snapshot`: the header and the kept operations,
     /// oldest first.
     pub fn snapshot(&self) -> Dump {

@@ -314,7 +314,37 @@ fn hosts_suite(world: usize, hosts: usize, tiny: bool, algo: Option<Algorithm>) 
     let mut cfg = config(tiny);
     cfg.algorithm = algo;
     cfg.host_id = Some(format!("hosts{hosts}"));
+    // The automatic choice on a model measured at this init (across hosts: rank 0 ping-pongs
+    // with a rank of its host and one of another), whatever the per-host cache holds.
+    if algo.is_none() {
+        cfg.cost_file = Some(fresh_cost_file(&format!("hosts{world}x{hosts}")));
+    }
+    let file = cfg.cost_file.clone();
     tcp_suite_with(world, tiny, cfg);
+    if let Some(f) = file {
+        let _ = std::fs::remove_file(f);
+    }
+}
+
+/// A path for a cost model that does not exist yet: init measures the model and writes it there
+/// (and not into the per-host cache).
+fn fresh_cost_file(tag: &str) -> std::path::PathBuf {
+    let p = std::env::temp_dir().join(format!(
+        "gradsync-conformance-cost-{tag}-{}.json",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&p);
+    p
+}
+
+/// A single host whose model is measured at this init (ring all-gathers on every rank).
+fn shm_calibrated(world: usize, tiny: bool) {
+    let mut cfg = config(tiny);
+    let file = fresh_cost_file(&format!("shm{world}"));
+    cfg.cost_file = Some(file.clone());
+    cfg.transport = TransportMode::Shm;
+    tcp_suite_with(world, tiny, cfg);
+    let _ = std::fs::remove_file(file);
 }
 
 /// Every all-reduce forced to recursive halving-doubling (the other collectives as usual).
@@ -508,6 +538,7 @@ suite! {
     tcp_w3_rabenseifner: tcp_forced(3, false, Algorithm::Rabenseifner);
     shm_w4_rabenseifner_tiny: shm_forced(4, true, Algorithm::Rabenseifner);
     shm_w5_rabenseifner: shm_forced(5, false, Algorithm::Rabenseifner);
+    shm_w3_calibrated: shm_calibrated(3, false);
     mem_w7_double_tree_tiny: mem_forced(7, true, Algorithm::DoubleTree);
     mem_w8_double_tree: mem_forced(8, false, Algorithm::DoubleTree);
     tcp_w4_double_tree: tcp_forced(4, false, Algorithm::DoubleTree);
