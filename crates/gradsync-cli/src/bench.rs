@@ -16,6 +16,7 @@
 //! one rank and joins with [`Communicator::from_env`]. Otherwise, or with `--nproc N`, it starts
 //! itself as N ranks (1 by default) through [`crate::launch::launch`].
 
+mod compare;
 use std::ffi::OsString;
 use std::io::Write;
 use std::path::PathBuf;
@@ -125,6 +126,14 @@ pub struct BenchArgs {
     /// settled at init: pinned in `GRADSYNC_COST_FILE`, cached per host, or measured).
     #[arg(long)]
     pub explain: bool,
+    /// Instead of the table, compare all-reduce algorithms side by side (`auto` and algorithm
+    /// names, comma-separated, for example `auto,ring,rabenseifner,tree`): for every size they
+    /// take turns in `--rounds` rounds of `-n` calls each, and the median per call is printed.
+    #[arg(long, value_name = "ALGOS")]
+    pub compare: Option<String>,
+    /// Rounds of `--compare`.
+    #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u32).range(1..))]
+    pub rounds: u32,
 }
 
 /// Parses `-d`: one data type, or `all`.
@@ -326,6 +335,26 @@ fn run_rank(args: &BenchArgs, plan: &Plan, comm: &mut Communicator) -> anyhow::R
             "# note: above {} ranks, avg is validated on inputs that are all 1",
             check::AVG_VARIED_MAX_WORLD
         );
+    }
+    if let Some(list) = &args.compare {
+        ensure!(
+            plan.coll == Collective::AllReduce,
+            "--compare compares all-reduce algorithms only"
+        );
+        let choices = compare::parse(list)?;
+        let head = header(args, plan, comm)?;
+        if rank == 0 {
+            std::io::stdout().write_all(head.as_bytes())?;
+        }
+        compare::run(
+            comm,
+            &choices,
+            &plan.sizes,
+            args.iters,
+            args.warmup_iters,
+            args.rounds,
+        )?;
+        return Ok(0);
     }
     let head = header(args, plan, comm)?;
     let mut out = std::io::stdout();

@@ -454,3 +454,51 @@ fn init_calibrates_once_and_caches_per_host() {
     assert!(run("off").contains("(uncalibrated)"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--compare` times the algorithms in turns inside one run and prints one line per size with
+/// every algorithm, the fastest forced one and auto against it.
+#[test]
+fn compare_prints_algorithms_side_by_side() {
+    let out = bench(
+        &[
+            "all_reduce",
+            "--nproc",
+            "3",
+            "-b",
+            "8",
+            "-e",
+            "64K",
+            "-f",
+            "64",
+            "-n",
+            "2",
+            "-w",
+            "1",
+            "--rounds",
+            "3",
+            "--compare",
+            "auto,ring,tree",
+        ],
+        &[],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let lines: Vec<Vec<&str>> = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    for (l, size) in lines.iter().zip(["8", "512", "32768"]) {
+        assert_eq!(l[0], size, "{text}");
+        let t: Vec<f64> = l[1..4].iter().map(|x| x.parse().unwrap()).collect();
+        assert!(t.iter().all(|&x| x > 0.0), "{l:?}");
+        let best = if t[1] <= t[2] { "ring" } else { "tree" };
+        assert_eq!(l[4], best, "{l:?}");
+        let ratio: f64 = l[5].parse().unwrap();
+        assert!((ratio - t[0] / t[1].min(t[2])).abs() < 0.01, "{l:?}");
+    }
+    assert!(text.contains("(auto runs eager)"), "{text}");
+    let bad = bench(&["reduce", "--nproc", "2", "--compare", "ring"], &[]);
+    assert!(!bad.status.success());
+}

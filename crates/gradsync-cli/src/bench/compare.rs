@@ -1,0 +1,177 @@
+//! `gradsync bench --compare ALGOS`: all-reduce algorithms side by side in one run.
+//!
+//! On a shared or oversubscribed machine, separate runs of the benchmark differ by more than
+//! the algorithms do. Here the algorithms take turns inside one communicator: for every size,
+//! each of `--rounds` rounds times a block of `-n` calls of every algorithm in turn (after
+//! `-w` warm-up calls of each), so that all of them see the same conditions. A block's time is
+//! the slowest rank's; the table gives every algorithm's median block time per call, the
+//! fastest forced algorithm, and `auto` (the automatic choice, eager included) against it.
+
+use std::io::Write;
+use std::time::Instant;
+
+use anyhow::Context;
+use gradsync::{Algorithm, Collective, Communicator, ReduceOp};
+
+/// An entry of `--compare`: `auto` or a forced algorithm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Choice {
+    /// The automatic choice.
+    Auto,
+    /// One algorithm, forced.
+    Forced(Algorithm),
+}
+
+impl Choice {
+    fn name(self) -> &'static str {
+        match self {
+            Choice::Auto => "auto",
+            Choice::Forced(a) => a.name(),
+        }
+    }
+}
+
+/// Parses `--compare`: a comma-separated list of `auto` and all-reduce algorithm names.
+pub fn parse(s: &str) -> anyhow::Result<Vec<Choice>> {
+    let mut v = Vec::new();
+    for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let c = if item.eq_ignore_ascii_case("auto") {
+            Choice::Auto
+        } else {
+            Choice::Forced(Algorithm::parse(item)?)
+        };
+        if !v.contains(&c) {
+            v.push(c);
+        }
+    }
+    anyhow::ensure!(!v.is_empty(), "--compare needs at least one algorithm");
+    Ok(v)
+}
+
+/// Median of `v` (sorted in place); `v` must not be empty.
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    }
+}
+
+/// Runs the comparison of f32 sum all-reduces over `sizes` (bytes) and prints it on rank 0.
+pub fn run(
+    comm: &mut Communicator,
+    choices: &[Choice],
+    sizes: &[u64],
+    iters: u32,
+    warmup: u32,
+    rounds: u32,
+) -> anyhow::Result<()> {
+    let rank = comm.rank();
+    let mut out = std::io::stdout();
+    if rank == 0 {
+        writeln!(
+            out,
+            "# compare: float sum all-reduce, out of place, {rounds} rounds of {iters} calls per algorithm and size, taking turns; median time per call (us), slowest rank"
+        )?;
+        let mut head = format!("# {:>12}", "size");
+        for c in choices {
+            head += &format!(" {:>18}", c.name());
+        }
+        head += &format!(" {:>18} {:>12}", "best forced", "auto / best");
+        writeln!(out, "{head}")?;
+        out.flush()?;
+    }
+    for &bytes in sizes {
+        let count = (bytes as usize / 4).max(1);
+        let input: Vec<f32> = (0..count).map(|i| ((i + rank) % 7) as f32).collect();
+        let mut output = vec![0f32; count];
+        let mut call = |comm: &mut Communicator, c: Choice| -> gradsync::Result<()> {
+            comm.set_algorithm(match c {
+                Choice::Auto => None,
+                Choice::Forced(a) => Some(a),
+            });
+            comm.all_reduce_into(&input, &mut output, ReduceOp::Sum)
+        };
+        for &c in choices {
+            for _ in 0..warmup {
+                call(comm, c)?;
+            }
+        }
+        let mut times: Vec<Vec<f64>> = vec![Vec::new(); choices.len()];
+        for _ in 0..rounds {
+            for (k, &c) in choices.iter().enumerate() {
+                comm.barrier()?;
+                let t = Instant::now();
+                for _ in 0..iters {
+                    call(comm, c)?;
+                }
+                let mut secs = [t.elapsed().as_secs_f64() / f64::from(iters)];
+                comm.set_algorithm(None);
+                comm.all_reduce(&mut secs, ReduceOp::Max)
+                    .context("all_reduce of the times")?;
+                times[k].push(secs[0]);
+            }
+        }
+        comm.set_algorithm(None);
+        if rank != 0 {
+            continue;
+        }
+        let med: Vec<f64> = times.iter_mut().map(|t| median(t)).collect();
+        let mut line = format!("  {bytes:>12}");
+        for m in &med {
+            line += &format!(" {:>18.1}", m * 1e6);
+        }
+        let best = choices
+            .iter()
+            .zip(&med)
+            .filter(|(c, _)| matches!(c, Choice::Forced(_)))
+            .min_by(|a, b| a.1.total_cmp(b.1));
+        let auto = choices.iter().position(|&c| c == Choice::Auto);
+        match (best, auto) {
+            (Some((c, b)), Some(a)) => {
+                line += &format!(" {:>18} {:>12.2}", c.name(), med[a] / b);
+            }
+            (Some((c, _)), None) => line += &format!(" {:>18} {:>12}", c.name(), "-"),
+            _ => line += &format!(" {:>18} {:>12}", "-", "-"),
+        }
+        let ran = comm
+            .algorithm_for(Collective::AllReduce, bytes as usize)
+            .map_or("eager", Algorithm::name);
+        writeln!(out, "{line}  (auto runs {ran})")?;
+        out.flush()?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_list() {
+        let v = parse("auto, ring,rd,auto").unwrap();
+        assert_eq!(
+            v,
+            [
+                Choice::Auto,
+                Choice::Forced(Algorithm::Ring),
+                Choice::Forced(Algorithm::RecursiveDoubling)
+            ]
+        );
+        assert!(
+            parse("ring,bogus")
+                .unwrap_err()
+                .to_string()
+                .contains("bogus")
+        );
+        assert!(parse(" , ").is_err());
+    }
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+}
