@@ -13,6 +13,10 @@
 //!   [`mod@doctor`]).
 //! - `gradsync flight FILE|DIR...` reads the flight-recorder dumps of several ranks and names
 //!   the rank that is behind (see [`mod@flight`]).
+//! - `gradsync scale [--alpha-us A] [--gbit G] [--worlds 8,16,...] [--min-bytes B]
+//!   [--max-bytes B] [--factor F] [--segment-bytes B] [--max-ops N] [--jobs N] [--json FILE]`
+//!   predicts every all-reduce algorithm's time from 8 to 4096 ranks with the simulator and
+//!   prints where they cross (see [`mod@scale`]).
 //!
 //! The ranks of `gradsync bench` log as `GRADSYNC_DEBUG`, `GRADSYNC_DEBUG_SUBSYS` and
 //! `GRADSYNC_DEBUG_FILE` say (see `gradsync::logging`); the launcher itself only writes its own
@@ -24,6 +28,7 @@ mod doctor;
 mod explain;
 mod flight;
 mod launch;
+mod scale;
 mod table;
 mod train;
 
@@ -58,6 +63,9 @@ enum Command {
     Flight(flight::FlightArgs),
     /// Measure bandwidth and latency of every rank pair and name the slow links.
     Doctor(doctor::DoctorArgs),
+    /// Predict every all-reduce algorithm's time for many world sizes under a link model, and
+    /// where they cross.
+    Scale(scale::ScaleArgs),
 }
 
 /// Options of `gradsync launch`.
@@ -131,6 +139,7 @@ fn main() -> ExitCode {
         Command::Train(args) => train::run(args),
         Command::Flight(args) => flight::run(args),
         Command::Doctor(args) => doctor::run(args),
+        Command::Scale(args) => scale::run(args),
     };
     match result {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),

@@ -42,7 +42,10 @@
 //! Independently of the random interleaving, [`SimResult::predict`] (or [`predict`], without
 //! running anything) predicts the collective's duration under an alpha-beta [`LinkModel`]; see
 //! [`predict`] for the model, and [`predict_on`] for its two-level variant ([`Topology`]: one link
-//! model inside a host, another across hosts).
+//! model inside a host, another across hosts). The cost of a prediction grows with the ops of all
+//! ranks together; [`predict_symmetric`] replays rank 0 alone when every rank runs the same program
+//! up to a relabeling of the ranks ([`Symmetry`]: rings, recursive doubling), which is what makes
+//! thousands of ranks affordable.
 //!
 //! [`Schedule::poll_action`]: crate::schedule::Schedule::poll_action
 
@@ -57,7 +60,8 @@ mod timing;
 
 pub use engine::run_programs;
 pub use timing::{
-    LinkModel, Prediction, Topology, predict, predict_on, predict_programs, predict_programs_on,
+    LinkModel, Prediction, SYMMETRY_CHECK_ALL_OPS, Symmetry, Topology, predict, predict_on,
+    predict_programs, predict_programs_on, predict_symmetric,
 };
 
 /// Errors the simulator reports.

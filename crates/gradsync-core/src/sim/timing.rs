@@ -1,12 +1,20 @@
 //! Time prediction under an alpha-beta link model, flat or two-level (hosts of several ranks).
+//!
+//! The timing model runs the programs with the semantics of [`crate::schedule::Schedule`], on a
+//! compact form of each rank's program (one record per op, lists of dependents and per-peer
+//! queues) with nothing sized by the square of the world, and takes the events of one instant
+//! from a queue rather than the heap. A prediction therefore costs a few hundred nanoseconds per
+//! op of all ranks together, plus building the programs; [`predict_symmetric`] avoids both for
+//! symmetric collectives by running one rank.
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, VecDeque};
 
 use super::SimError;
 use crate::DataType;
+use crate::rng::XorShift64;
 use crate::schedule::plan::{self, Params};
-use crate::schedule::{Op, OpId, Program, Schedule};
+use crate::schedule::{Op, OpId, Program};
 
 /// Cost of one message: `alpha_s + bytes * beta_s_per_byte` seconds.
 ///
@@ -150,12 +158,205 @@ pub fn predict_on(
     dtype: DataType,
     topo: &Topology,
 ) -> Result<Prediction, SimError> {
-    let programs = params_per_rank
+    // Each program is turned into the timing model's compact form as soon as it is built, so
+    // that the programs of all ranks are never held at once.
+    let world = params_per_rank.len();
+    let mut ranks = Vec::with_capacity(world);
+    for (r, p) in params_per_rank.iter().enumerate() {
+        let prog = plan::build(p).map_err(|source| SimError::Plan { rank: r, source })?;
+        check_peers(r, &prog, world)?;
+        ranks.push(Rank::new(&prog));
+    }
+    Timer::new(ranks, dtype.size(), topo, None).run(world)
+}
+
+/// A relabeling of the ranks under which a collective's programs are images of one another:
+/// rank `r`'s program is rank 0's with every peer `p` replaced by [`Symmetry::map`]`(r, p)`.
+///
+/// Under such a symmetry every rank goes through the same events at the same times, so the
+/// timing model needs to run rank 0 alone (see [`predict_symmetric`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Symmetry {
+    /// `p -> (p + r) mod n`: rings, where every rank talks to the ranks at fixed distances.
+    Rotation,
+    /// `p -> p xor r` (`n` a power of two): butterflies, as recursive doubling.
+    Xor,
+}
+
+impl Symmetry {
+    /// The peer that rank `r` of `world` ranks has where rank 0 has peer `p`.
+    pub fn map(self, r: usize, p: usize, world: usize) -> usize {
+        match self {
+            Symmetry::Rotation => (p + r) % world,
+            Symmetry::Xor => p ^ r,
+        }
+    }
+
+    /// The rank `s` whose messages to rank 0 mirror rank 0's messages to `q`: rank `s` sends to
+    /// rank 0 exactly when, and what, rank 0 sends to `q` (`map(s, q) == 0`).
+    pub fn source(self, q: usize, world: usize) -> usize {
+        match self {
+            Symmetry::Rotation => (world - q) % world,
+            Symmetry::Xor => q,
+        }
+    }
+
+    /// Name in snake case (`rotation`, `xor`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Symmetry::Rotation => "rotation",
+            Symmetry::Xor => "xor",
+        }
+    }
+}
+
+/// [`predict_symmetric`] compares every rank's program with rank 0's when all of them together
+/// hold at most this many ops, and a sample of ranks otherwise.
+pub const SYMMETRY_CHECK_ALL_OPS: usize = 1 << 20;
+
+/// [`predict`] for a collective whose ranks run one program up to a relabeling of the ranks
+/// ([`Symmetry`]), by running rank 0's program alone; `Ok(None)` when no symmetry was found
+/// (then [`predict`] must run all ranks).
+///
+/// # How
+///
+/// The parameters of all ranks must agree except for `rank`. Rank 0's program is built, and the
+/// programs of other ranks are compared with it op by op: same kind, length and dependencies, and
+/// every peer the image of rank 0's under the symmetry (buffer locations do not matter to the
+/// timing model and are not compared). Every rank is compared when the world's programs hold at
+/// most [`SYMMETRY_CHECK_ALL_OPS`] ops; above that, a sample: ranks 1 to 8, the last 8, those
+/// around `n / 2`, every power of two and 16 pseudo-random ones (building every program is what
+/// makes large worlds slow). Then the timing model runs rank 0 only: when rank 0's send to `q`
+/// arrives, the message that rank [`Symmetry::source`]`(q)` sends to rank 0 at the same time
+/// arrives too. The ranks of a symmetric collective finish together, so every entry of
+/// [`Prediction::rank_time_s`] is the same, and the counters are rank 0's times the world.
+///
+/// Whether two events at the same instant are handled in the same order on every rank is the
+/// one place where the full run could tell the ranks apart; the tests compare both ways of
+/// predicting over the schedules' own programs.
+pub fn predict_symmetric(
+    params_per_rank: &[Params],
+    dtype: DataType,
+    link: &LinkModel,
+) -> Result<Option<(Prediction, Symmetry)>, SimError> {
+    let world = params_per_rank.len();
+    if world < 2 {
+        return Ok(None);
+    }
+    let base = params_per_rank[0];
+    let uniform = params_per_rank
         .iter()
         .enumerate()
-        .map(|(r, p)| plan::build(p).map_err(|source| SimError::Plan { rank: r, source }))
-        .collect::<Result<Vec<_>, _>>()?;
-    predict_programs_on(&programs, dtype.size(), topo)
+        .all(|(r, p)| *p == Params { rank: r, ..base });
+    if !uniform || base.rank != 0 || base.world != world {
+        return Ok(None);
+    }
+    let build = |r: usize| {
+        plan::build(&Params { rank: r, ..base })
+            .map_err(|source| SimError::Plan { rank: r, source })
+    };
+    let p0 = build(0)?;
+    let p1 = build(1)?;
+    let mut candidates = vec![Symmetry::Rotation];
+    if world.is_power_of_two() {
+        candidates.push(Symmetry::Xor);
+    }
+    candidates.retain(|&s| images(s, &p0, &p1, 1, world));
+    if candidates.is_empty() {
+        return Ok(None);
+    }
+    for r in check_ranks(world, p0.len()) {
+        let pr = build(r)?;
+        candidates.retain(|&s| images(s, &p0, &pr, r, world));
+        if candidates.is_empty() {
+            return Ok(None);
+        }
+    }
+    let sym = candidates[0];
+    check_peers(0, &p0, world)?;
+    let topo = Topology::flat(*link);
+    let tm = Timer::new(
+        vec![Rank::new(&p0)],
+        dtype.size(),
+        &topo,
+        Some((sym, world)),
+    );
+    Ok(Some((tm.run(world)?, sym)))
+}
+
+/// Whether `pr`, the program of rank `r`, is `p0` with its peers mapped by `sym`, as far as the
+/// timing model can tell.
+fn images(sym: Symmetry, p0: &Program, pr: &Program, r: usize, world: usize) -> bool {
+    if p0.len() != pr.len() {
+        return false;
+    }
+    p0.ops()
+        .iter()
+        .zip(pr.ops())
+        .enumerate()
+        .all(|(i, (a, b))| {
+            let same = match (*a, *b) {
+                (
+                    Op::Send {
+                        peer: p, len: l, ..
+                    },
+                    Op::Send {
+                        peer: q, len: m, ..
+                    },
+                )
+                | (
+                    Op::Recv {
+                        peer: p, len: l, ..
+                    },
+                    Op::Recv {
+                        peer: q, len: m, ..
+                    },
+                ) => l == m && q == sym.map(r, p, world),
+                (Op::Copy { len: l, .. }, Op::Copy { len: m, .. })
+                | (Op::Finalize { len: l, .. }, Op::Finalize { len: m, .. }) => l == m,
+                _ => false,
+            };
+            same && p0.deps(i as OpId) == pr.deps(i as OpId)
+        })
+}
+
+/// The ranks [`predict_symmetric`] compares with rank 0 (rank 1 is compared first, always).
+fn check_ranks(world: usize, ops: usize) -> Vec<usize> {
+    if world.saturating_mul(ops) <= SYMMETRY_CHECK_ALL_OPS {
+        return (2..world).collect();
+    }
+    let mut v: Vec<usize> = (2..world.min(9)).collect();
+    v.extend(world.saturating_sub(8).max(2)..world);
+    v.extend((world / 2).saturating_sub(1).max(2)..(world / 2 + 2).min(world));
+    v.extend(
+        (1..usize::BITS)
+            .map(|k| 1usize << k)
+            .take_while(|&p| p < world),
+    );
+    let mut rng = XorShift64::new(world as u64);
+    v.extend((0..16).map(|_| 2 + rng.below(world - 2)));
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// Fails with [`SimError::BadPeer`] when an op of rank `r`'s program names a peer outside the
+/// world.
+fn check_peers(r: usize, prog: &Program, world: usize) -> Result<(), SimError> {
+    for (id, op) in prog.ops().iter().enumerate() {
+        if let Op::Send { peer, .. } | Op::Recv { peer, .. } = *op
+            && peer >= world
+        {
+            return Err(SimError::BadPeer {
+                rank: r,
+                op: id as OpId,
+                peer,
+                world,
+            });
+        }
+    }
+    Ok(())
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -171,6 +372,13 @@ struct Event {
     t: f64,
     seq: u64,
     kind: Kind,
+}
+
+impl Event {
+    /// Whether `self` comes before `other`: earlier, or at the same time and pushed earlier.
+    fn before(&self, other: &Event) -> bool {
+        self.cmp(other) == Ordering::Less
+    }
 }
 
 impl PartialEq for Event {
@@ -190,87 +398,455 @@ impl Ord for Event {
     }
 }
 
+/// The end of a list of ops, or no queue.
+const NONE: u32 = u32::MAX;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Waiting,
+    DepsDone,
+    Issued,
+    Complete,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum What {
+    Send,
+    Recv,
+    Local,
+}
+
+/// One op as the timing model sees it.
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    /// Elements.
+    len: usize,
+    /// Peer of a send or receive.
+    peer: usize,
+    /// Dependencies not yet complete.
+    pending: u32,
+    /// Where its dependents start in [`Rank::rev`]; they end where the next op's start.
+    rev_start: u32,
+    /// Index of its (peer, direction) queue in [`Rank::queues`]; [`NONE`] for local ops.
+    queue: u32,
+    /// The next op of the same queue; [`NONE`] for the last.
+    next_in_queue: u32,
+    what: What,
+    state: State,
+}
+
+/// The ops to or from one peer, a list through [`Slot::next_in_queue`] in program order.
+#[derive(Clone, Copy, Debug)]
+struct Queue {
+    /// The peer.
+    peer: usize,
+    /// Receives (or sends).
+    recv: bool,
+    /// The next op to issue; [`NONE`] when all are issued.
+    issue: u32,
+    /// For receives: the next receive to match with a message, the one of index
+    /// `min(issued, arrived)`.
+    matched: u32,
+    /// Ops issued so far.
+    issued: u32,
+    /// For receives: messages arrived so far. The k-th message matches the k-th receive.
+    arrived: u32,
+}
+
+/// One rank's program and its progress, with the semantics of [`Schedule`]: an op is ready once
+/// its dependencies have completed and every earlier op of its (peer, direction) queue has been
+/// issued, and the ready op of lowest index is issued first. Nothing in it is sized by the
+/// world, and what one event touches lies close together, so thousands of ranks run fast.
+///
+/// [`Schedule`]: crate::schedule::Schedule
+struct Rank {
+    /// The ops and a last entry that only ends the dependents of the last op.
+    slots: Vec<Slot>,
+    rev: Vec<u32>,
+    /// Sorted by (direction, peer).
+    queues: Vec<Queue>,
+    ready: BinaryHeap<Reverse<u32>>,
+    completed: usize,
+    /// Link 0 leads into the rank's host, link 1 out of it: whether it is sending, and the sends
+    /// waiting for it.
+    busy: [bool; 2],
+    waiting: [VecDeque<u32>; 2],
+    /// When the rank's last op completed so far.
+    finish: f64,
+}
+
+impl Rank {
+    fn new(prog: &Program) -> Rank {
+        let ops = prog.ops();
+        let n = ops.len();
+        // (direction, peer) of every send and receive, to number the queues in sorted order.
+        let mut keys: Vec<(bool, usize)> = Vec::new();
+        let mut last: Option<(bool, usize)> = None;
+        for op in ops {
+            let key = match *op {
+                Op::Send { peer, .. } => (false, peer),
+                Op::Recv { peer, .. } => (true, peer),
+                Op::Copy { .. } | Op::Finalize { .. } => continue,
+            };
+            if last != Some(key) {
+                keys.push(key);
+                last = Some(key);
+            }
+        }
+        keys.sort_unstable();
+        keys.dedup();
+        let mut queues: Vec<Queue> = keys
+            .iter()
+            .map(|&(recv, peer)| Queue {
+                peer,
+                recv,
+                issue: NONE,
+                matched: NONE,
+                issued: 0,
+                arrived: 0,
+            })
+            .collect();
+        let mut tail = vec![NONE; queues.len()];
+        let mut slots: Vec<Slot> = Vec::with_capacity(n + 1);
+        let mut rev_count = vec![0u32; n + 1];
+        let mut last: Option<((bool, usize), u32)> = None;
+        for (id, op) in ops.iter().enumerate() {
+            let (what, key) = match *op {
+                Op::Send { peer, .. } => (What::Send, Some((false, peer))),
+                Op::Recv { peer, .. } => (What::Recv, Some((true, peer))),
+                Op::Copy { .. } | Op::Finalize { .. } => (What::Local, None),
+            };
+            let queue = match key {
+                None => NONE,
+                Some(key) => {
+                    let q = match last {
+                        Some((k, q)) if k == key => q,
+                        _ => keys.binary_search(&key).expect("every key was collected") as u32,
+                    };
+                    last = Some((key, q));
+                    let qi = q as usize;
+                    match tail[qi] {
+                        NONE => {
+                            queues[qi].issue = id as u32;
+                            queues[qi].matched = id as u32;
+                        }
+                        t => slots[t as usize].next_in_queue = id as u32,
+                    }
+                    tail[qi] = id as u32;
+                    q
+                }
+            };
+            let deps = prog.deps(id as OpId);
+            for &d in deps {
+                rev_count[d as usize + 1] += 1;
+            }
+            slots.push(Slot {
+                len: op.len(),
+                peer: key.map_or(0, |k| k.1),
+                pending: deps.len() as u32,
+                rev_start: 0,
+                queue,
+                next_in_queue: NONE,
+                what,
+                state: State::Waiting,
+            });
+        }
+        for i in 0..n {
+            rev_count[i + 1] += rev_count[i];
+        }
+        let mut rev = vec![0u32; rev_count[n] as usize];
+        for id in 0..n {
+            for &d in prog.deps(id as OpId) {
+                rev[rev_count[d as usize] as usize] = id as u32;
+                rev_count[d as usize] += 1;
+            }
+        }
+        // `rev_count[d]` now ends the dependents of `d`, which start where those of `d - 1` end.
+        let mut start = 0;
+        for (s, &end) in slots.iter_mut().zip(&rev_count) {
+            s.rev_start = start;
+            start = end;
+        }
+        slots.push(Slot {
+            len: 0,
+            peer: 0,
+            pending: 0,
+            rev_start: start,
+            queue: NONE,
+            next_in_queue: NONE,
+            what: What::Local,
+            state: State::Complete,
+        });
+        let mut rank = Rank {
+            slots,
+            rev,
+            queues,
+            ready: BinaryHeap::new(),
+            completed: 0,
+            busy: [false; 2],
+            waiting: [VecDeque::new(), VecDeque::new()],
+            finish: 0.0,
+        };
+        for id in 0..n {
+            if rank.slots[id].pending == 0 {
+                rank.deps_done(id as u32);
+            }
+        }
+        rank
+    }
+
+    /// Ops in the program.
+    fn len(&self) -> usize {
+        self.slots.len() - 1
+    }
+
+    fn deps_done(&mut self, id: u32) {
+        let s = &mut self.slots[id as usize];
+        s.state = State::DepsDone;
+        if s.queue == NONE || self.queues[s.queue as usize].issue == id {
+            self.ready.push(Reverse(id));
+        }
+    }
+
+    /// The next op that may start, marked issued, and for a receive whether its message has
+    /// arrived already.
+    fn poll(&mut self) -> Option<(u32, bool)> {
+        let Reverse(id) = self.ready.pop()?;
+        let s = &mut self.slots[id as usize];
+        debug_assert_eq!(s.state, State::DepsDone);
+        s.state = State::Issued;
+        let (qi, next) = (s.queue, s.next_in_queue);
+        let mut arrived = false;
+        if qi != NONE {
+            let q = &mut self.queues[qi as usize];
+            q.issue = next;
+            q.issued += 1;
+            if q.recv && q.issued <= q.arrived {
+                debug_assert_eq!(q.matched, id);
+                q.matched = next;
+                arrived = true;
+            }
+            if next != NONE && self.slots[next as usize].state == State::DepsDone {
+                self.ready.push(Reverse(next));
+            }
+        }
+        Some((id, arrived))
+    }
+
+    fn complete(&mut self, id: u32, t: f64) {
+        let i = id as usize;
+        debug_assert_eq!(self.slots[i].state, State::Issued);
+        self.slots[i].state = State::Complete;
+        self.completed += 1;
+        self.finish = self.finish.max(t);
+        for k in self.slots[i].rev_start..self.slots[i + 1].rev_start {
+            let d = self.rev[k as usize];
+            let s = &mut self.slots[d as usize];
+            s.pending -= 1;
+            if s.pending == 0 {
+                self.deps_done(d);
+            }
+        }
+    }
+
+    /// A message from `src` arrived: the receive it matches, if that receive is posted already.
+    fn arrive(&mut self, src: usize) -> Option<u32> {
+        let i = self
+            .queues
+            .binary_search_by(|q| (q.recv, q.peer).cmp(&(true, src)))
+            .ok()?;
+        let q = &mut self.queues[i];
+        q.arrived += 1;
+        if q.arrived > q.issued {
+            return None;
+        }
+        let recv = q.matched;
+        q.matched = self.slots[recv as usize].next_in_queue;
+        Some(recv)
+    }
+
+    fn is_done(&self) -> bool {
+        self.completed == self.len()
+    }
+}
+
 struct Timer<'a> {
     topo: &'a Topology,
     elem: usize,
-    world: usize,
-    scheds: Vec<Schedule>,
-    /// Per (rank, link): whether the link is sending, and the sends waiting for it. Link 0 leads
-    /// into the rank's host, link 1 out of it.
-    busy: Vec<bool>,
-    queue: Vec<VecDeque<(OpId, usize, usize)>>,
-    /// Per (src, dst): messages arrived before their receive, and receives posted before their
-    /// message.
-    arrived: Vec<usize>,
-    posted: Vec<VecDeque<OpId>>,
-    finish: Vec<f64>,
+    /// The ranks that run: all of them, or rank 0 alone under a symmetry of `world` ranks.
+    ranks: Vec<Rank>,
+    mirror: Option<(Symmetry, usize)>,
+    /// Events of later instants, and those of the instant being handled in the order they were
+    /// pushed (most events complete at once; they never need the heap).
     events: BinaryHeap<Reverse<Event>>,
+    now: VecDeque<Event>,
+    now_t: f64,
     seq: u64,
     messages: u64,
     bytes: u64,
 }
 
-impl Timer<'_> {
+impl<'a> Timer<'a> {
+    fn new(
+        ranks: Vec<Rank>,
+        elem: usize,
+        topo: &'a Topology,
+        mirror: Option<(Symmetry, usize)>,
+    ) -> Self {
+        Timer {
+            topo,
+            elem,
+            ranks,
+            mirror,
+            events: BinaryHeap::new(),
+            now: VecDeque::new(),
+            now_t: 0.0,
+            seq: 0,
+            messages: 0,
+            bytes: 0,
+        }
+    }
+
     fn push(&mut self, t: f64, kind: Kind) {
         self.seq += 1;
-        self.events.push(Reverse(Event {
+        let ev = Event {
             t,
             seq: self.seq,
             kind,
-        }));
+        };
+        if t == self.now_t {
+            self.now.push_back(ev);
+        } else {
+            self.events.push(Reverse(ev));
+        }
+    }
+
+    /// The next event in (time, push order).
+    fn pop(&mut self) -> Option<Event> {
+        let heap_first = match (self.now.front(), self.events.peek()) {
+            (None, None) => return None,
+            (Some(a), Some(Reverse(b))) => b.before(a),
+            (None, Some(_)) => true,
+            (Some(_), None) => false,
+        };
+        let ev = if heap_first {
+            self.events.pop().expect("peeked").0
+        } else {
+            self.now.pop_front().expect("peeked")
+        };
+        self.now_t = ev.t;
+        Some(ev)
+    }
+
+    /// Which of the two links of `r` leads to `peer`.
+    fn link_of(&self, r: usize, peer: usize) -> usize {
+        usize::from(!self.topo.same_host(r, peer))
     }
 
     /// Issues everything rank `r` may start at time `t`.
-    /// Index of the link from `r` to `peer` in `busy` and `queue`.
-    fn link_index(&self, r: usize, peer: usize) -> usize {
-        2 * r + usize::from(!self.topo.same_host(r, peer))
-    }
-
     fn drain(&mut self, r: usize, t: f64) {
-        while let Some((id, op)) = self.scheds[r].poll_action() {
-            match op {
-                Op::Send { peer, len, .. } => {
-                    let k = self.link_index(r, peer);
-                    self.queue[k].push_back((id, peer, len));
+        while let Some((id, arrived)) = self.ranks[r].poll() {
+            let s = self.ranks[r].slots[id as usize];
+            match s.what {
+                What::Send => {
+                    let k = self.link_of(r, s.peer);
+                    self.ranks[r].waiting[k].push_back(id);
                 }
-                Op::Recv { peer, .. } => {
-                    let c = peer * self.world + r;
-                    if self.arrived[c] > 0 {
-                        self.arrived[c] -= 1;
+                What::Recv => {
+                    if arrived {
                         self.push(t, Kind::Complete { rank: r, op: id });
-                    } else {
-                        self.posted[c].push_back(id);
                     }
                 }
-                Op::Copy { .. } | Op::Finalize { .. } => {
-                    self.push(t, Kind::Complete { rank: r, op: id })
-                }
+                What::Local => self.push(t, Kind::Complete { rank: r, op: id }),
             }
         }
-        self.start_link(2 * r, t);
-        self.start_link(2 * r + 1, t);
+        self.start_link(r, 0, t);
+        self.start_link(r, 1, t);
     }
 
-    /// Starts the next send on link `k` if it is idle.
-    fn start_link(&mut self, k: usize, t: f64) {
-        if self.busy[k] {
+    /// Starts the next send on link `k` of rank `r` if it is idle.
+    fn start_link(&mut self, r: usize, k: usize, t: f64) {
+        let rank = &mut self.ranks[r];
+        if rank.busy[k] {
             return;
         }
-        if let Some((op, peer, len)) = self.queue[k].pop_front() {
-            self.busy[k] = true;
-            let r = k / 2;
-            let bytes = len * self.elem;
+        if let Some(op) = rank.waiting[k].pop_front() {
+            rank.busy[k] = true;
+            let s = rank.slots[op as usize];
+            let bytes = s.len * self.elem;
             self.messages += 1;
             self.bytes += bytes as u64;
-            let dt = self.topo.link(r, peer).message_s(bytes);
-            self.push(t + dt, Kind::Sent { rank: r, op, peer });
+            let dt = self.topo.link(r, s.peer).message_s(bytes);
+            self.push(
+                t + dt,
+                Kind::Sent {
+                    rank: r,
+                    op,
+                    peer: s.peer,
+                },
+            );
         }
     }
 
     fn complete(&mut self, r: usize, op: OpId, t: f64) {
-        self.scheds[r].handle_complete(op);
-        self.finish[r] = self.finish[r].max(t);
+        self.ranks[r].complete(op, t);
         self.drain(r, t);
+    }
+
+    /// Runs to the end; `world` is the number of ranks the prediction is for.
+    fn run(mut self, world: usize) -> Result<Prediction, SimError> {
+        for r in 0..self.ranks.len() {
+            self.drain(r, 0.0);
+        }
+        while let Some(ev) = self.pop() {
+            match ev.kind {
+                Kind::Complete { rank, op } => self.complete(rank, op, ev.t),
+                Kind::Sent { rank, op, peer } => {
+                    let k = self.link_of(rank, peer);
+                    self.ranks[rank].busy[k] = false;
+                    let (dst, src) = match self.mirror {
+                        None => (peer, rank),
+                        Some((sym, n)) => (0, sym.source(peer, n)),
+                    };
+                    if let Some(recv) = self.ranks[dst].arrive(src) {
+                        self.push(
+                            ev.t,
+                            Kind::Complete {
+                                rank: dst,
+                                op: recv,
+                            },
+                        );
+                    }
+                    self.complete(rank, op, ev.t);
+                }
+            }
+        }
+        let stuck: Vec<usize> = (0..self.ranks.len())
+            .filter(|&r| !self.ranks[r].is_done())
+            .collect();
+        if !stuck.is_empty() {
+            let detail = "the timing model found no possible progress".to_string();
+            return Err(SimError::Deadlock {
+                ranks: stuck,
+                detail,
+            });
+        }
+        let finish: Vec<f64> = self.ranks.iter().map(|r| r.finish).collect();
+        let time_s = finish.iter().copied().fold(0.0, f64::max);
+        Ok(match self.mirror {
+            None => Prediction {
+                time_s,
+                rank_time_s: finish,
+                messages: self.messages,
+                bytes: self.bytes,
+            },
+            Some(_) => Prediction {
+                time_s,
+                rank_time_s: vec![time_s; world],
+                messages: self.messages * world as u64,
+                bytes: self.bytes * world as u64,
+            },
+        })
     }
 }
 
@@ -291,73 +867,11 @@ pub fn predict_programs_on(
 ) -> Result<Prediction, SimError> {
     let world = programs.len();
     for (r, p) in programs.iter().enumerate() {
-        for (id, op) in p.ops().iter().enumerate() {
-            if let Op::Send { peer, .. } | Op::Recv { peer, .. } = *op
-                && peer >= world
-            {
-                return Err(SimError::BadPeer {
-                    rank: r,
-                    op: id as OpId,
-                    peer,
-                    world,
-                });
-            }
-        }
+        check_peers(r, p, world)?;
     }
-    let mut tm = Timer {
-        topo,
-        elem: elem_size,
-        world,
-        scheds: programs
-            .iter()
-            .map(|p| Schedule::new(p.clone(), world))
-            .collect(),
-        busy: vec![false; 2 * world],
-        queue: vec![VecDeque::new(); 2 * world],
-        arrived: vec![0; world * world],
-        posted: vec![VecDeque::new(); world * world],
-        finish: vec![0.0; world],
-        events: BinaryHeap::new(),
-        seq: 0,
-        messages: 0,
-        bytes: 0,
-    };
-    for r in 0..world {
-        tm.drain(r, 0.0);
-    }
-    while let Some(Reverse(ev)) = tm.events.pop() {
-        match ev.kind {
-            Kind::Complete { rank, op } => tm.complete(rank, op, ev.t),
-            Kind::Sent { rank, op, peer } => {
-                let k = tm.link_index(rank, peer);
-                tm.busy[k] = false;
-                let c = rank * world + peer;
-                match tm.posted[c].pop_front() {
-                    Some(recv) => tm.push(
-                        ev.t,
-                        Kind::Complete {
-                            rank: peer,
-                            op: recv,
-                        },
-                    ),
-                    None => tm.arrived[c] += 1,
-                }
-                tm.complete(rank, op, ev.t);
-            }
-        }
-    }
-    let stuck: Vec<usize> = (0..world).filter(|&r| !tm.scheds[r].is_done()).collect();
-    if !stuck.is_empty() {
-        let detail = "the timing model found no possible progress".to_string();
-        return Err(SimError::Deadlock {
-            ranks: stuck,
-            detail,
-        });
-    }
-    Ok(Prediction {
-        time_s: tm.finish.iter().copied().fold(0.0, f64::max),
-        rank_time_s: tm.finish,
-        messages: tm.messages,
-        bytes: tm.bytes,
-    })
+    let ranks = programs.iter().map(Rank::new).collect();
+    Timer::new(ranks, elem_size, topo, None).run(world)
 }
+
+#[cfg(test)]
+mod tests;
