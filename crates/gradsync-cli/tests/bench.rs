@@ -204,6 +204,22 @@ fn pinned_model(tag: &str) -> (std::path::PathBuf, std::path::PathBuf) {
     (dir, pinned)
 }
 
+/// `gradsync bench ARGS` under the cost model pinned in `model`, with the `COLL` subsystem
+/// logging at INFO; returns the output and its stderr as text.
+fn bench_logging_choices(args: &[&str], model: &std::path::Path) -> (Output, String) {
+    let out = bench(
+        args,
+        &[
+            ("GRADSYNC_COST_FILE", model.to_str().unwrap()),
+            ("GRADSYNC_DEBUG", "INFO"),
+            ("GRADSYNC_DEBUG_SUBSYS", "COLL"),
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{err}");
+    (out, err)
+}
+
 /// The lines of the `--explain` section for `size` (the line after `# ` starts with it).
 fn explain_row(out: &Output, size: &str) -> Vec<String> {
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -298,30 +314,22 @@ fn explain_prints_every_algorithm_under_a_pinned_or_measured_model() {
 #[test]
 fn info_log_explains_every_all_reduce_choice_once_per_size_class() {
     let (dir, pinned) = pinned_model("info");
-    let out = bench(
-        &[
-            "all_reduce",
-            "--nproc",
-            "2",
-            "-b",
-            "8",
-            "-e",
-            "32K",
-            "-f",
-            "64",
-            "-n",
-            "3",
-            "-w",
-            "1",
-        ],
-        &[
-            ("GRADSYNC_COST_FILE", pinned.to_str().unwrap()),
-            ("GRADSYNC_DEBUG", "INFO"),
-            ("GRADSYNC_DEBUG_SUBSYS", "COLL"),
-        ],
-    );
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
+    let args = [
+        "all_reduce",
+        "--nproc",
+        "2",
+        "-b",
+        "8",
+        "-e",
+        "32K",
+        "-f",
+        "64",
+        "-n",
+        "3",
+        "-w",
+        "1",
+    ];
+    let (_, err) = bench_logging_choices(&args, &pinned);
     let lines: Vec<&str> = err
         .lines()
         .filter(|l| l.contains(" bytes (pinned in"))
@@ -360,28 +368,20 @@ fn automatic_choice_follows_the_cost_model() {
             format!(r#"{{"transport": "shm", "alpha_us": {alpha}, "gbytes_per_s": {gbps}}}"#),
         )
         .unwrap();
-        let out = bench(
-            &[
-                "all_reduce",
-                "--nproc",
-                "4",
-                "-b",
-                "1M",
-                "-e",
-                "1M",
-                "-n",
-                "1",
-                "-w",
-                "0",
-            ],
-            &[
-                ("GRADSYNC_COST_FILE", f.to_str().unwrap()),
-                ("GRADSYNC_DEBUG", "INFO"),
-                ("GRADSYNC_DEBUG_SUBSYS", "COLL"),
-            ],
-        );
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{err}");
+        let args = [
+            "all_reduce",
+            "--nproc",
+            "4",
+            "-b",
+            "1M",
+            "-e",
+            "1M",
+            "-n",
+            "1",
+            "-w",
+            "0",
+        ];
+        let (_, err) = bench_logging_choices(&args, &f);
         let line = err
             .lines()
             .find(|l| l.contains("all_reduce of 1048576 bytes on 4 ranks"))

@@ -209,18 +209,7 @@ pub fn run_programs(
     let mut garbage = XorShift64::new(opts.seed ^ 0x5c7a_7c4e);
     let mut ranks = Vec::with_capacity(world);
     for (r, s) in setups.into_iter().enumerate() {
-        for (id, op) in s.program.ops().iter().enumerate() {
-            if let Op::Send { peer, .. } | Op::Recv { peer, .. } = *op
-                && peer >= world
-            {
-                return Err(SimError::BadPeer {
-                    rank: r,
-                    op: id as OpId,
-                    peer,
-                    world,
-                });
-            }
-        }
+        super::timing::check_peers(r, &s.program, world)?;
         for (what, b) in [("input", &s.input), ("output", &s.output)] {
             if b.len() % size != 0 || (what == "input" && s.in_place && !b.is_empty()) {
                 let want = if s.in_place { 0 } else { b.len() / size * size };

@@ -343,7 +343,7 @@ fn check_ranks(world: usize, ops: usize) -> Vec<usize> {
 
 /// Fails with [`SimError::BadPeer`] when an op of rank `r`'s program names a peer outside the
 /// world.
-fn check_peers(r: usize, prog: &Program, world: usize) -> Result<(), SimError> {
+pub(super) fn check_peers(r: usize, prog: &Program, world: usize) -> Result<(), SimError> {
     for (id, op) in prog.ops().iter().enumerate() {
         if let Op::Send { peer, .. } | Op::Recv { peer, .. } = *op
             && peer >= world
