@@ -204,24 +204,6 @@ fn finish_segment(
     }
 }
 
-/// The messages of a run of consecutive blocks: their segments `(offset, length, index)`, in
-/// order and contiguous in memory, packed greedily into messages of at most `segment` elements.
-/// Each message is `(offset, length, indices of the segments it spans)`. Both ends of an
-/// exchange pack the same blocks alike, so their messages match.
-fn pack(blocks: &[Vec<(usize, usize, usize)>], segment: usize) -> Vec<(usize, usize, Vec<usize>)> {
-    let mut out: Vec<(usize, usize, Vec<usize>)> = Vec::new();
-    for &(off, len, j) in blocks.iter().flatten() {
-        match out.last_mut() {
-            Some((o, l, js)) if *o + *l == off && *l + len <= segment => {
-                *l += len;
-                js.push(j);
-            }
-            _ => out.push((off, len, vec![j])),
-        }
-    }
-    out
-}
-
 /// Dissemination barrier of zero-length messages.
 pub(crate) fn barrier(p: &Params) -> Program {
     let mut prog = Program::new();
@@ -263,10 +245,6 @@ pub(crate) fn barrier(p: &Params) -> Program {
 /// steps then exchange the reduced blocks with partners at distance 1, 2, 4, ... until everyone
 /// has all of them. The cost is `2 log2(p) alpha + 2 (p - 1) / p * B * beta`: the ring's bandwidth
 /// term with recursive doubling's number of latencies, the choice for medium buffers.
-///
-/// **Messages.** The blocks a step moves are neighbours in memory, and their segments are packed
-/// into messages of up to a segment each ([`pack`]), so a step is one message whenever its half
-/// fits a segment: the `2 log2 p` latencies above, not one message per block.
 ///
 /// **Identical bits.** Each block is reduced at one rank only and then copied to the others.
 ///
@@ -347,22 +325,26 @@ pub(crate) fn rabenseifner(p: &Params) -> Program {
         } else {
             (mid..hi, lo..mid)
         };
-        for (off, len, js) in pack(&blocks[give.clone()], seg) {
-            let op = Op::Send {
-                peer: partner,
-                src: loc(cur, off),
-                len,
-            };
-            hz.push_spanning(&mut prog, op, &js, &[cur], &[], &[]);
+        for blk in &blocks[give.clone()] {
+            for &(off, len, j) in blk {
+                let op = Op::Send {
+                    peer: partner,
+                    src: loc(cur, off),
+                    len,
+                };
+                hz.push(&mut prog, op, j, &[cur], &[], &[]);
+            }
         }
-        for (off, len, js) in pack(&blocks[keep.clone()], seg) {
-            let op = Op::Recv {
-                peer: partner,
-                dst: loc(Buf::Output, off),
-                reduce_with: Some(loc(cur, off)),
-                len,
-            };
-            hz.push_spanning(&mut prog, op, &js, &[cur], &[Buf::Output], &[]);
+        for blk in &blocks[keep.clone()] {
+            for &(off, len, j) in blk {
+                let op = Op::Recv {
+                    peer: partner,
+                    dst: loc(Buf::Output, off),
+                    reduce_with: Some(loc(cur, off)),
+                    len,
+                };
+                hz.push(&mut prog, op, j, &[cur], &[Buf::Output], &[]);
+            }
         }
         (lo, hi) = (keep.start, keep.end);
         cur = Buf::Output;
@@ -374,22 +356,26 @@ pub(crate) fn rabenseifner(p: &Params) -> Program {
         let partner = real(vrank ^ d);
         let own = vrank & !(d - 1);
         let theirs = (vrank ^ d) & !(d - 1);
-        for (off, len, js) in pack(&blocks[own..own + d], seg) {
-            let op = Op::Send {
-                peer: partner,
-                src: loc(Buf::Output, off),
-                len,
-            };
-            hz.push_spanning(&mut prog, op, &js, &[Buf::Output], &[], &[]);
+        for blk in &blocks[own..own + d] {
+            for &(off, len, j) in blk {
+                let op = Op::Send {
+                    peer: partner,
+                    src: loc(Buf::Output, off),
+                    len,
+                };
+                hz.push(&mut prog, op, j, &[Buf::Output], &[], &[]);
+            }
         }
-        for (off, len, js) in pack(&blocks[theirs..theirs + d], seg) {
-            let op = Op::Recv {
-                peer: partner,
-                dst: loc(Buf::Output, off),
-                reduce_with: None,
-                len,
-            };
-            hz.push_spanning(&mut prog, op, &js, &[], &[Buf::Output], &[]);
+        for blk in &blocks[theirs..theirs + d] {
+            for &(off, len, j) in blk {
+                let op = Op::Recv {
+                    peer: partner,
+                    dst: loc(Buf::Output, off),
+                    reduce_with: None,
+                    len,
+                };
+                hz.push(&mut prog, op, j, &[], &[Buf::Output], &[]);
+            }
         }
     }
     for &seg in &all {

@@ -570,44 +570,26 @@ impl Hazards {
         writes: &[Buf],
         extra: &[OpId],
     ) -> OpId {
-        self.push_spanning(prog, op, &[j], reads, writes, extra)
-    }
-
-    /// [`push`](Self::push) for an op that spans the segments `js` (a message packing several
-    /// neighbouring segments).
-    pub(crate) fn push_spanning(
-        &mut self,
-        prog: &mut Program,
-        op: Op,
-        js: &[usize],
-        reads: &[Buf],
-        writes: &[Buf],
-        extra: &[OpId],
-    ) -> OpId {
         let mut deps: Vec<OpId> = extra.to_vec();
-        for &j in js {
-            for &b in reads.iter().chain(writes) {
-                deps.extend(self.writer[self.idx(b, j)]);
-            }
-            for &b in writes {
-                deps.extend_from_slice(&self.readers[self.idx(b, j)]);
-            }
+        for &b in reads.iter().chain(writes) {
+            deps.extend(self.writer[self.idx(b, j)]);
+        }
+        for &b in writes {
+            deps.extend_from_slice(&self.readers[self.idx(b, j)]);
         }
         deps.sort_unstable();
         deps.dedup();
         let id = prog.push(op, &deps);
-        for &j in js {
-            for &b in reads {
-                if !writes.contains(&b) {
-                    let i = self.idx(b, j);
-                    self.readers[i].push(id);
-                }
-            }
-            for &b in writes {
+        for &b in reads {
+            if !writes.contains(&b) {
                 let i = self.idx(b, j);
-                self.writer[i] = Some(id);
-                self.readers[i].clear();
+                self.readers[i].push(id);
             }
+        }
+        for &b in writes {
+            let i = self.idx(b, j);
+            self.writer[i] = Some(id);
+            self.readers[i].clear();
         }
         id
     }

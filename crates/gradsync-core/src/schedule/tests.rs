@@ -694,25 +694,6 @@ mod plan_tests {
         }
     }
 
-    /// Rabenseifner packs the blocks of a step into one message when they fit a segment: `2 log2 n`
-    /// messages per rank on a power of two, as recursive doubling's `log2 n` twice; with
-    /// segments of one block each it sends one message per block segment.
-    #[test]
-    fn rabenseifner_sends_one_message_per_step() {
-        for n in [2usize, 4, 8, 16, 32] {
-            let log = n.trailing_zeros() as usize;
-            let base = p(Collective::AllReduce, Algorithm::Rabenseifner, 0, n, 8 * n);
-            assert_eq!(sends(&world_of(base)), n * 2 * log, "n = {n}");
-            // Segments of 8 elements, one per block: the ring's count of messages.
-            let small = Params { segment: 8, ..base };
-            assert_eq!(
-                sends(&world_of(small)),
-                n * 2 * (n - 1),
-                "n = {n}, segment 8"
-            );
-        }
-    }
-
     /// The double binary tree: two spanning trees of depth about log2 n in which every rank is
     /// interior at most once; the all-reduce sends each half of the buffer once up and once down
     /// every edge of its tree, and the sends of a rank never exceed twice the buffer.

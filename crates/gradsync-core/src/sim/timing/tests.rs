@@ -327,9 +327,9 @@ fn symmetric_predictions_equal_full_ones() {
     assert!(has(Algorithm::Ring, 64, 4096, Symmetry::Rotation));
     assert!(has(Algorithm::Ring, 12, 12288, Symmetry::Rotation));
     assert!(has(Algorithm::RecursiveDoubling, 64, 7, Symmetry::Xor));
-    // Rabenseifner on a power of two, where each step's blocks pack into one message, is
-    // symmetric under xor as well.
-    assert!(has(Algorithm::Rabenseifner, 32, 4096, Symmetry::Xor));
+    // Rabenseifner's ranks send their blocks in increasing order, which a relabeling of the
+    // ranks does not preserve: their programs (and their timings) differ.
+    assert!(!has(Algorithm::Rabenseifner, 32, 4096, Symmetry::Xor));
     // Ragged blocks, folded worlds and trees are not symmetric.
     assert!(
         !found
