@@ -34,7 +34,7 @@
 //! directly or through others, from the `2^(k+1)` ranks before it, so after the last round from
 //! everyone: no rank leaves before all have entered.
 
-use super::plan::{Hazards, Params, block_range, copy_segments, finalizes, segments};
+use super::plan::{Hazards, Params, alone, block_range, finalizes, segments};
 use super::{Buf, Loc, Op, OpId, Program};
 
 /// Recursive doubling all-reduce.
@@ -43,11 +43,7 @@ pub(crate) fn all_reduce(p: &Params) -> Program {
     let (n, r, count, seg) = (p.world, p.rank, p.count, p.segment);
     let base = if p.in_place { Buf::Output } else { Buf::Input };
     if n == 1 {
-        if !p.in_place {
-            let (i, o) = (Loc::new(Buf::Input, 0), Loc::new(Buf::Output, 0));
-            copy_segments(&mut prog, i, o, count, seg, |_| None);
-        }
-        return prog;
+        return alone(p);
     }
     let pow = if n.is_power_of_two() {
         n
@@ -257,17 +253,7 @@ pub(crate) fn rabenseifner(p: &Params) -> Program {
     let base = if p.in_place { Buf::Output } else { Buf::Input };
     let loc = |b: Buf, off: usize| Loc::new(b, off);
     if n == 1 {
-        if !p.in_place {
-            copy_segments(
-                &mut prog,
-                loc(Buf::Input, 0),
-                loc(Buf::Output, 0),
-                count,
-                seg,
-                |_| None,
-            );
-        }
-        return prog;
+        return alone(p);
     }
     let pow = if n.is_power_of_two() {
         n

@@ -506,6 +506,17 @@ pub(crate) fn finalizes(p: &Params) -> bool {
     p.op == ReduceOp::Avg && p.world > 1
 }
 
+/// The program of a rank with no peer (a world of one): out of place its input is copied to its
+/// output segment by segment; in place there is nothing to do.
+pub(crate) fn alone(p: &Params) -> Program {
+    let mut prog = Program::new();
+    if !p.in_place {
+        let (i, o) = (Loc::new(Buf::Input, 0), Loc::new(Buf::Output, 0));
+        copy_segments(&mut prog, i, o, p.count, p.segment, |_| None);
+    }
+    prog
+}
+
 /// Appends local copies of `len` elements from `src` to `dst`, segment by segment, each after
 /// `deps(j)`. Returns the copy of each segment.
 pub(crate) fn copy_segments(

@@ -45,7 +45,7 @@
 
 use std::ops::Range;
 
-use super::plan::{Params, at, block_range, copy_segments, finalizes, segments};
+use super::plan::{Params, alone, at, block_range, copy_segments, finalizes, segments};
 use super::{Buf, Loc, Op, OpId, Program};
 
 /// A ring of `n` ranks as one of them sees it. Position `pos` ends the reduce-scatter with block
@@ -313,11 +313,7 @@ pub(crate) fn all_reduce(p: &Params) -> Program {
     let mut prog = Program::new();
     let src_buf = if p.in_place { Buf::Output } else { Buf::Input };
     if p.world == 1 {
-        if !p.in_place {
-            let (i, o) = (Loc::new(Buf::Input, 0), Loc::new(Buf::Output, 0));
-            copy_segments(&mut prog, i, o, p.count, p.segment, |_| None);
-        }
-        return prog;
+        return alone(p);
     }
     all_reduce_range(
         &mut prog,

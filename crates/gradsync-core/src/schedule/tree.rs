@@ -44,7 +44,7 @@
 //! ends with the result anyway); a rank's receive of the broadcast then waits until its own
 //! contribution has left `Output` for its parent. For `Avg` only the root divides, once.
 
-use super::plan::{Params, copy_segments, finalizes, segments};
+use super::plan::{Params, alone, finalizes, segments};
 use super::{Buf, Loc, Op, OpId, Program};
 
 /// Shape of the tree.
@@ -191,11 +191,7 @@ pub(crate) fn reduce(p: &Params, shape: Shape) -> Program {
     }
     if me.is_root && me.children.is_empty() {
         // A world of one.
-        if !p.in_place {
-            let (i, o) = (Loc::new(Buf::Input, 0), Loc::new(Buf::Output, 0));
-            copy_segments(&mut prog, i, o, p.count, p.segment, |_| None);
-        }
-        return prog;
+        return alone(p);
     }
     for (off, len) in segments(p.count, p.segment) {
         let own = Loc::new(own_buf, off);
@@ -233,11 +229,7 @@ pub(crate) fn all_reduce(p: &Params, shape: Shape) -> Program {
     let me = node(shape, p.rank, 0, p.world);
     let own_buf = if p.in_place { Buf::Output } else { Buf::Input };
     if p.world == 1 {
-        if !p.in_place {
-            let (i, o) = (Loc::new(Buf::Input, 0), Loc::new(Buf::Output, 0));
-            copy_segments(&mut prog, i, o, p.count, p.segment, |_| None);
-        }
-        return prog;
+        return alone(p);
     }
     for (off, len) in segments(p.count, p.segment) {
         let out = Loc::new(Buf::Output, off);
@@ -420,11 +412,7 @@ pub(crate) fn double_tree_all_reduce(p: &Params) -> Program {
     let n = p.world;
     let mut prog = Program::new();
     if n == 1 {
-        if !p.in_place {
-            let (i, o) = (Loc::new(Buf::Input, 0), Loc::new(Buf::Output, 0));
-            copy_segments(&mut prog, i, o, p.count, p.segment, |_| None);
-        }
-        return prog;
+        return alone(p);
     }
     let own_buf = if p.in_place { Buf::Output } else { Buf::Input };
     let half = p.count.div_ceil(2);
