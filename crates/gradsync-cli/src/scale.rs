@@ -39,8 +39,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use anyhow::{Context, ensure};
-use gradsync::cost::{all_reduce_candidates, predict_all_reduce};
-use gradsync::{Algorithm, Collective, DataType, ReduceOp};
+use gradsync::cost::{all_reduce_candidates, all_reduce_params, predict_all_reduce};
+use gradsync::{Algorithm, DataType};
 use gradsync_core::rng::XorShift64;
 use gradsync_core::schedule::plan::{self, Params};
 use gradsync_core::sim::{LinkModel, Symmetry, predict_symmetric};
@@ -242,30 +242,6 @@ pub fn human_time(s: f64) -> String {
     format!("{v:.decimals$} {unit}")
 }
 
-/// The parameters of every rank of an all-reduce, as [`predict_all_reduce`] builds them for a
-/// single host.
-fn all_reduce_params(
-    world: usize,
-    segment: usize,
-    bytes: usize,
-    algorithm: Algorithm,
-) -> Vec<Params> {
-    (0..world)
-        .map(|rank| Params {
-            coll: Collective::AllReduce,
-            rank,
-            world,
-            count: bytes / DTYPE.size(),
-            root: 0,
-            op: ReduceOp::Sum,
-            segment,
-            in_place: false,
-            algorithm,
-            local_size: 0,
-        })
-        .collect()
-}
-
 /// Ops of all ranks' programs together, estimated from rank 0, rank 1, the last rank and 13
 /// ranks picked at random (all ranks in worlds of at most 16).
 fn estimate_ops(params: &[Params]) -> anyhow::Result<u64> {
@@ -302,7 +278,7 @@ pub fn predict(
     let started = Instant::now();
     let bytes_us = usize::try_from(bytes).context("buffer size does not fit this machine")?;
     let link = model.link();
-    let params = all_reduce_params(world, segment, bytes_us, algorithm);
+    let params = all_reduce_params(world, 0, segment, DTYPE, bytes_us, algorithm);
     let what = || format!("{algorithm} on {world} ranks, {} per rank", human(bytes));
     let name = algorithm.name().to_string();
     if let Some((p, sym)) = predict_symmetric(&params, DTYPE, &link).with_context(what)? {

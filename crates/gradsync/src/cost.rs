@@ -260,6 +260,32 @@ pub fn all_reduce_candidates(world: usize, local_size: usize) -> Vec<Algorithm> 
     v
 }
 
+/// The parameters of every rank of an out-of-place sum all-reduce of `bytes` bytes of `dtype`
+/// with `algorithm`, as the model predicts it.
+pub fn all_reduce_params(
+    world: usize,
+    local_size: usize,
+    segment: usize,
+    dtype: DataType,
+    bytes: usize,
+    algorithm: Algorithm,
+) -> Vec<Params> {
+    (0..world)
+        .map(|rank| Params {
+            coll: Collective::AllReduce,
+            rank,
+            world,
+            count: bytes / dtype.size(),
+            root: 0,
+            op: ReduceOp::Sum,
+            segment,
+            in_place: false,
+            algorithm,
+            local_size,
+        })
+        .collect()
+}
+
 /// Predicted seconds of an all-reduce of `bytes` bytes of `dtype` on `world` ranks with
 /// `algo`, in segments of `segment` elements, with `intra` inside a host and `inter` across
 /// hosts. `None` is the eager path: `world - 1` messages of the whole buffer from every rank,
@@ -283,20 +309,7 @@ pub fn predict_all_reduce(
         };
         return Ok(world.saturating_sub(1) as f64 * link.message_s(bytes));
     };
-    let params: Vec<Params> = (0..world)
-        .map(|rank| Params {
-            coll: Collective::AllReduce,
-            rank,
-            world,
-            count: bytes / dtype.size(),
-            root: 0,
-            op: ReduceOp::Sum,
-            segment,
-            in_place: false,
-            algorithm,
-            local_size,
-        })
-        .collect();
+    let params = all_reduce_params(world, local_size, segment, dtype, bytes, algorithm);
     let topo = if local_size > 1 && local_size < world {
         Topology::two_level(local_size, *intra, *inter)
     } else {
