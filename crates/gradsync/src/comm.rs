@@ -59,8 +59,9 @@ pub struct Communicator {
     costs: crate::cost::LinkCosts,
     /// Where the cost model came from (pinned, cached, measured, uncalibrated).
     cost_from: String,
-    /// The model's all-reduce choice per size class, computed on first use.
-    choices: std::sync::Mutex<HashMap<u32, crate::cost::Choice>>,
+    /// The model's all-reduce choice per size class ([`crate::cost::size_class`], the index),
+    /// computed on first use; read without locking afterwards.
+    choices: Box<[std::sync::OnceLock<crate::cost::Choice>]>,
 }
 
 /// The cost model as rank 0 publishes it to the other ranks at init.
@@ -68,6 +69,13 @@ pub struct Communicator {
 struct PublishedCosts {
     links: crate::cost::LinkCosts,
     from: String,
+}
+
+/// An empty cache of the model's choices: one slot per size class (`0..=usize::BITS`).
+fn no_choices() -> Box<[std::sync::OnceLock<crate::cost::Choice>]> {
+    (0..=usize::BITS)
+        .map(|_| std::sync::OnceLock::new())
+        .collect()
 }
 
 /// Largest bulk message of the calibration at init.
@@ -660,14 +668,14 @@ impl Communicator {
                 .map_err(|e| Error::Config(format!("cannot encode the cost model: {e}")))?;
             let store = self.store.as_mut().expect("init keeps its store");
             store.set(&model_key, &text).map_err(st)?;
-            (self.costs, self.cost_from) = (published.links, published.from);
+            self.set_costs(published.links, published.from);
         } else {
             let store = self.store.as_mut().expect("init keeps its store");
             let v = store.wait(&[&model_key], timeout).map_err(st)?;
             let p: PublishedCosts = serde_json::from_slice(&v[0]).map_err(|e| {
                 Error::Config(format!("rank 0 published a malformed cost model: {e}"))
             })?;
-            (self.costs, self.cost_from) = (p.links, p.from);
+            self.set_costs(p.links, p.from);
         }
         Ok(())
     }
@@ -1199,7 +1207,7 @@ impl Communicator {
             explained: 0,
             costs: crate::cost::LinkCosts::uncalibrated(engine_name, engine_name),
             cost_from: "uncalibrated".to_string(),
-            choices: std::sync::Mutex::new(HashMap::new()),
+            choices: no_choices(),
         }
     }
 
@@ -1424,20 +1432,23 @@ impl Communicator {
     }
 
     /// The model's predictions and choice for the size class of `bytes`, computed once per class.
-    pub fn model_choice(&self, bytes: usize) -> crate::cost::Choice {
+    pub fn model_choice(&self, bytes: usize) -> &crate::cost::Choice {
         let class = crate::cost::size_class(bytes);
-        let mut map = self.choices.lock().unwrap_or_else(|e| e.into_inner());
-        map.entry(class)
-            .or_insert_with(|| {
-                crate::cost::choose_all_reduce(
-                    self.world,
-                    self.layout.local_size,
-                    self.engine.segment_elems(gradsync_core::DataType::F32),
-                    class,
-                    &self.costs,
-                )
-            })
-            .clone()
+        self.choices[class as usize].get_or_init(|| {
+            crate::cost::choose_all_reduce(
+                self.world,
+                self.layout.local_size,
+                self.engine.segment_elems(gradsync_core::DataType::F32),
+                class,
+                &self.costs,
+            )
+        })
+    }
+
+    /// Takes `links` as the cost model (from `from`), forgetting the choices of the previous one.
+    fn set_costs(&mut self, links: crate::cost::LinkCosts, from: String) {
+        (self.costs, self.cost_from) = (links, from);
+        self.choices = no_choices();
     }
 
     /// Logs at INFO (`COLL`, rank 0), once per power-of-two size class, the cost model's
