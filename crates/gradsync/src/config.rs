@@ -320,6 +320,9 @@ impl Config {
     /// `OMPI_COMM_WORLD_SIZE`, `OMPI_COMM_WORLD_LOCAL_RANK`) and Slurm (`SLURM_PROCID`,
     /// `SLURM_NTASKS`, `SLURM_LOCALID`, `SLURM_NODELIST`). `MASTER_ADDR` defaults to the first
     /// Slurm node, or to 127.0.0.1 when all ranks are on one host; `MASTER_PORT` to 29500.
+    /// The store's port is `GRADSYNC_STORE_PORT` when set; otherwise `MASTER_PORT`, or
+    /// `MASTER_PORT + 1` under torchrun's agent store (`TORCHELASTIC_USE_AGENT_STORE=True`,
+    /// whose agent already listens on `MASTER_PORT`).
     pub fn from_env() -> Result<Self, Error> {
         Self::from_vars(&Env(&ProcessEnv))
     }
@@ -389,9 +392,23 @@ impl Config {
                 }
             },
         };
-        let port = env
+        let master_port = env
             .parse::<u16>("MASTER_PORT")?
             .unwrap_or(DEFAULT_MASTER_PORT);
+        // torchrun's agent already serves its own store (a different protocol) on MASTER_PORT
+        // and tells its workers so: gradsync's store then takes the next port.
+        let agent_store = launcher == "torchrun"
+            && var("TORCHELASTIC_USE_AGENT_STORE")
+                .is_some_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "true" | "1"));
+        let port = match env.parse::<u16>("GRADSYNC_STORE_PORT")? {
+            Some(p) => p,
+            None if agent_store => master_port.checked_add(1).ok_or_else(|| {
+                Error::Config(format!(
+                    "MASTER_PORT={master_port} is torchrun's agent store and has no next port for gradsync's: set GRADSYNC_STORE_PORT"
+                ))
+            })?,
+            None => master_port,
+        };
         let host = if addr.contains(':') && !addr.starts_with('[') {
             format!("[{addr}]")
         } else {
@@ -704,6 +721,53 @@ mod tests {
                 .to_string()
                 .contains("RANK=\"x\"")
         );
+    }
+
+    #[test]
+    fn store_port_beside_torchrun_agent_store() {
+        let torchrun = [
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "localhost"),
+            ("MASTER_PORT", "40251"),
+        ];
+        let port = |extra: &[(&str, &str)]| {
+            let mut v = torchrun.to_vec();
+            v.extend_from_slice(extra);
+            from(&v).map(|c| c.store_addr)
+        };
+        // No agent store: MASTER_PORT itself, as before.
+        assert_eq!(port(&[]).unwrap(), "localhost:40251");
+        // torchrun's agent listens on MASTER_PORT: the next port.
+        let agent = ("TORCHELASTIC_USE_AGENT_STORE", "True");
+        assert_eq!(port(&[agent]).unwrap(), "localhost:40252");
+        assert_eq!(
+            port(&[("TORCHELASTIC_USE_AGENT_STORE", "False")]).unwrap(),
+            "localhost:40251"
+        );
+        // GRADSYNC_STORE_PORT wins either way.
+        let explicit = ("GRADSYNC_STORE_PORT", "31000");
+        assert_eq!(port(&[agent, explicit]).unwrap(), "localhost:31000");
+        assert_eq!(port(&[explicit]).unwrap(), "localhost:31000");
+        let e = port(&[("GRADSYNC_STORE_PORT", "70000")]).unwrap_err();
+        assert!(e.to_string().contains("GRADSYNC_STORE_PORT"), "{e}");
+        let e = from(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "1"),
+            ("MASTER_PORT", "65535"),
+            agent,
+        ])
+        .unwrap_err();
+        assert!(e.to_string().contains("set GRADSYNC_STORE_PORT"), "{e}");
+        // Only torchrun's variables count: Open MPI and Slurm ranks keep MASTER_PORT.
+        let c = from(&[
+            ("OMPI_COMM_WORLD_RANK", "0"),
+            ("OMPI_COMM_WORLD_SIZE", "1"),
+            ("MASTER_PORT", "1234"),
+            agent,
+        ])
+        .unwrap();
+        assert_eq!(c.store_addr, "127.0.0.1:1234");
     }
 
     #[test]
