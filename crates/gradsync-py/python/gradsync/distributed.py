@@ -1,0 +1,716 @@
+"""gradsync under ``torch.distributed``: a process-group backend and a DDP communication hook.
+
+Importing this module registers the backend ``"gradsync"`` for CPU tensors, so that::
+
+    import gradsync.distributed  # registers the backend
+    torch.distributed.init_process_group("gradsync")
+
+works under ``torchrun`` and ``gradsync launch`` (or any ``env://``, ``tcp://`` or ``file://``
+rendezvous), and the usual collectives and an unmodified ``DistributedDataParallel`` model run
+on gradsync.
+
+How a group is formed: torch's own store (the one ``init_process_group`` rendezvoused on) is
+used only to find gradsync's. Rank 0 of the group starts a :class:`gradsync.StoreServer` on a
+free port and publishes its address (``MASTER_ADDR``, else this host's name, and the port;
+``GRADSYNC_STORE_HOST`` overrides the host) under a key of the group's store; every rank then
+builds a :class:`gradsync.Communicator` on it. The communicator's deadline is the ``timeout``
+given to ``init_process_group`` (torch's default is 30 minutes), unless ``GRADSYNC_TIMEOUT`` is
+set, which then wins.
+
+Operations run asynchronously: each torch call queues a gradsync operation and returns at once
+with a ``Work`` whose future completes when gradsync has finished it. One thread per group waits
+for the operations in the order they were queued (the order gradsync runs them) and completes
+their futures, so DDP's reducer overlaps gradient all-reduces with backward as it does on Gloo.
+Tensors must stay untouched until their work is waited for, as with every backend.
+
+What the backend implements:
+
+- ``allreduce`` (and ``allreduce_coalesced``) with ``SUM``, ``PRODUCT``, ``MIN``, ``MAX``,
+  ``AVG``; bool tensors are reduced as bytes (``SUM``/``MAX`` are logical or, ``MIN``/``PRODUCT``
+  logical and);
+- ``broadcast``, ``reduce``, ``allgather`` (list form and ``all_gather_into_tensor``),
+  ``reduce_scatter`` (list form and ``reduce_scatter_tensor``), ``barrier``;
+- ``gather`` and ``scatter``, built on all-gather and broadcast (every rank moves the whole
+  data; fine for objects and metadata, not meant for bulk data);
+- ``send``/``recv``: gradsync's point-to-point calls are blocking, so these block until the
+  message has been handed over (``isend``/``irecv`` too); tags are not matched, messages between
+  two ranks arrive in the order they were sent.
+
+Other operations (``all_to_all``, ``recv`` from any source, sparse all-reduce, ``PREMUL_SUM`` and
+the bitwise reductions) raise :class:`NotImplementedError` naming the operation.
+
+Data movement (broadcast, gathers, scatter, send/recv) works on any dtype, moved as bytes;
+reductions need one of gradsync's types (float32, float64, float16, bfloat16, int32, int64,
+uint8) or bool. Non-contiguous tensors are reduced through a contiguous copy.
+
+The DDP communication hook, for jobs that keep Gloo (or any backend) as the process group and
+let gradsync all-reduce only the gradients::
+
+    state = gradsync.distributed.make_hook_state()   # after init_process_group
+    model = DistributedDataParallel(model)
+    model.register_comm_hook(state, gradsync.distributed.allreduce_hook)
+"""
+
+import datetime
+import itertools
+import os
+import queue
+import socket
+import threading
+from typing import Callable, Iterable, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import Backend as _C10dBackend
+from torch._C._distributed_c10d import ReduceOp, _create_work_from_future
+
+from . import Communicator, StoreServer
+
+__all__ = [
+    "BACKEND_NAME",
+    "GradsyncBackend",
+    "HookState",
+    "allreduce_hook",
+    "make_hook_state",
+    "register",
+]
+
+#: The name the backend is registered under (``init_process_group(BACKEND_NAME)``).
+BACKEND_NAME = "gradsync"
+
+# Key, under the group's store, of the address of gradsync's store.
+_STORE_KEY = "gradsync/store_addr"
+
+# dtypes gradsync reduces natively.
+_REDUCIBLE = {
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Bootstrap
+
+
+def _advertised_host() -> str:
+    """The host name other ranks reach rank 0's store at."""
+    host = os.environ.get("GRADSYNC_STORE_HOST") or os.environ.get("MASTER_ADDR")
+    if not host:
+        host = socket.gethostname()
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # an IPv6 literal
+    return host
+
+
+def _timeout_seconds(timeout: Optional[datetime.timedelta]) -> Optional[float]:
+    """The communicator timeout: ``None`` (gradsync's ``GRADSYNC_TIMEOUT``) when that variable
+    is set, else torch's."""
+    if os.environ.get("GRADSYNC_TIMEOUT"):
+        return None
+    if timeout is None:
+        return None
+    secs = timeout.total_seconds()
+    return secs if secs > 0 else None
+
+
+def _connect(
+    store: dist.Store,
+    rank: int,
+    size: int,
+    timeout: Optional[datetime.timedelta],
+    key: str = _STORE_KEY,
+) -> Tuple[Communicator, Optional[StoreServer]]:
+    """Builds a communicator for ``rank`` of ``size``, finding gradsync's store through
+    torch's ``store``: rank 0 serves it and publishes its address under ``key``."""
+    server = None
+    if rank == 0:
+        server = StoreServer(host="0.0.0.0", port=0)
+        addr = f"{_advertised_host()}:{server.port}"
+        store.set(key, addr)
+    else:
+        addr = store.get(key).decode()
+    try:
+        comm = Communicator(addr, rank, size, host_store=False, timeout=_timeout_seconds(timeout))
+    except BaseException:
+        if server is not None:
+            server.close()
+        raise
+    return comm, server
+
+
+# --------------------------------------------------------------------------------------------
+# Completion of torch futures
+
+
+class _Completer:
+    """A thread that waits for gradsync operations in the order they were queued and completes
+    their torch futures.
+
+    gradsync runs a communicator's operations one at a time in submission order, so waiting for
+    them in that order never waits behind an operation that could finish later.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._queue: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(
+        self,
+        works: Sequence,
+        result: object,
+        after: Optional[Callable[[], None]] = None,
+    ) -> torch.futures.Future:
+        """A future that completes with ``result`` once every gradsync work in ``works`` has
+        finished and ``after`` (if any: copies out of staging buffers) has run, or with the
+        first error."""
+        fut: torch.futures.Future = torch.futures.Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("gradsync: the process group was shut down")
+            self._queue.put((works, fut, result, after))
+        return fut
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            works, fut, result, after = item
+            try:
+                for w in works:
+                    w.wait()
+                if after is not None:
+                    after()
+            except BaseException as e:  # noqa: BLE001 - handed to the waiter
+                fut.set_exception(e)
+            else:
+                fut.set_result(result)
+            # Drop the references (tensors) before blocking on the next item.
+            del item, works, fut, result, after
+
+    def close(self, wait: bool = True) -> None:
+        """Stops taking operations; the queued ones still complete."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._queue.put(None)
+        if wait and self._thread is not threading.current_thread():
+            self._thread.join()
+
+
+# --------------------------------------------------------------------------------------------
+# Tensors
+
+
+def _op_name(reduce_op: object, where: str) -> str:
+    """gradsync's name of a ``ReduceOp`` (or ``RedOpType``)."""
+    kind = getattr(reduce_op, "op", reduce_op)
+    if kind == ReduceOp.SUM:
+        return "sum"
+    if kind == ReduceOp.PRODUCT:
+        return "prod"
+    if kind == ReduceOp.MIN:
+        return "min"
+    if kind == ReduceOp.MAX:
+        return "max"
+    if kind == ReduceOp.AVG:
+        return "avg"
+    name = getattr(kind, "name", str(kind))
+    raise NotImplementedError(
+        f"gradsync backend: {where} with ReduceOp.{name} is not supported "
+        "(supported: SUM, PRODUCT, MIN, MAX, AVG)"
+    )
+
+
+def _check_cpu(t: torch.Tensor, where: str) -> None:
+    if t.device.type != "cpu":
+        raise ValueError(f"gradsync backend: {where}: tensor is on {t.device}; gradsync works on CPU tensors")
+    if t.is_sparse:
+        raise NotImplementedError(f"gradsync backend: {where} of a sparse tensor is not supported")
+
+
+class _Staged:
+    """A contiguous stand-in for a tensor that gradsync cannot use in place (non-contiguous),
+    copied back after the operation."""
+
+    def __init__(self, t: torch.Tensor, copy_in: bool) -> None:
+        self.orig = t
+        if t.is_contiguous():
+            self.buf = t
+        else:
+            self.buf = t.contiguous() if copy_in else torch.empty(t.shape, dtype=t.dtype)
+
+    @property
+    def staged(self) -> bool:
+        return self.buf is not self.orig
+
+    def copy_back(self) -> None:
+        if self.staged:
+            self.orig.copy_(self.buf)
+
+
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A flat uint8 view of a contiguous tensor."""
+    flat = t.reshape(-1)
+    return flat if flat.dtype == torch.uint8 else flat.view(torch.uint8)
+
+
+def _movable(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as gradsync can move it: itself for its types, else its bytes."""
+    return t if t.dtype in _REDUCIBLE else _as_bytes(t)
+
+
+def _reducible(t: torch.Tensor, op: str, where: str) -> Tuple[torch.Tensor, str]:
+    """``t`` and ``op`` as gradsync can reduce them (bool as bytes, or/and)."""
+    if t.dtype in _REDUCIBLE:
+        return t, op
+    if t.dtype == torch.bool:
+        if op in ("sum", "max"):
+            return _as_bytes(t), "max"
+        if op in ("prod", "min"):
+            return _as_bytes(t), "min"
+        raise NotImplementedError(f"gradsync backend: {where} of bool tensors with {op} is not supported")
+    raise TypeError(
+        f"gradsync backend: {where}: dtype {t.dtype} cannot be reduced "
+        "(float32, float64, float16, bfloat16, int32, int64, uint8, bool can)"
+    )
+
+
+def _chain(*fns: Optional[Callable[[], None]]) -> Optional[Callable[[], None]]:
+    todo = [f for f in fns if f is not None]
+    if not todo:
+        return None
+    if len(todo) == 1:
+        return todo[0]
+
+    def run() -> None:
+        for f in todo:
+            f()
+
+    return run
+
+
+def _copy_backs(staged: Iterable[_Staged]) -> Optional[Callable[[], None]]:
+    todo = [s for s in staged if s.staged]
+    if not todo:
+        return None
+
+    def run() -> None:
+        for s in todo:
+            s.copy_back()
+
+    return run
+
+
+# --------------------------------------------------------------------------------------------
+# The backend
+
+
+class GradsyncBackend(_C10dBackend):
+    """A ``torch.distributed`` backend (a c10d ``Backend`` implemented in Python) that runs
+    collectives on a :class:`gradsync.Communicator`.
+
+    Built by ``init_process_group("gradsync")`` / ``new_group(backend="gradsync")`` after
+    ``import gradsync.distributed``; see the module's documentation.
+    """
+
+    def __init__(
+        self,
+        store: dist.Store,
+        rank: int,
+        size: int,
+        timeout: Optional[datetime.timedelta] = None,
+    ) -> None:
+        super().__init__(rank, size)
+        self._timeout = timeout if timeout is not None else datetime.timedelta(minutes=30)
+        self._options = _C10dBackend.Options(BACKEND_NAME, timeout=self._timeout)
+        self._comm, self._server = _connect(store, rank, size, timeout)
+        self._completer = _Completer(f"gradsync-pg-rank{rank}")
+        self._shut = False
+
+    # -- identity ------------------------------------------------------------------------
+
+    @property
+    def options(self) -> _C10dBackend.Options:
+        return self._options
+
+    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+        return BACKEND_NAME
+
+    @property
+    def communicator(self) -> Communicator:
+        """The gradsync communicator the group runs on."""
+        return self._comm
+
+    def __repr__(self) -> str:
+        return f"<gradsync.distributed.GradsyncBackend rank={self.rank()} size={self.size()}>"
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _work(self, works: Sequence, result: object, after: Optional[Callable[[], None]] = None):
+        return _create_work_from_future(self._completer.submit(works, result, after))
+
+    def _unsupported(self, what: str):
+        raise NotImplementedError(f"gradsync backend: {what} is not supported")
+
+    # -- collectives ---------------------------------------------------------------------
+
+    def allreduce(self, tensors, opts):
+        op = _op_name(opts.reduceOp, "allreduce")
+        works, staged = [], []
+        for t in tensors:
+            _check_cpu(t, "allreduce")
+            s = _Staged(t, copy_in=True)
+            buf, gop = _reducible(s.buf, op, "allreduce")
+            works.append(self._comm.all_reduce_async(buf, gop))
+            staged.append(s)
+        return self._work(works, list(tensors), _copy_backs(staged))
+
+    def allreduce_coalesced(self, tensors, opts):
+        return self.allreduce(tensors, opts)
+
+    def allreduce_sparse(self, tensors, opts):
+        self._unsupported("allreduce_sparse")
+
+    def broadcast(self, tensors, opts):
+        root = opts.rootRank
+        works, staged = [], []
+        for t in tensors:
+            _check_cpu(t, "broadcast")
+            s = _Staged(t, copy_in=self.rank() == root)
+            works.append(self._comm.broadcast_async(_movable(s.buf), root))
+            staged.append(s)
+        return self._work(works, list(tensors), _copy_backs(staged))
+
+    def reduce(self, tensors, opts):
+        op = _op_name(opts.reduceOp, "reduce")
+        root = opts.rootRank
+        works, afters = [], []
+        for t in tensors:
+            _check_cpu(t, "reduce")
+            s = _Staged(t, copy_in=True)
+            buf, gop = _reducible(s.buf, op, "reduce")
+            if self.rank() == root:
+                # gradsync's reduce is out of place: reduce a copy of the input into the tensor.
+                works.append(self._comm.reduce_async(buf.clone(), buf, gop, root))
+                if s.staged:
+                    afters.append(s.copy_back)
+            else:
+                works.append(self._comm.reduce_async(buf, None, gop, root))
+        return self._work(works, list(tensors), _chain(*afters))
+
+    def allgather(self, output_tensors, input_tensors, opts):
+        world = self.size()
+        works, afters = [], []
+        for outs, inp in zip(output_tensors, input_tensors):
+            _check_cpu(inp, "allgather")
+            if len(outs) != world:
+                raise ValueError(
+                    f"gradsync backend: allgather: {len(outs)} output tensors for a group of {world}"
+                )
+            for o in outs:
+                _check_cpu(o, "allgather")
+                if o.numel() != inp.numel() or o.dtype != inp.dtype:
+                    raise ValueError(
+                        "gradsync backend: allgather: every output tensor must have the input's "
+                        f"size and dtype ({inp.numel()} x {inp.dtype}), got {o.numel()} x {o.dtype}"
+                    )
+            src = _movable(inp.contiguous())
+            flat = torch.empty(world * src.numel(), dtype=src.dtype)
+            works.append(self._comm.all_gather_async(src, flat))
+            afters.append(_scatter_copy(flat, outs))
+        return self._work(works, [list(o) for o in output_tensors], _chain(*afters))
+
+    def all_gather_single(self, output, input, opts):
+        _check_cpu(output, "all_gather_into_tensor")
+        _check_cpu(input, "all_gather_into_tensor")
+        if output.numel() != self.size() * input.numel() or output.dtype != input.dtype:
+            raise ValueError(
+                "gradsync backend: all_gather_into_tensor: the output must hold world_size x the "
+                f"input ({self.size()} x {input.numel()} x {input.dtype}), got "
+                f"{output.numel()} x {output.dtype}"
+            )
+        s = _Staged(output, copy_in=False)
+        work = self._comm.all_gather_async(_movable(input.contiguous()), _movable(s.buf))
+        return self._work([work], [output], _copy_backs([s]))
+
+    _allgather_base = all_gather_single
+
+    def allgather_coalesced(self, output_lists, input_tensors, opts):
+        return self.allgather(output_lists, input_tensors, opts)
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts):
+        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return _join(works, list(outputs))
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts):
+        op = _op_name(opts.reduceOp, "reduce_scatter")
+        world = self.size()
+        works, staged = [], []
+        for out, ins in zip(output_tensors, input_tensors):
+            _check_cpu(out, "reduce_scatter")
+            if len(ins) != world:
+                raise ValueError(
+                    f"gradsync backend: reduce_scatter: {len(ins)} input tensors for a group of {world}"
+                )
+            for i in ins:
+                _check_cpu(i, "reduce_scatter")
+                if i.numel() != out.numel() or i.dtype != out.dtype:
+                    raise ValueError(
+                        "gradsync backend: reduce_scatter: every input tensor must have the output's "
+                        f"size and dtype ({out.numel()} x {out.dtype}), got {i.numel()} x {i.dtype}"
+                    )
+            flat = torch.cat([i.reshape(-1) for i in ins]) if out.numel() else torch.empty(0, dtype=out.dtype)
+            s = _Staged(out, copy_in=False)
+            fin, gop = _reducible(flat, op, "reduce_scatter")
+            fout, _ = _reducible(s.buf, op, "reduce_scatter")
+            works.append(self._comm.reduce_scatter_async(fin, fout, gop))
+            staged.append(s)
+        return self._work(works, list(output_tensors), _copy_backs(staged))
+
+    def reduce_scatter_single(self, output, input, opts):
+        op = _op_name(opts.reduceOp, "reduce_scatter_tensor")
+        _check_cpu(output, "reduce_scatter_tensor")
+        _check_cpu(input, "reduce_scatter_tensor")
+        if input.numel() != self.size() * output.numel() or output.dtype != input.dtype:
+            raise ValueError(
+                "gradsync backend: reduce_scatter_tensor: the input must hold world_size x the "
+                f"output ({self.size()} x {output.numel()} x {output.dtype}), got "
+                f"{input.numel()} x {input.dtype}"
+            )
+        s = _Staged(output, copy_in=False)
+        fin, gop = _reducible(input.contiguous(), op, "reduce_scatter_tensor")
+        fout, _ = _reducible(s.buf, op, "reduce_scatter_tensor")
+        work = self._comm.reduce_scatter_async(fin, fout, gop)
+        return self._work([work], [output], _copy_backs([s]))
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
+        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return _join(works, list(outputs))
+
+    def gather(self, output_tensors, input_tensors, opts):
+        # Built on all-gather: every rank receives everything, the root keeps it.
+        root = opts.rootRank
+        world = self.size()
+        works, afters = [], []
+        for idx, inp in enumerate(input_tensors):
+            _check_cpu(inp, "gather")
+            src = _movable(inp.contiguous())
+            flat = torch.empty(world * src.numel(), dtype=src.dtype)
+            works.append(self._comm.all_gather_async(src, flat))
+            if self.rank() == root:
+                outs = output_tensors[idx]
+                if len(outs) != world:
+                    raise ValueError(f"gradsync backend: gather: {len(outs)} output tensors for a group of {world}")
+                afters.append(_scatter_copy(flat, outs))
+        result = [list(o) for o in output_tensors] if self.rank() == root else []
+        return self._work(works, result, _chain(*afters))
+
+    def scatter(self, output_tensors, input_tensors, opts):
+        # Built on broadcast: the root sends everything, every rank keeps its part.
+        root = opts.rootRank
+        world = self.size()
+        works, afters = [], []
+        for idx, out in enumerate(output_tensors):
+            _check_cpu(out, "scatter")
+            n = _movable(out.contiguous()).numel()
+            if self.rank() == root:
+                ins = input_tensors[idx]
+                if len(ins) != world:
+                    raise ValueError(f"gradsync backend: scatter: {len(ins)} input tensors for a group of {world}")
+                flat = torch.cat([_movable(i.contiguous()) for i in ins])
+            else:
+                flat = torch.empty(world * n, dtype=_movable(out.contiguous()).dtype)
+            works.append(self._comm.broadcast_async(flat, root))
+            afters.append(_take_part(flat, out, self.rank() * n, n))
+        return self._work(works, list(output_tensors), _chain(*afters))
+
+    def alltoall(self, output_tensors, input_tensors, opts):
+        self._unsupported("all_to_all")
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts):
+        self._unsupported("all_to_all_single")
+
+    def barrier(self, opts):
+        return self._work([self._comm.barrier_async()], [])
+
+    # -- point to point ------------------------------------------------------------------
+
+    def send(self, tensors, dst, tag=0):
+        for t in tensors:
+            _check_cpu(t, "send")
+            self._comm.send(_movable(t.contiguous()), dst)
+        return _done(list(tensors))
+
+    def recv(self, tensors, src, tag=0):
+        for t in tensors:
+            _check_cpu(t, "recv")
+            s = _Staged(t, copy_in=False)
+            self._comm.recv(_movable(s.buf), src)
+            s.copy_back()
+        return _done(list(tensors))
+
+    def recv_anysource(self, tensors, tag=0):
+        self._unsupported("recv from any source")
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Finishes the queued operations, then closes the communicator and the store."""
+        if self._shut:
+            return
+        self._shut = True
+        self._completer.close(wait=True)
+        try:
+            self._comm.close()
+        finally:
+            if self._server is not None:
+                self._server.close()
+
+    def abort(self) -> None:
+        self.shutdown()
+
+
+def _fill(out: torch.Tensor, part: torch.Tensor) -> None:
+    """Copies the flat ``part`` (of ``out``'s dtype, or its bytes) into ``out``."""
+    if part.dtype != out.dtype:  # moved as bytes
+        part = part.view(out.dtype)
+    out.copy_(part.view(out.shape))
+
+
+def _scatter_copy(flat: torch.Tensor, outs: Sequence[torch.Tensor]) -> Callable[[], None]:
+    """Copies the ``len(outs)`` equal parts of ``flat`` into ``outs``."""
+
+    def run() -> None:
+        n = flat.numel() // max(len(outs), 1)
+        for i, o in enumerate(outs):
+            _fill(o, flat[i * n : (i + 1) * n])
+
+    return run
+
+
+def _take_part(flat: torch.Tensor, out: torch.Tensor, start: int, n: int) -> Callable[[], None]:
+    def run() -> None:
+        _fill(out, flat[start : start + n])
+
+    return run
+
+
+def _done(result: object):
+    """A completed work."""
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(result)
+    return _create_work_from_future(fut)
+
+
+def _join(works, result):
+    """A work that completes when all of ``works`` have, with ``result``."""
+    futs = [w.get_future() for w in works]
+
+    def finish(all_done: torch.futures.Future):
+        for f in all_done.value():
+            f.value()  # raises the first error
+        return result
+
+    return _create_work_from_future(torch.futures.collect_all(futs).then(finish))
+
+
+def _create_backend(store, rank, size, timeout):
+    return GradsyncBackend(store, rank, size, timeout)
+
+
+def register() -> None:
+    """Registers the backend ``"gradsync"`` with ``torch.distributed`` (done on import)."""
+    if BACKEND_NAME.upper() in getattr(dist.Backend, "_plugins", {}):
+        return
+    dist.Backend.register_backend(BACKEND_NAME, _create_backend, devices=["cpu"])
+
+
+register()
+
+
+# --------------------------------------------------------------------------------------------
+# DDP communication hook
+
+_hook_counter = itertools.count()
+
+
+class HookState:
+    """State of :func:`allreduce_hook`: the gradsync communicator the gradients travel on.
+
+    ``HookState(comm)`` uses an existing :class:`gradsync.Communicator`;
+    ``HookState(process_group=pg)`` (or :func:`make_hook_state`) builds one over the ranks of a
+    ``torch.distributed`` group (default: the world), meeting through that group's store; every
+    rank of the group must build its state in the same order. :meth:`close` ends it (the
+    communicator too when the state built it).
+    """
+
+    def __init__(
+        self,
+        comm: Optional[Communicator] = None,
+        *,
+        process_group: Optional[dist.ProcessGroup] = None,
+        timeout: Optional[datetime.timedelta] = None,
+    ) -> None:
+        self._server = None
+        self._owns = comm is None
+        if comm is None:
+            if not dist.is_initialized():
+                raise RuntimeError(
+                    "gradsync.distributed.HookState: call torch.distributed.init_process_group "
+                    "first, or pass a gradsync.Communicator"
+                )
+            pg = process_group if process_group is not None else dist.group.WORLD
+            store = dist.PrefixStore("gradsync-hook/", pg.get_group_store())
+            key = f"comm{next(_hook_counter)}"
+            comm, self._server = _connect(store, pg.rank(), pg.size(), timeout, key=key)
+        self.comm = comm
+        self.world_size = comm.world_size
+        self._completer = _Completer(f"gradsync-hook-rank{comm.rank}")
+
+    def close(self) -> None:
+        """Finishes the queued all-reduces; closes the communicator if this state built it."""
+        self._completer.close(wait=True)
+        if self._owns:
+            try:
+                self.comm.close()
+            finally:
+                if self._server is not None:
+                    self._server.close()
+
+    def __getstate__(self):
+        raise TypeError("gradsync.distributed.HookState cannot be pickled")
+
+
+def make_hook_state(
+    process_group: Optional[dist.ProcessGroup] = None,
+    comm: Optional[Communicator] = None,
+    timeout: Optional[datetime.timedelta] = None,
+) -> HookState:
+    """A :class:`HookState` on ``comm``, or on a new communicator over ``process_group``'s ranks
+    (default: the world)."""
+    return HookState(comm, process_group=process_group, timeout=timeout)
+
+
+def allreduce_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """A DDP communication hook that averages each gradient bucket over the ranks on gradsync.
+
+    Like DDP's default, the bucket is divided by the world size and then summed; the returned
+    future completes, with the averaged bucket, when gradsync has finished. Register it with
+    ``model.register_comm_hook(state, allreduce_hook)``.
+    """
+    buf = bucket.buffer()
+    buf.div_(state.world_size)
+    work = state.comm.all_reduce_async(buf, "sum")
+    return state._completer.submit([work], buf)
