@@ -1,0 +1,755 @@
+//! The `Communicator` and `Work` classes.
+
+use crate::GradsyncError;
+use crate::buffer::{Access, Buffer, Ctx, dtype_name, extract};
+use crate::worker::{Completion, Info, Task, Worker, wait_detached};
+use gradsync::{Config, DataType, ReduceOp};
+use pyo3::exceptions::{PyTimeoutError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyType;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+/// Runs `$body` with `$T` bound to the Rust element type of the data type `$dt`.
+macro_rules! with_element {
+    ($dt:expr, $T:ident => $body:expr) => {
+        match $dt {
+            DataType::F32 => {
+                type $T = f32;
+                $body
+            }
+            DataType::F64 => {
+                type $T = f64;
+                $body
+            }
+            DataType::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            DataType::Bf16 => {
+                type $T = half::bf16;
+                $body
+            }
+            DataType::I32 => {
+                type $T = i32;
+                $body
+            }
+            DataType::I64 => {
+                type $T = i64;
+                $body
+            }
+            DataType::U8 => {
+                type $T = u8;
+                $body
+            }
+        }
+    };
+}
+
+// The worker thread owns the Rust communicator: it must be allowed to move there.
+const _: () = {
+    const fn assert_send<T: Send>() {}
+    assert_send::<gradsync::Communicator>();
+};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn parse_op(op: &str, rank: usize, name: &str) -> PyResult<ReduceOp> {
+    match op.to_ascii_lowercase().as_str() {
+        "sum" => Ok(ReduceOp::Sum),
+        "prod" | "product" => Ok(ReduceOp::Prod),
+        "min" => Ok(ReduceOp::Min),
+        "max" => Ok(ReduceOp::Max),
+        "avg" | "mean" => Ok(ReduceOp::Avg),
+        _ => Err(PyValueError::new_err(format!(
+            "rank {rank}: {name}: unknown op {op:?} (expected one of sum, prod, min, max, avg)"
+        ))),
+    }
+}
+
+fn timeout_arg(t: Option<f64>, what: &str) -> PyResult<Option<Duration>> {
+    match t {
+        None => Ok(None),
+        Some(s) if s.is_finite() && s >= 0.0 => Duration::try_from_secs_f64(s)
+            .map(Some)
+            .map_err(|_| PyValueError::new_err(format!("{what}: timeout {s} is out of range"))),
+        Some(s) => Err(PyValueError::new_err(format!(
+            "{what}: timeout must be a non-negative number of seconds, got {s}"
+        ))),
+    }
+}
+
+/// A group of processes (ranks) that run collectives together.
+///
+/// Every rank calls the same collectives in the same order with matching arguments; a rank
+/// that does otherwise gets a :class:`GradsyncError` naming both sides. Buffers are numpy
+/// arrays or CPU torch tensors, C-contiguous, of type float32, float64, float16, bfloat16
+/// (torch tensors only), int32, int64 or uint8; buffers that are written must be writable.
+/// Each operation releases the GIL while it runs. Operations run one at a time, in the order
+/// they were called, on a thread of the communicator; the ``*_async`` variants return a
+/// :class:`Work` at once and keep their buffers alive until they finish. Do not read or write
+/// a buffer of an unfinished operation.
+///
+/// ``Communicator(store_addr, rank, world_size, *, host_store=True, timeout=None)`` joins
+/// the group explicitly: all ranks meet at the rendezvous store ``store_addr`` (``host:port``),
+/// which rank 0 starts when ``host_store`` is true, or which already runs there (a
+/// :class:`StoreServer`, a launcher's) when it is false. ``timeout`` (seconds) bounds init and
+/// every operation (default ``GRADSYNC_TIMEOUT``, 300). The ``GRADSYNC_*`` tunables of the
+/// environment apply. :meth:`from_env` reads everything from the launcher's environment.
+///
+/// The communicator is a context manager: leaving the ``with`` block closes it.
+#[pyclass(module = "gradsync", frozen)]
+#[derive(Debug)]
+pub struct Communicator {
+    info: Info,
+    worker: Mutex<Option<Worker>>,
+}
+
+/// The handle of an operation started by one of the ``*_async`` methods.
+///
+/// The operation's buffers must not be read or written until :meth:`wait` returns (or
+/// :meth:`is_completed` is true).
+#[pyclass(module = "gradsync", frozen)]
+#[derive(Debug)]
+pub struct Work {
+    done: Arc<Completion>,
+    /// When the worker must have finished it (every operation is bounded by the timeout).
+    deadline: Instant,
+    rank: usize,
+    op: &'static str,
+}
+
+impl Work {
+    fn wait_inner(&self, py: Python<'_>, timeout: Option<Duration>) -> PyResult<()> {
+        let limit = timeout.map(|t| Instant::now() + t);
+        let deadline = limit.map_or(self.deadline, |l| l.min(self.deadline));
+        let done = Arc::clone(&self.done);
+        if !wait_detached(py, deadline, move |d| done.wait_for(d))? {
+            if limit.is_some_and(|l| l <= self.deadline) {
+                return Err(PyTimeoutError::new_err(format!(
+                    "rank {}: {}: not completed within {:.3} s (it is still running)",
+                    self.rank,
+                    self.op,
+                    timeout.unwrap_or_default().as_secs_f64()
+                )));
+            }
+            return Err(GradsyncError::new_err(format!(
+                "rank {}: {}: not completed by its deadline; the communicator's thread is stuck",
+                self.rank, self.op
+            )));
+        }
+        match self.done.take_result(py) {
+            Some(Ok(())) => Ok(()),
+            Some(Err(msg)) => Err(GradsyncError::new_err(msg)),
+            None => unreachable!("a finished operation has a result"),
+        }
+    }
+}
+
+#[pymethods]
+impl Work {
+    /// Waits for the operation to finish.
+    ///
+    /// ``timeout`` (seconds) limits the wait: when it elapses first, :class:`TimeoutError` is
+    /// raised and the operation keeps running (wait again later). Without one the wait is
+    /// still bounded, by the communicator's timeout of this and every earlier operation.
+    /// Raises :class:`GradsyncError` when the operation failed (again on every later call).
+    #[pyo3(signature = (timeout=None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+        let t = timeout_arg(timeout, "Work.wait")?;
+        self.wait_inner(py, t)
+    }
+
+    /// Whether the operation has finished (successfully or not); never blocks.
+    fn is_completed(&self) -> bool {
+        self.done.is_done()
+    }
+
+    fn __repr__(&self) -> String {
+        let state = if self.done.is_done() {
+            "completed"
+        } else {
+            "running"
+        };
+        format!("<gradsync.Work {} rank={} {state}>", self.op, self.rank)
+    }
+}
+
+impl Communicator {
+    fn start(py: Python<'_>, config: Config) -> PyResult<Self> {
+        let rank = config.rank;
+        let timeout = config.timeout;
+        let (worker, init) = Worker::start(config).map_err(|e| {
+            GradsyncError::new_err(format!("rank {rank}: cannot start a thread: {e}"))
+        })?;
+        let deadline = Instant::now() + timeout + Duration::from_secs(30);
+        let result = Arc::new(Mutex::new(None));
+        let slot = Arc::clone(&result);
+        let init = Mutex::new(init);
+        let ready = move |d: Duration| {
+            let mut s = lock(&slot);
+            if s.is_some() {
+                return true;
+            }
+            match lock(&init).recv_timeout(d) {
+                Ok(r) => {
+                    *s = Some(r);
+                    true
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => false,
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    *s = Some(Err(format!("rank {rank}: init: the thread ended")));
+                    true
+                }
+            }
+        };
+        if !wait_detached(py, deadline, ready)? {
+            return Err(GradsyncError::new_err(format!(
+                "rank {rank}: init did not finish within {:.0} s",
+                (timeout + Duration::from_secs(30)).as_secs_f64()
+            )));
+        }
+        let outcome = lock(&result).take().expect("set when ready");
+        let info = outcome.map_err(GradsyncError::new_err)?;
+        Ok(Communicator {
+            info,
+            worker: Mutex::new(Some(worker)),
+        })
+    }
+
+    fn rank(&self) -> usize {
+        self.info.rank
+    }
+
+    /// Queues `task` with the owners of its buffers.
+    fn submit(&self, op: &'static str, task: Task, keep: Vec<Py<PyAny>>) -> PyResult<Work> {
+        let w = lock(&self.worker);
+        let Some(worker) = w.as_ref() else {
+            return Err(self.closed_error(op));
+        };
+        match worker.submit(task, keep, self.info.timeout) {
+            Ok((done, deadline)) => Ok(Work {
+                done,
+                deadline,
+                rank: self.info.rank,
+                op,
+            }),
+            Err(_keep) => Err(GradsyncError::new_err(format!(
+                "rank {}: {op}: the communicator's thread has ended",
+                self.info.rank
+            ))),
+        }
+    }
+
+    fn closed_error(&self, op: &str) -> PyErr {
+        GradsyncError::new_err(format!(
+            "rank {}: {op}: the communicator is closed",
+            self.info.rank
+        ))
+    }
+
+    fn check_open(&self, op: &str) -> PyResult<()> {
+        if lock(&self.worker).is_none() {
+            return Err(self.closed_error(op));
+        }
+        Ok(())
+    }
+
+    fn ctx<'a>(&self, op: &'a str, arg: &'a str) -> Ctx<'a> {
+        Ctx {
+            op,
+            rank: self.info.rank,
+            arg,
+        }
+    }
+
+    fn invalid(&self, op: &str, msg: impl std::fmt::Display) -> PyErr {
+        PyValueError::new_err(format!("rank {}: {op}: {msg}", self.info.rank))
+    }
+
+    fn same_dtype(&self, op: &str, input: &Buffer, output: &Buffer) -> PyResult<()> {
+        if input.dtype != output.dtype {
+            return Err(PyTypeError::new_err(format!(
+                "rank {}: {op}: input is {} but output is {}",
+                self.info.rank,
+                dtype_name(input.dtype),
+                dtype_name(output.dtype)
+            )));
+        }
+        Ok(())
+    }
+
+    fn no_overlap(&self, op: &str, input: &Buffer, output: &Buffer) -> PyResult<()> {
+        if input.overlaps(output) {
+            return Err(self.invalid(op, "input and output share memory; pass separate arrays"));
+        }
+        Ok(())
+    }
+
+    fn check_root(&self, op: &str, root: usize) -> PyResult<()> {
+        if root >= self.info.world {
+            return Err(self.invalid(
+                op,
+                format!(
+                    "root {root} is not a rank of world size {}",
+                    self.info.world
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_peer(&self, op: &str, peer: usize) -> PyResult<()> {
+        if peer >= self.info.world || peer == self.info.rank {
+            return Err(self.invalid(
+                op,
+                format!(
+                    "peer {peer} is not another rank of world size {}",
+                    self.info.world
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Runs `work` to its end: a blocking call.
+    fn finish(py: Python<'_>, work: PyResult<Work>) -> PyResult<()> {
+        work?.wait_inner(py, None)
+    }
+
+    fn all_reduce_impl(&self, buf: &Bound<'_, PyAny>, op: &str) -> PyResult<Work> {
+        const NAME: &str = "all_reduce";
+        self.check_open(NAME)?;
+        let rop = parse_op(op, self.rank(), NAME)?;
+        let b = extract(buf, Access::Write, self.ctx(NAME, "buf"))?;
+        let dt = b.dtype;
+        let (s, keep) = b.into_parts();
+        let task: Task = with_element!(dt, T => Box::new(move |c: &mut gradsync::Communicator| {
+            // SAFETY: `s` describes `T`s (dispatch on its dtype) in writable memory (checked)
+            // whose owners travel with this job until it has finished; the caller is told not
+            // to touch a buffer of an unfinished operation, and no other slice of it exists.
+            let buf = unsafe { s.slice_mut::<T>() };
+            c.all_reduce(buf, rop)
+        }));
+        self.submit(NAME, task, keep)
+    }
+
+    fn reduce_scatter_impl(
+        &self,
+        input: &Bound<'_, PyAny>,
+        output: &Bound<'_, PyAny>,
+        op: &str,
+    ) -> PyResult<Work> {
+        const NAME: &str = "reduce_scatter";
+        self.check_open(NAME)?;
+        let rop = parse_op(op, self.rank(), NAME)?;
+        let i = extract(input, Access::Read, self.ctx(NAME, "input"))?;
+        let o = extract(output, Access::Write, self.ctx(NAME, "output"))?;
+        self.same_dtype(NAME, &i, &o)?;
+        if i.len != o.len * self.info.world {
+            return Err(self.invalid(
+                NAME,
+                format!(
+                    "input has {} elements but must have world size {} x output's {} = {}",
+                    i.len,
+                    self.info.world,
+                    o.len,
+                    o.len * self.info.world
+                ),
+            ));
+        }
+        self.no_overlap(NAME, &i, &o)?;
+        let dt = i.dtype;
+        let (si, mut keep) = i.into_parts();
+        let (so, k) = o.into_parts();
+        keep.extend(k);
+        let task: Task = with_element!(dt, T => Box::new(move |c: &mut gradsync::Communicator| {
+            // SAFETY: both describe `T`s whose owners travel with this job; the output is
+            // writable and does not overlap the input (both checked); the caller does not
+            // touch them until the operation has finished.
+            let (input, output) = unsafe { (si.slice::<T>(), so.slice_mut::<T>()) };
+            c.reduce_scatter(input, output, rop)
+        }));
+        self.submit(NAME, task, keep)
+    }
+
+    fn all_gather_impl(
+        &self,
+        input: &Bound<'_, PyAny>,
+        output: &Bound<'_, PyAny>,
+    ) -> PyResult<Work> {
+        const NAME: &str = "all_gather";
+        self.check_open(NAME)?;
+        let i = extract(input, Access::Read, self.ctx(NAME, "input"))?;
+        let o = extract(output, Access::Write, self.ctx(NAME, "output"))?;
+        self.same_dtype(NAME, &i, &o)?;
+        if o.len != i.len * self.info.world {
+            return Err(self.invalid(
+                NAME,
+                format!(
+                    "output has {} elements but must have world size {} x input's {} = {}",
+                    o.len,
+                    self.info.world,
+                    i.len,
+                    i.len * self.info.world
+                ),
+            ));
+        }
+        self.no_overlap(NAME, &i, &o)?;
+        let dt = i.dtype;
+        let (si, mut keep) = i.into_parts();
+        let (so, k) = o.into_parts();
+        keep.extend(k);
+        let task: Task = with_element!(dt, T => Box::new(move |c: &mut gradsync::Communicator| {
+            // SAFETY: as in reduce_scatter: typed, alive, output writable, no overlap.
+            let (input, output) = unsafe { (si.slice::<T>(), so.slice_mut::<T>()) };
+            c.all_gather(input, output)
+        }));
+        self.submit(NAME, task, keep)
+    }
+
+    fn broadcast_impl(&self, buf: &Bound<'_, PyAny>, root: usize) -> PyResult<Work> {
+        const NAME: &str = "broadcast";
+        self.check_open(NAME)?;
+        self.check_root(NAME, root)?;
+        let b = extract(buf, Access::Write, self.ctx(NAME, "buf"))?;
+        let dt = b.dtype;
+        let (s, keep) = b.into_parts();
+        let task: Task = with_element!(dt, T => Box::new(move |c: &mut gradsync::Communicator| {
+            // SAFETY: as in all_reduce: typed, writable, alive, not otherwise referenced.
+            let buf = unsafe { s.slice_mut::<T>() };
+            c.broadcast(buf, root)
+        }));
+        self.submit(NAME, task, keep)
+    }
+
+    fn reduce_impl(
+        &self,
+        input: &Bound<'_, PyAny>,
+        output: Option<&Bound<'_, PyAny>>,
+        op: &str,
+        root: usize,
+    ) -> PyResult<Work> {
+        const NAME: &str = "reduce";
+        self.check_open(NAME)?;
+        let rop = parse_op(op, self.rank(), NAME)?;
+        self.check_root(NAME, root)?;
+        let i = extract(input, Access::Read, self.ctx(NAME, "input"))?;
+        let is_root = self.info.rank == root;
+        let o = match output {
+            Some(o) if is_root => {
+                let o = extract(o, Access::Write, self.ctx(NAME, "output"))?;
+                self.same_dtype(NAME, &i, &o)?;
+                if o.len != i.len {
+                    return Err(self.invalid(
+                        NAME,
+                        format!(
+                            "input has {} elements but the root's output has {}",
+                            i.len, o.len
+                        ),
+                    ));
+                }
+                self.no_overlap(NAME, &i, &o)?;
+                o
+            }
+            None if is_root => {
+                return Err(self.invalid(
+                    NAME,
+                    format!("the root (rank {root}) needs an output array"),
+                ));
+            }
+            // Other ranks' output is never written.
+            _ => Buffer::empty(i.dtype),
+        };
+        let dt = i.dtype;
+        let (si, mut keep) = i.into_parts();
+        let (so, k) = o.into_parts();
+        keep.extend(k);
+        let task: Task = with_element!(dt, T => Box::new(move |c: &mut gradsync::Communicator| {
+            // SAFETY: as in reduce_scatter: typed, alive, the root's output writable and
+            // separate from the input; elsewhere the output is empty.
+            let (input, output) = unsafe { (si.slice::<T>(), so.slice_mut::<T>()) };
+            c.reduce(input, output, rop, root)
+        }));
+        self.submit(NAME, task, keep)
+    }
+
+    fn barrier_impl(&self) -> PyResult<Work> {
+        const NAME: &str = "barrier";
+        self.check_open(NAME)?;
+        self.submit(NAME, Box::new(|c| c.barrier()), Vec::new())
+    }
+
+    fn p2p(&self, py: Python<'_>, buf: &Bound<'_, PyAny>, peer: usize, send: bool) -> PyResult<()> {
+        let name = if send { "send" } else { "recv" };
+        self.check_open(name)?;
+        self.check_peer(name, peer)?;
+        let access = if send { Access::Read } else { Access::Write };
+        let b = extract(buf, access, self.ctx(name, "buf"))?;
+        let dt = b.dtype;
+        let (s, keep) = b.into_parts();
+        let task: Task = if send {
+            with_element!(dt, T => Box::new(move |c: &mut gradsync::Communicator| {
+                // SAFETY: typed and alive (travels with the job); only read.
+                let buf = unsafe { s.slice::<T>() };
+                c.send(buf, peer)
+            }))
+        } else {
+            with_element!(dt, T => Box::new(move |c: &mut gradsync::Communicator| {
+                // SAFETY: typed, writable (checked), alive, not otherwise referenced.
+                let buf = unsafe { s.slice_mut::<T>() };
+                c.recv(buf, peer)
+            }))
+        };
+        Self::finish(py, self.submit(name, task, keep))
+    }
+}
+
+#[pymethods]
+impl Communicator {
+    #[new]
+    #[pyo3(signature = (store_addr, rank, world_size, *, host_store=true, timeout=None))]
+    fn new(
+        py: Python<'_>,
+        store_addr: String,
+        rank: usize,
+        world_size: usize,
+        host_store: bool,
+        timeout: Option<f64>,
+    ) -> PyResult<Self> {
+        gradsync::logging::init_from_env();
+        if world_size == 0 || rank >= world_size {
+            return Err(PyValueError::new_err(format!(
+                "rank {rank} is not within world size {world_size}"
+            )));
+        }
+        let mut config = Config::new(store_addr, rank, world_size);
+        config.host_store = host_store;
+        config
+            .apply_env()
+            .map_err(|e| GradsyncError::new_err(e.to_string()))?;
+        if let Some(t) = timeout_arg(timeout, "Communicator")? {
+            if t.is_zero() {
+                return Err(PyValueError::new_err(
+                    "Communicator: timeout must be positive",
+                ));
+            }
+            config.timeout = t;
+        }
+        Self::start(py, config)
+    }
+
+    /// Joins the group described by the launcher's environment.
+    ///
+    /// Reads torchrun / ``gradsync launch`` (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+    /// ``MASTER_ADDR``, ``MASTER_PORT``), Open MPI (``OMPI_COMM_WORLD_*``) or Slurm
+    /// (``SLURM_PROCID``, ``SLURM_NTASKS``, ...) variables, and every ``GRADSYNC_*`` tunable.
+    /// Under torchrun, whose agent already serves a store on ``MASTER_PORT``, rank 0 starts
+    /// gradsync's store on ``MASTER_PORT + 1`` (``GRADSYNC_STORE_PORT`` overrides the port).
+    /// Raises :class:`GradsyncError` when the environment is incomplete or init fails.
+    #[classmethod]
+    fn from_env(_cls: &Bound<'_, PyType>, py: Python<'_>) -> PyResult<Self> {
+        gradsync::logging::init_from_env();
+        let config = Config::from_env().map_err(|e| GradsyncError::new_err(e.to_string()))?;
+        Self::start(py, config)
+    }
+
+    /// This process's rank, ``0 <= rank < world_size``.
+    #[getter]
+    fn get_rank(&self) -> usize {
+        self.info.rank
+    }
+
+    /// Number of ranks in the group.
+    #[getter]
+    fn world_size(&self) -> usize {
+        self.info.world
+    }
+
+    /// Name of the transport between this rank and its peers (``tcp``, ``shm``, ``hybrid``, ...).
+    #[getter]
+    fn transport(&self) -> String {
+        self.info.transport.clone()
+    }
+
+    /// The deadline of init and of each operation, in seconds.
+    #[getter]
+    fn timeout(&self) -> f64 {
+        self.info.timeout.as_secs_f64()
+    }
+
+    /// Whether :meth:`close` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        lock(&self.worker).is_none()
+    }
+
+    /// All-reduce in place: every rank's ``buf`` becomes ``op`` over all ranks' ``buf``
+    /// (bitwise identical on every rank).
+    ///
+    /// ``op`` is ``"sum"``, ``"prod"``, ``"min"``, ``"max"`` or ``"avg"`` (the sum divided by
+    /// the world size; integers truncate toward zero). Integer sums and products wrap.
+    #[pyo3(signature = (buf, op="sum"))]
+    fn all_reduce(&self, py: Python<'_>, buf: &Bound<'_, PyAny>, op: &str) -> PyResult<()> {
+        Self::finish(py, self.all_reduce_impl(buf, op))
+    }
+
+    /// Starts :meth:`all_reduce` and returns its :class:`Work`.
+    #[pyo3(signature = (buf, op="sum"))]
+    fn all_reduce_async(&self, buf: &Bound<'_, PyAny>, op: &str) -> PyResult<Work> {
+        self.all_reduce_impl(buf, op)
+    }
+
+    /// Reduce-scatter: ``input`` holds ``world_size * n`` elements; ``output`` (``n``
+    /// elements) gets block ``rank`` of ``op`` over all ranks' ``input``.
+    #[pyo3(signature = (input, output, op="sum"))]
+    fn reduce_scatter(
+        &self,
+        py: Python<'_>,
+        input: &Bound<'_, PyAny>,
+        output: &Bound<'_, PyAny>,
+        op: &str,
+    ) -> PyResult<()> {
+        Self::finish(py, self.reduce_scatter_impl(input, output, op))
+    }
+
+    /// Starts :meth:`reduce_scatter` and returns its :class:`Work`.
+    #[pyo3(signature = (input, output, op="sum"))]
+    fn reduce_scatter_async(
+        &self,
+        input: &Bound<'_, PyAny>,
+        output: &Bound<'_, PyAny>,
+        op: &str,
+    ) -> PyResult<Work> {
+        self.reduce_scatter_impl(input, output, op)
+    }
+
+    /// All-gather: ``output`` (``world_size * n`` elements) gets every rank's ``input`` (``n``
+    /// elements), rank ``r``'s at offset ``r * n``.
+    fn all_gather(
+        &self,
+        py: Python<'_>,
+        input: &Bound<'_, PyAny>,
+        output: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        Self::finish(py, self.all_gather_impl(input, output))
+    }
+
+    /// Starts :meth:`all_gather` and returns its :class:`Work`.
+    fn all_gather_async(
+        &self,
+        input: &Bound<'_, PyAny>,
+        output: &Bound<'_, PyAny>,
+    ) -> PyResult<Work> {
+        self.all_gather_impl(input, output)
+    }
+
+    /// Broadcast in place: every rank's ``buf`` gets rank ``root``'s.
+    #[pyo3(signature = (buf, root=0))]
+    fn broadcast(&self, py: Python<'_>, buf: &Bound<'_, PyAny>, root: usize) -> PyResult<()> {
+        Self::finish(py, self.broadcast_impl(buf, root))
+    }
+
+    /// Starts :meth:`broadcast` and returns its :class:`Work`.
+    #[pyo3(signature = (buf, root=0))]
+    fn broadcast_async(&self, buf: &Bound<'_, PyAny>, root: usize) -> PyResult<Work> {
+        self.broadcast_impl(buf, root)
+    }
+
+    /// Reduce: the root's ``output`` gets ``op`` over all ranks' ``input``.
+    ///
+    /// The other ranks' ``output`` may be ``None``; it is never written.
+    #[pyo3(signature = (input, output, op="sum", root=0))]
+    fn reduce(
+        &self,
+        py: Python<'_>,
+        input: &Bound<'_, PyAny>,
+        output: Option<&Bound<'_, PyAny>>,
+        op: &str,
+        root: usize,
+    ) -> PyResult<()> {
+        Self::finish(py, self.reduce_impl(input, output, op, root))
+    }
+
+    /// Starts :meth:`reduce` and returns its :class:`Work`.
+    #[pyo3(signature = (input, output, op="sum", root=0))]
+    fn reduce_async(
+        &self,
+        input: &Bound<'_, PyAny>,
+        output: Option<&Bound<'_, PyAny>>,
+        op: &str,
+        root: usize,
+    ) -> PyResult<Work> {
+        self.reduce_impl(input, output, op, root)
+    }
+
+    /// Returns once every rank has entered the barrier.
+    fn barrier(&self, py: Python<'_>) -> PyResult<()> {
+        Self::finish(py, self.barrier_impl())
+    }
+
+    /// Starts :meth:`barrier` and returns its :class:`Work`.
+    fn barrier_async(&self) -> PyResult<Work> {
+        self.barrier_impl()
+    }
+
+    /// Sends ``buf`` to rank ``peer``, which calls :meth:`recv` with as many elements of the
+    /// same type.
+    fn send(&self, py: Python<'_>, buf: &Bound<'_, PyAny>, peer: usize) -> PyResult<()> {
+        self.p2p(py, buf, peer, true)
+    }
+
+    /// Receives into ``buf`` what rank ``peer`` sends with :meth:`send`.
+    fn recv(&self, py: Python<'_>, buf: &Bound<'_, PyAny>, peer: usize) -> PyResult<()> {
+        self.p2p(py, buf, peer, false)
+    }
+
+    /// Finishes the operations already started, then closes the connections. Later calls
+    /// raise :class:`GradsyncError`; closing again does nothing.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let Some(worker) = lock(&self.worker).take() else {
+            return Ok(());
+        };
+        // The queued operations are bounded by their deadlines, closing by a few seconds.
+        let deadline = Instant::now() + worker.drain_bound(self.info.timeout);
+        let handle = Mutex::new(Some(worker.finish()));
+        wait_detached(py, deadline, |d| {
+            let mut h = lock(&handle);
+            match h.as_ref() {
+                None => true,
+                Some(j) if j.is_finished() => {
+                    let _ = h.take().map(std::thread::JoinHandle::join);
+                    true
+                }
+                Some(_) => {
+                    drop(h);
+                    std::thread::sleep(d.min(Duration::from_millis(5)));
+                    false
+                }
+            }
+        })?;
+        Ok(())
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
+        self.close(py)?;
+        Ok(false)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<gradsync.Communicator rank={} world_size={} transport={}{}>",
+            self.info.rank,
+            self.info.world,
+            self.info.transport,
+            if self.closed() { " closed" } else { "" }
+        )
+    }
+}

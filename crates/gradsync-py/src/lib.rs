@@ -1,0 +1,42 @@
+//! The native module `gradsync._gradsync` of the Python package `gradsync`.
+//!
+//! It wraps [`gradsync::Communicator`] for numpy arrays and CPU torch tensors:
+//!
+//! - `buffer`: finds an object's memory (numpy's array interface; `tensor.numpy()` for
+//!   tensors, viewed as int16 for bfloat16), checks type, contiguity, writability and
+//!   alignment, and keeps the owning objects alive while an operation uses them;
+//! - `worker`: one thread per communicator builds it and runs its operations in submission
+//!   order; Python waits for them with the GIL released;
+//! - `comm`: the `Communicator` and `Work` classes, dispatching on the element type to the
+//!   generic Rust calls;
+//! - `store`: `StoreServer`, the rendezvous store for explicitly built communicators.
+//!
+//! Build it with maturin (`maturin develop --release` in `crates/gradsync-py`); see the README
+//! there.
+
+use pyo3::prelude::*;
+
+mod buffer;
+mod comm;
+mod store;
+mod worker;
+
+pyo3::create_exception!(
+    gradsync,
+    GradsyncError,
+    pyo3::exceptions::PyRuntimeError,
+    "An operation of gradsync failed. The message is the Rust error's: it names this rank, the \
+     operation (with its sequence number) and the peers involved."
+);
+
+/// Collective communication for data-parallel training (native part of the ``gradsync``
+/// package).
+#[pymodule]
+fn _gradsync(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<comm::Communicator>()?;
+    m.add_class::<comm::Work>()?;
+    m.add_class::<store::StoreServer>()?;
+    m.add("GradsyncError", m.py().get_type::<GradsyncError>())?;
+    m.add("__version__", gradsync::VERSION)?;
+    Ok(())
+}
