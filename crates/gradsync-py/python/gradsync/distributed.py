@@ -62,7 +62,7 @@ from typing import Callable, Iterable, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import Backend as _C10dBackend
-from torch._C._distributed_c10d import ReduceOp, _create_work_from_future
+from torch._C._distributed_c10d import ReduceOp
 
 from . import Communicator, StoreServer
 
@@ -147,9 +147,62 @@ def _connect(
 # Completion of torch futures
 
 
+class _Failed:
+    """The outcome of a failed operation, re-raised by :func:`_unwrap`."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def _unwrap(fut: torch.futures.Future):
+    value = fut.value()
+    if isinstance(value, _Failed):
+        raise value.error
+    return value
+
+
+class _Op:
+    """One queued operation: the gradsync works it waits for, what runs after them (copies out
+    of staging buffers), and how it ended.
+
+    ``raw`` is completed with the result (or a :class:`_Failed`); ``future`` is ``raw`` seen
+    through :func:`_unwrap`, so that a failure completes it with an error (``set_exception``
+    would only store the exception as a value, which torch's C++ side takes for a result).
+    """
+
+    __slots__ = ("name", "works", "result", "after", "outcome", "done", "raw", "future")
+
+    def __init__(self, name: str, works: Sequence, result: object, after: Optional[Callable[[], None]]) -> None:
+        self.name = name
+        self.works = works
+        self.result = result
+        self.after = after
+        self.outcome: object = None
+        self.done = threading.Event()
+        self.raw: torch.futures.Future = torch.futures.Future()
+        self.future = self.raw.then(_unwrap)
+
+    def complete(self) -> None:
+        """Waits for the works, runs ``after``, and completes the op (completion thread)."""
+        try:
+            for w in self.works:
+                w.wait()
+            if self.after is not None:
+                self.after()
+        except BaseException as e:  # noqa: BLE001 - handed to the waiters
+            self.outcome = _Failed(e)
+        else:
+            self.outcome = self.result
+        self.works = self.after = None
+        self.done.set()
+        self.raw.set_result(self.outcome)
+
+
 class _Completer:
     """A thread that waits for gradsync operations in the order they were queued and completes
-    their torch futures.
+    them.
 
     gradsync runs a communicator's operations one at a time in submission order, so waiting for
     them in that order never waits behind an operation that could finish later.
@@ -162,39 +215,20 @@ class _Completer:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def submit(
-        self,
-        works: Sequence,
-        result: object,
-        after: Optional[Callable[[], None]] = None,
-    ) -> torch.futures.Future:
-        """A future that completes with ``result`` once every gradsync work in ``works`` has
-        finished and ``after`` (if any: copies out of staging buffers) has run, or with the
-        first error."""
-        fut: torch.futures.Future = torch.futures.Future()
+    def submit(self, op: "_Op") -> "_Op":
         with self._lock:
             if self._closed:
-                raise RuntimeError("gradsync: the process group was shut down")
-            self._queue.put((works, fut, result, after))
-        return fut
+                raise RuntimeError(f"gradsync backend: {op.name}: the group was shut down")
+            self._queue.put(op)
+        return op
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is None:
+            op = self._queue.get()
+            if op is None:
                 return
-            works, fut, result, after = item
-            try:
-                for w in works:
-                    w.wait()
-                if after is not None:
-                    after()
-            except BaseException as e:  # noqa: BLE001 - handed to the waiter
-                fut.set_exception(e)
-            else:
-                fut.set_result(result)
-            # Drop the references (tensors) before blocking on the next item.
-            del item, works, fut, result, after
+            op.complete()
+            del op  # drop the tensors before blocking on the next one
 
     def close(self, wait: bool = True) -> None:
         """Stops taking operations; the queued ones still complete."""
@@ -205,6 +239,46 @@ class _Completer:
             self._queue.put(None)
         if wait and self._thread is not threading.current_thread():
             self._thread.join()
+
+
+class _GradsyncWork(dist._Work):
+    """torch's handle on a queued operation.
+
+    ``wait()`` blocks until the operation (and its copies out) are done and raises its error
+    (:class:`gradsync.GradsyncError`, whose message names the ranks and the operation);
+    ``wait(timeout)`` raises :class:`TimeoutError` when it elapses first (the operation goes
+    on). ``get_future()`` is a future completed with the op's tensors, or with its error.
+    """
+
+    def __init__(self, op: _Op, rank: int) -> None:
+        super().__init__()
+        self._op = op
+        self._rank = rank
+
+    def wait(self, timeout: Optional[datetime.timedelta] = None) -> bool:
+        secs = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
+        op = self._op
+        if not op.done.wait(secs if secs else None):
+            raise TimeoutError(
+                f"gradsync backend: rank {self._rank}: {op.name} not completed within {secs} s "
+                "(it is still running)"
+            )
+        if isinstance(op.outcome, _Failed):
+            raise op.outcome.error
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        return self._op.future
+
+    def is_completed(self) -> bool:
+        return self._op.done.is_set()
+
+    def is_success(self) -> bool:
+        return self._op.done.is_set() and not isinstance(self._op.outcome, _Failed)
+
+    def result(self):
+        self.wait()
+        return self._op.outcome
 
 
 # --------------------------------------------------------------------------------------------
@@ -356,8 +430,14 @@ class GradsyncBackend(_C10dBackend):
 
     # -- helpers -------------------------------------------------------------------------
 
-    def _work(self, works: Sequence, result: object, after: Optional[Callable[[], None]] = None):
-        return _create_work_from_future(self._completer.submit(works, result, after))
+    def _work(self, name: str, works: Sequence, result: object, after: Optional[Callable[[], None]] = None):
+        op = self._completer.submit(_Op(name, works, result, after))
+        return _GradsyncWork(op, self.rank())
+
+    def _finished(self, name: str, result: object):
+        op = _Op(name, (), result, None)
+        op.complete()
+        return _GradsyncWork(op, self.rank())
 
     def _unsupported(self, what: str):
         raise NotImplementedError(f"gradsync backend: {what} is not supported")
@@ -373,7 +453,7 @@ class GradsyncBackend(_C10dBackend):
             buf, gop = _reducible(s.buf, op, "allreduce")
             works.append(self._comm.all_reduce_async(buf, gop))
             staged.append(s)
-        return self._work(works, list(tensors), _copy_backs(staged))
+        return self._work("allreduce", works, list(tensors), _copy_backs(staged))
 
     def allreduce_coalesced(self, tensors, opts):
         return self.allreduce(tensors, opts)
@@ -389,7 +469,7 @@ class GradsyncBackend(_C10dBackend):
             s = _Staged(t, copy_in=self.rank() == root)
             works.append(self._comm.broadcast_async(_movable(s.buf), root))
             staged.append(s)
-        return self._work(works, list(tensors), _copy_backs(staged))
+        return self._work("broadcast", works, list(tensors), _copy_backs(staged))
 
     def reduce(self, tensors, opts):
         op = _op_name(opts.reduceOp, "reduce")
@@ -406,7 +486,7 @@ class GradsyncBackend(_C10dBackend):
                     afters.append(s.copy_back)
             else:
                 works.append(self._comm.reduce_async(buf, None, gop, root))
-        return self._work(works, list(tensors), _chain(*afters))
+        return self._work("reduce", works, list(tensors), _chain(*afters))
 
     def allgather(self, output_tensors, input_tensors, opts):
         world = self.size()
@@ -428,9 +508,9 @@ class GradsyncBackend(_C10dBackend):
             flat = torch.empty(world * src.numel(), dtype=src.dtype)
             works.append(self._comm.all_gather_async(src, flat))
             afters.append(_scatter_copy(flat, outs))
-        return self._work(works, [list(o) for o in output_tensors], _chain(*afters))
+        return self._work("allgather", works, [list(o) for o in output_tensors], _chain(*afters))
 
-    def all_gather_single(self, output, input, opts):
+    def _all_gather_single(self, output, input):
         _check_cpu(output, "all_gather_into_tensor")
         _check_cpu(input, "all_gather_into_tensor")
         if output.numel() != self.size() * input.numel() or output.dtype != input.dtype:
@@ -441,7 +521,11 @@ class GradsyncBackend(_C10dBackend):
             )
         s = _Staged(output, copy_in=False)
         work = self._comm.all_gather_async(_movable(input.contiguous()), _movable(s.buf))
-        return self._work([work], [output], _copy_backs([s]))
+        return work, s
+
+    def all_gather_single(self, output, input, opts):
+        work, s = self._all_gather_single(output, input)
+        return self._work("all_gather_into_tensor", [work], [output], _copy_backs([s]))
 
     _allgather_base = all_gather_single
 
@@ -449,8 +533,15 @@ class GradsyncBackend(_C10dBackend):
         return self.allgather(output_lists, input_tensors, opts)
 
     def all_gather_single_coalesced(self, outputs, inputs, opts):
-        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
-        return _join(works, list(outputs))
+        parts = [self._all_gather_single(o, i) for o, i in zip(outputs, inputs)]
+        return self._work(
+            "all_gather_into_tensor_coalesced",
+            [w for w, _ in parts],
+            list(outputs),
+            _copy_backs([s for _, s in parts]),
+        )
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def reduce_scatter(self, output_tensors, input_tensors, opts):
         op = _op_name(opts.reduceOp, "reduce_scatter")
@@ -475,10 +566,9 @@ class GradsyncBackend(_C10dBackend):
             fout, _ = _reducible(s.buf, op, "reduce_scatter")
             works.append(self._comm.reduce_scatter_async(fin, fout, gop))
             staged.append(s)
-        return self._work(works, list(output_tensors), _copy_backs(staged))
+        return self._work("reduce_scatter", works, list(output_tensors), _copy_backs(staged))
 
-    def reduce_scatter_single(self, output, input, opts):
-        op = _op_name(opts.reduceOp, "reduce_scatter_tensor")
+    def _reduce_scatter_single(self, output, input, op):
         _check_cpu(output, "reduce_scatter_tensor")
         _check_cpu(input, "reduce_scatter_tensor")
         if input.numel() != self.size() * output.numel() or output.dtype != input.dtype:
@@ -490,14 +580,26 @@ class GradsyncBackend(_C10dBackend):
         s = _Staged(output, copy_in=False)
         fin, gop = _reducible(input.contiguous(), op, "reduce_scatter_tensor")
         fout, _ = _reducible(s.buf, op, "reduce_scatter_tensor")
-        work = self._comm.reduce_scatter_async(fin, fout, gop)
-        return self._work([work], [output], _copy_backs([s]))
+        return self._comm.reduce_scatter_async(fin, fout, gop), s
+
+    def reduce_scatter_single(self, output, input, opts):
+        op = _op_name(opts.reduceOp, "reduce_scatter_tensor")
+        work, s = self._reduce_scatter_single(output, input, op)
+        return self._work("reduce_scatter_tensor", [work], [output], _copy_backs([s]))
 
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
-        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
-        return _join(works, list(outputs))
+        op = _op_name(opts.reduceOp, "reduce_scatter_tensor_coalesced")
+        parts = [self._reduce_scatter_single(o, i, op) for o, i in zip(outputs, inputs)]
+        return self._work(
+            "reduce_scatter_tensor_coalesced",
+            [w for w, _ in parts],
+            list(outputs),
+            _copy_backs([s for _, s in parts]),
+        )
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     def gather(self, output_tensors, input_tensors, opts):
         # Built on all-gather: every rank receives everything, the root keeps it.
@@ -515,7 +617,7 @@ class GradsyncBackend(_C10dBackend):
                     raise ValueError(f"gradsync backend: gather: {len(outs)} output tensors for a group of {world}")
                 afters.append(_scatter_copy(flat, outs))
         result = [list(o) for o in output_tensors] if self.rank() == root else []
-        return self._work(works, result, _chain(*afters))
+        return self._work("gather", works, result, _chain(*afters))
 
     def scatter(self, output_tensors, input_tensors, opts):
         # Built on broadcast: the root sends everything, every rank keeps its part.
@@ -534,7 +636,7 @@ class GradsyncBackend(_C10dBackend):
                 flat = torch.empty(world * n, dtype=_movable(out.contiguous()).dtype)
             works.append(self._comm.broadcast_async(flat, root))
             afters.append(_take_part(flat, out, self.rank() * n, n))
-        return self._work(works, list(output_tensors), _chain(*afters))
+        return self._work("scatter", works, list(output_tensors), _chain(*afters))
 
     def alltoall(self, output_tensors, input_tensors, opts):
         self._unsupported("all_to_all")
@@ -543,7 +645,7 @@ class GradsyncBackend(_C10dBackend):
         self._unsupported("all_to_all_single")
 
     def barrier(self, opts):
-        return self._work([self._comm.barrier_async()], [])
+        return self._work("barrier", [self._comm.barrier_async()], [])
 
     # -- point to point ------------------------------------------------------------------
 
@@ -551,7 +653,7 @@ class GradsyncBackend(_C10dBackend):
         for t in tensors:
             _check_cpu(t, "send")
             self._comm.send(_movable(t.contiguous()), dst)
-        return _done(list(tensors))
+        return self._finished("send", list(tensors))
 
     def recv(self, tensors, src, tag=0):
         for t in tensors:
@@ -559,7 +661,7 @@ class GradsyncBackend(_C10dBackend):
             s = _Staged(t, copy_in=False)
             self._comm.recv(_movable(s.buf), src)
             s.copy_back()
-        return _done(list(tensors))
+        return self._finished("recv", list(tensors))
 
     def recv_anysource(self, tensors, tag=0):
         self._unsupported("recv from any source")
@@ -605,25 +707,6 @@ def _take_part(flat: torch.Tensor, out: torch.Tensor, start: int, n: int) -> Cal
         _fill(out, flat[start : start + n])
 
     return run
-
-
-def _done(result: object):
-    """A completed work."""
-    fut: torch.futures.Future = torch.futures.Future()
-    fut.set_result(result)
-    return _create_work_from_future(fut)
-
-
-def _join(works, result):
-    """A work that completes when all of ``works`` have, with ``result``."""
-    futs = [w.get_future() for w in works]
-
-    def finish(all_done: torch.futures.Future):
-        for f in all_done.value():
-            f.value()  # raises the first error
-        return result
-
-    return _create_work_from_future(torch.futures.collect_all(futs).then(finish))
 
 
 def _create_backend(store, rank, size, timeout):
@@ -713,4 +796,4 @@ def allreduce_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.F
     buf = bucket.buffer()
     buf.div_(state.world_size)
     work = state.comm.all_reduce_async(buf, "sum")
-    return state._completer.submit([work], buf)
+    return state._completer.submit(_Op("allreduce_hook", [work], buf, None)).future
