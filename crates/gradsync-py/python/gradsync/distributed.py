@@ -12,16 +12,26 @@ on gradsync.
 How a group is formed: torch's own store (the one ``init_process_group`` rendezvoused on) is
 used only to find gradsync's. Rank 0 of the group starts a :class:`gradsync.StoreServer` on a
 free port and publishes its address (``MASTER_ADDR``, else this host's name, and the port;
-``GRADSYNC_STORE_HOST`` overrides the host) under a key of the group's store; every rank then
-builds a :class:`gradsync.Communicator` on it. The communicator's deadline is the ``timeout``
-given to ``init_process_group`` (torch's default is 30 minutes), unless ``GRADSYNC_TIMEOUT`` is
-set, which then wins.
+``GRADSYNC_STORE_HOST`` overrides the host; the server listens on loopback only when that host
+is ``127.0.0.1`` or ``localhost``) under a key of the group's store; every rank then builds a
+:class:`gradsync.Communicator` on it. Set the same ``GRADSYNC_TOKEN`` on every rank to
+authenticate gradsync's connections (``gradsync launch`` does; torchrun does not). The
+communicator's deadline is the ``timeout`` given to ``init_process_group`` (torch's default is
+30 minutes), unless ``GRADSYNC_TIMEOUT`` is set, which then wins.
 
 Operations run asynchronously: each torch call queues a gradsync operation and returns at once
 with a ``Work`` whose future completes when gradsync has finished it. One thread per group waits
 for the operations in the order they were queued (the order gradsync runs them) and completes
 their futures, so DDP's reducer overlaps gradient all-reduces with backward as it does on Gloo.
 Tensors must stay untouched until their work is waited for, as with every backend.
+
+Errors: ``work.wait()`` (and so every blocking call) raises the operation's
+:class:`gradsync.GradsyncError`, whose message names the ranks and the calls (``rank 1 runs
+broadcast seq 2 ... but rank 0 sent all_reduce seq 2 ...``); ``work.wait(timeout)`` raises
+:class:`TimeoutError` when the timeout elapses first. A work's future completes with the error
+too (torch reports it as a ``RuntimeError`` that quotes the ``GradsyncError``). The handle that
+torch returns for ``async_op=True`` does not pass ``is_completed()`` on to a backend written in
+Python (torch 2.15 answers ``False``); ``work.get_future().done()`` tells.
 
 What the backend implements:
 
@@ -129,8 +139,11 @@ def _connect(
     torch's ``store``: rank 0 serves it and publishes its address under ``key``."""
     server = None
     if rank == 0:
-        server = StoreServer(host="0.0.0.0", port=0)
-        addr = f"{_advertised_host()}:{server.port}"
+        host = _advertised_host()
+        # A job that meets on loopback keeps the store off the network.
+        bind = "127.0.0.1" if host in ("127.0.0.1", "localhost") else "0.0.0.0"
+        server = StoreServer(host=bind, port=0)
+        addr = f"{host}:{server.port}"
         store.set(key, addr)
     else:
         addr = store.get(key).decode()
@@ -681,7 +694,16 @@ class GradsyncBackend(_C10dBackend):
                 self._server.close()
 
     def abort(self) -> None:
-        self.shutdown()
+        """Stops completing futures at once, then closes the communicator and the store."""
+        if self._shut:
+            return
+        self._shut = True
+        self._completer.close(wait=False)
+        try:
+            self._comm.close()
+        finally:
+            if self._server is not None:
+                self._server.close()
 
 
 def _fill(out: torch.Tensor, part: torch.Tensor) -> None:
