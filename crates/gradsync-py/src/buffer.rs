@@ -102,7 +102,6 @@ impl RawSlice {
     /// As for [`slice`](Self::slice), and the memory must be writable (checked in `extract`
     /// for [`Access::Write`]) and not be used through any other reference while the slice is
     /// used.
-    #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn slice_mut<'a, T>(self) -> &'a mut [T] {
         // SAFETY: as in `slice`; the caller guarantees the memory is writable and not aliased.
         unsafe { std::slice::from_raw_parts_mut(self.addr as *mut T, self.len) }
