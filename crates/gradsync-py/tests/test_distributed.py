@@ -103,7 +103,7 @@ def test_one_rank_group_in_process():
         out = torch.empty(6)
         dist.all_gather_into_tensor(out, t)
         assert torch.equal(out, t)
-        with pytest.raises(NotImplementedError, match="PREMUL_SUM|all_to_all"):
+        with pytest.raises(NotImplementedError, match="all_to_all"):
             dist.all_to_all_single(torch.empty(1), torch.empty(1))
         with pytest.raises(NotImplementedError, match="BXOR"):
             dist.all_reduce(torch.ones(2, dtype=torch.int64), op=dist.ReduceOp.BXOR)
