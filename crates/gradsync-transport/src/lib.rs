@@ -37,9 +37,8 @@ mod regions;
 pub mod shm;
 pub mod tcp;
 
-/// Largest payload of a two-sided [`Endpoint::post_send`]: 4 KiB of data plus 64 bytes for the
-/// caller's own header, so that a 4 KiB buffer and its framing fit in one message.
-pub const MAX_SEND: usize = 4096 + 64;
+/// Largest payload of a two-sided [`Endpoint::post_send`].
+pub const MAX_SEND: usize = 4096;
 
 /// Access rights of a registered region.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

@@ -53,7 +53,7 @@ pub struct Config {
     /// cross-memory copy that pins the destination's pages, measured slower.
     pub shm_direct_min: usize,
     /// All-reduces of at most this many bytes run eagerly (`GRADSYNC_EAGER_MAX`, default and
-    /// upper limit 4096, `0` or `off`: never; only with no forced algorithm and at most 16
+    /// upper limit 4064, `0` or `off`: never; only with no forced algorithm and at most 16
     /// ranks): each rank sends its whole buffer to every peer in one message and reduces all
     /// contributions in rank order, one message latency in all. Set it alike on every rank.
     pub eager_max: usize,

@@ -60,9 +60,8 @@ const CTRL_PROBE_REPLY: u8 = 5;
 const CTRL_EAGER: u8 = 6;
 /// Bytes of an eager message before its payload.
 const EAGER_HDR: usize = 32;
-/// Largest buffer an eager all-reduce carries (4 KiB): one two-sided message with its header.
-pub(crate) const EAGER_MAX: usize = 4096;
-const _: () = assert!(EAGER_MAX + EAGER_HDR <= gradsync_transport::MAX_SEND);
+/// Largest buffer an eager all-reduce carries: one two-sided message.
+pub(crate) const EAGER_MAX: usize = gradsync_transport::MAX_SEND - EAGER_HDR;
 /// Largest world that runs small all-reduces eagerly: each rank sends `world - 1` messages.
 pub(crate) const EAGER_WORLD_MAX: usize = 16;
 /// Eager messages a peer may have sent for operations this rank has not reached.
