@@ -2,7 +2,8 @@
 //!
 //! On a shared or oversubscribed machine, separate runs of the benchmark differ by more than
 //! the algorithms do. Here the algorithms take turns inside one communicator: for every size,
-//! each of `--rounds` rounds times a block of `-n` calls of every algorithm in turn (after
+//! each of `--rounds` rounds times a block of `-n` calls of every algorithm in turn, each round
+//! starting one algorithm further along the list (after
 //! `-w` warm-up calls of each), so that all of them see the same conditions. A block's time is
 //! the slowest rank's; the table gives every algorithm's median block time per call, the
 //! fastest forced algorithm, and `auto` (the automatic choice, eager included) against it.
@@ -73,7 +74,7 @@ pub fn run(
     if rank == 0 {
         writeln!(
             out,
-            "# compare: float sum all-reduce, out of place, {rounds} rounds of {iters} calls per algorithm and size, taking turns; median time per call (us), slowest rank"
+            "# compare: float sum all-reduce, out of place, {rounds} rounds of {iters} calls per algorithm and size, taking turns in a rotating order; median time per call (us), slowest rank"
         )?;
         let mut head = format!("# {:>12}", "size");
         for c in choices {
@@ -100,8 +101,12 @@ pub fn run(
             }
         }
         let mut times: Vec<Vec<f64>> = vec![Vec::new(); choices.len()];
-        for _ in 0..rounds {
-            for (k, &c) in choices.iter().enumerate() {
+        for round in 0..rounds as usize {
+            // Each round starts with the next algorithm, so none always runs first (after the
+            // barrier) or always follows the same one.
+            for j in 0..choices.len() {
+                let k = (round + j) % choices.len();
+                let c = choices[k];
                 comm.barrier()?;
                 let t = Instant::now();
                 for _ in 0..iters {
