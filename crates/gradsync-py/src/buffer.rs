@@ -4,10 +4,14 @@
 //! The stable ABI this package is built for (abi3, Python 3.9) has no buffer protocol (it
 //! entered the limited API in 3.11), so memory is found through numpy's
 //! `__array_interface__`: a data pointer, a read-only flag, a type string, a shape and strides.
-//! The object that exported them is kept alive (a strong reference in [`Buffer`]) until the
-//! operation that uses the memory has finished: numpy never frees or moves the data of an array
-//! that is referenced (`ndarray.resize` refuses while other references exist), so the pointer
-//! stays valid.
+//! Only real `numpy.ndarray`s (subclasses included) and torch tensors are accepted, and the
+//! interface is read through `ndarray`'s own descriptor, never through an attribute an object
+//! or a subclass may define: the pointer is then the array's own data, which the array keeps
+//! alive itself (it owns the memory or holds a reference to the object that does). The array
+//! (and the tensor it came from) is kept alive (a strong reference in [`Buffer`]) until the
+//! operation that uses the memory has finished; numpy never frees or moves the data of an
+//! array that is referenced (`ndarray.resize` refuses while other references exist), so the
+//! pointer stays valid.
 
 use gradsync::DataType;
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -33,9 +37,31 @@ pub(crate) struct Buffer {
     pub(crate) len: usize,
     /// Element type.
     pub(crate) dtype: DataType,
-    /// The numpy array (or other exporter) whose memory this is, and the torch tensor it came
-    /// from, if any: holding them keeps the memory alive.
+    /// The numpy array whose memory this is, and the torch tensor it came from, if any:
+    /// holding them keeps the memory alive.
     owners: Vec<Py<PyAny>>,
+    /// The torch tensor, when the operation writes it: its version counter is bumped when the
+    /// operation is submitted, as torch's in-place operations do, so that autograd notices
+    /// the change of a tensor it saved for backward.
+    written: Option<Py<PyAny>>,
+}
+
+/// What an operation holds on to: the objects that own its buffers' memory, and the torch
+/// tensors it writes.
+#[derive(Debug, Default)]
+pub(crate) struct Keep {
+    /// Kept alive until the operation has finished.
+    pub(crate) owners: Vec<Py<PyAny>>,
+    /// Tensors whose version counters are bumped when the operation is submitted.
+    pub(crate) written: Vec<Py<PyAny>>,
+}
+
+impl Keep {
+    /// Adds what `other` holds.
+    pub(crate) fn extend(&mut self, other: Keep) {
+        self.owners.extend(other.owners);
+        self.written.extend(other.written);
+    }
 }
 
 impl Buffer {
@@ -46,6 +72,7 @@ impl Buffer {
             len: 0,
             dtype,
             owners: Vec::new(),
+            written: None,
         }
     }
 
@@ -61,15 +88,18 @@ impl Buffer {
         a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1
     }
 
-    /// The raw parts for building a slice on the worker thread, and the owners to keep alive
-    /// until that slice is no longer used.
-    pub(crate) fn into_parts(self) -> (RawSlice, Vec<Py<PyAny>>) {
+    /// The raw parts for building a slice on the worker thread, and what the operation holds:
+    /// the owners to keep alive until that slice is no longer used, and the tensor it writes.
+    pub(crate) fn into_parts(self) -> (RawSlice, Keep) {
         (
             RawSlice {
                 addr: self.addr,
                 len: self.len,
             },
-            self.owners,
+            Keep {
+                owners: self.owners,
+                written: self.written.into_iter().collect(),
+            },
         )
     }
 }
@@ -86,12 +116,15 @@ impl RawSlice {
     ///
     /// # Safety
     ///
-    /// `T` must be the buffer's element type, and its owners (see [`Buffer::into_parts`]) must
-    /// be alive, and nothing may write the memory, for as long as the slice is used.
+    /// `T` must be the buffer's element type, and its owners (see [`Buffer::into_parts`]: the
+    /// numpy ndarray whose data it is, and the tensor it came from) must be alive, and nothing
+    /// may write the memory, for as long as the slice is used.
     pub(crate) unsafe fn slice<'a, T>(self) -> &'a [T] {
         // SAFETY: `addr` is non-null and aligned for the element type (checked in `extract`,
         // or dangling-but-aligned when `len` is 0) and points at `len` initialised elements
-        // inside the owner's memory, which the caller keeps alive and unwritten.
+        // of a numpy ndarray's data, read through `ndarray`'s own descriptor (`extract`
+        // accepts no other object); the ndarray owns or references that memory, and the
+        // caller keeps it alive and the memory unwritten.
         unsafe { std::slice::from_raw_parts(self.addr as *const T, self.len) }
     }
 
@@ -150,31 +183,66 @@ impl Ctx<'_> {
     }
 }
 
-/// The `torch.Tensor` class if torch is already imported (an object cannot be a tensor
-/// otherwise, so torch is never imported here).
-fn torch_tensor_class<'py>(
+/// The module `name` and its attribute `attr` if the module is already imported (an object
+/// cannot be an instance of its class otherwise, so nothing is imported here).
+fn imported<'py>(
     py: Python<'py>,
+    name: &str,
+    attr: &str,
 ) -> PyResult<Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>> {
     let modules = py.import("sys")?.getattr("modules")?;
-    let torch = modules.call_method1("get", ("torch",))?;
-    if torch.is_none() {
+    let module = modules.call_method1("get", (name,))?;
+    if module.is_none() {
         return Ok(None);
     }
-    match torch.getattr("Tensor") {
-        Ok(cls) => Ok(Some((torch, cls))),
-        // A module named torch that is not PyTorch (or one half imported).
+    match module.getattr(attr) {
+        Ok(a) => Ok(Some((module, a))),
+        // A module of that name that is not the library (or one half imported).
         Err(_) => Ok(None),
     }
 }
 
-/// Finds the memory of `obj`: a numpy array (or any object with `__array_interface__`) or a
-/// CPU torch tensor. It must be C-contiguous, of a supported type, and writable for
-/// [`Access::Write`].
+/// Bumps the version counter of each torch tensor in `tensors` (those an operation is about
+/// to write), as an in-place torch operation does: autograd then refuses to use a tensor it
+/// saved for backward and that was modified since. Inference tensors have no version counter
+/// and are left alone.
+pub(crate) fn bump_versions(py: Python<'_>, tensors: &[Py<PyAny>]) -> PyResult<()> {
+    if tensors.is_empty() {
+        return Ok(());
+    }
+    let Some((torch, _)) = imported(py, "torch", "Tensor")? else {
+        return Ok(());
+    };
+    let increment = torch
+        .getattr("autograd")?
+        .getattr("graph")?
+        .getattr("increment_version")?;
+    for t in tensors {
+        let t = t.bind(py);
+        if t.call_method0("is_inference")?.extract::<bool>()? {
+            continue;
+        }
+        increment.call1((t,))?;
+    }
+    Ok(())
+}
+
+/// Finds the memory of `obj`: a numpy array (an instance of `numpy.ndarray`) or a CPU torch
+/// tensor. It must be C-contiguous, of a supported type, and writable for [`Access::Write`].
+/// Other objects, even with an `__array_interface__`, are refused: such an interface may
+/// describe memory that nothing keeps alive.
 pub(crate) fn extract(obj: &Bound<'_, PyAny>, access: Access, ctx: Ctx<'_>) -> PyResult<Buffer> {
     let py = obj.py();
     let mut owners = Vec::with_capacity(2);
     let mut forced = None;
-    let array = match torch_tensor_class(py)? {
+    let mut written = None;
+    let not_a_buffer = || -> PyResult<PyErr> {
+        let ty = obj.get_type().name()?.to_string();
+        Ok(ctx.type_err(format!(
+            "expected a numpy array or a CPU torch tensor, got {ty}"
+        )))
+    };
+    let array = match imported(py, "torch", "Tensor")? {
         Some((torch, cls)) if obj.is_instance(&cls)? => {
             let device = obj
                 .getattr("device")?
@@ -208,28 +276,35 @@ pub(crate) fn extract(obj: &Bound<'_, PyAny>, access: Access, ctx: Ctx<'_>) -> P
                 ))
             })?;
             owners.push(obj.clone().unbind());
+            if access == Access::Write {
+                written = Some(obj.clone().unbind());
+            }
             numpy
         }
         _ => obj.clone(),
     };
-    let iface = match array.getattr("__array_interface__") {
-        Ok(i) => i,
-        Err(_) => {
-            let ty = obj.get_type().name()?.to_string();
-            return Err(ctx.type_err(format!(
-                "expected a numpy array or a CPU torch tensor, got {ty}"
-            )));
-        }
+    // Only a real ndarray (what `tensor.numpy()` returns too) owns or references its memory.
+    let Some((_, ndarray)) = imported(py, "numpy", "ndarray")? else {
+        return Err(not_a_buffer()?);
     };
+    if !array.is_instance(&ndarray)? {
+        return Err(not_a_buffer()?);
+    }
+    if let Some((_, masked)) = imported(py, "numpy.ma", "MaskedArray")?
+        && array.is_instance(&masked)?
+    {
+        return Err(ctx.type_err("masked arrays are not supported"));
+    }
+    // `ndarray`'s own descriptor: a subclass may override `__array_interface__`.
+    let iface = ndarray
+        .getattr("__array_interface__")?
+        .call_method1("__get__", (&array, &ndarray))?;
     let iface = iface
         .cast_into::<PyDict>()
         .map_err(|_| ctx.type_err("__array_interface__ is not a dict"))?;
     let item = |k: &str| -> PyResult<Option<Bound<'_, PyAny>>> {
         Ok(iface.get_item(k)?.filter(|v| !v.is_none()))
     };
-    if item("mask")?.is_some() {
-        return Err(ctx.type_err("masked arrays are not supported"));
-    }
     let typestr: String = item("typestr")?
         .ok_or_else(|| ctx.type_err("__array_interface__ has no typestr"))?
         .extract()?;
@@ -292,6 +367,7 @@ pub(crate) fn extract(obj: &Bound<'_, PyAny>, access: Access, ctx: Ctx<'_>) -> P
         len,
         dtype,
         owners,
+        written,
     })
 }
 

@@ -1,7 +1,7 @@
 //! The `Communicator` and `Work` classes.
 
 use crate::GradsyncError;
-use crate::buffer::{Access, Buffer, Ctx, dtype_name, extract};
+use crate::buffer::{Access, Buffer, Ctx, Keep, bump_versions, dtype_name, extract};
 use crate::worker::{Completion, Info, Task, Worker, wait_detached};
 use gradsync::{Config, DataType, ReduceOp};
 use pyo3::exceptions::{PyTimeoutError, PyTypeError, PyValueError};
@@ -88,6 +88,8 @@ fn timeout_arg(t: Option<f64>, what: &str) -> PyResult<Option<Duration>> {
 /// arrays or CPU torch tensors, C-contiguous, of type float32, float64, float16, bfloat16
 /// (torch tensors only), int32, int64 or uint8; buffers that are written must be writable.
 /// Each operation releases the GIL while it runs. Operations run one at a time, in the order
+/// Other objects are refused, even with an ``__array_interface__``. Writing a torch tensor
+/// bumps its version counter when the operation is submitted, as in-place torch operations do.
 /// they were called, on a thread of the communicator; the ``*_async`` variants return a
 /// :class:`Work` at once and keep their buffers alive until they finish. Do not read or write
 /// a buffer of an unfinished operation.
@@ -223,13 +225,16 @@ impl Communicator {
         self.info.rank
     }
 
-    /// Queues `task` with the owners of its buffers.
-    fn submit(&self, op: &'static str, task: Task, keep: Vec<Py<PyAny>>) -> PyResult<Work> {
+    /// Queues `task` with the owners of its buffers, first bumping the version counters of
+    /// the torch tensors it writes (outside the worker's lock: that calls into Python).
+    fn submit(&self, py: Python<'_>, op: &'static str, task: Task, keep: Keep) -> PyResult<Work> {
+        self.check_open(op)?;
+        bump_versions(py, &keep.written)?;
         let w = lock(&self.worker);
         let Some(worker) = w.as_ref() else {
             return Err(self.closed_error(op));
         };
-        match worker.submit(task, keep, self.info.timeout) {
+        match worker.submit(task, keep.owners, self.info.timeout) {
             Ok((done, deadline)) => Ok(Work {
                 done,
                 deadline,
@@ -322,18 +327,21 @@ impl Communicator {
     fn all_reduce_impl(&self, buf: &Bound<'_, PyAny>, op: &str) -> PyResult<Work> {
         const NAME: &str = "all_reduce";
         self.check_open(NAME)?;
+        let py = buf.py();
         let rop = parse_op(op, self.rank(), NAME)?;
         let b = extract(buf, Access::Write, self.ctx(NAME, "buf"))?;
         let dt = b.dtype;
         let (s, keep) = b.into_parts();
         let task: Task = with_element!(dt, T => Box::new(move |c: &mut gradsync::Communicator| {
             // SAFETY: `s` describes `T`s (dispatch on its dtype) in writable memory (checked)
-            // whose owners travel with this job until it has finished; the caller is told not
-            // to touch a buffer of an unfinished operation, and no other slice of it exists.
+            // of a numpy ndarray (`extract` accepts nothing else) that owns or references that
+            // memory; the ndarray travels with this job until it has finished, so the memory
+            // stays allocated; the caller is told not to touch a buffer of an unfinished
+            // operation, and no other slice of it exists.
             let buf = unsafe { s.slice_mut::<T>() };
             c.all_reduce(buf, rop)
         }));
-        self.submit(NAME, task, keep)
+        self.submit(py, NAME, task, keep)
     }
 
     fn reduce_scatter_impl(
@@ -344,6 +352,7 @@ impl Communicator {
     ) -> PyResult<Work> {
         const NAME: &str = "reduce_scatter";
         self.check_open(NAME)?;
+        let py = input.py();
         let rop = parse_op(op, self.rank(), NAME)?;
         let i = extract(input, Access::Read, self.ctx(NAME, "input"))?;
         let o = extract(output, Access::Write, self.ctx(NAME, "output"))?;
@@ -372,7 +381,7 @@ impl Communicator {
             let (input, output) = unsafe { (si.slice::<T>(), so.slice_mut::<T>()) };
             c.reduce_scatter(input, output, rop)
         }));
-        self.submit(NAME, task, keep)
+        self.submit(py, NAME, task, keep)
     }
 
     fn all_gather_impl(
@@ -382,6 +391,7 @@ impl Communicator {
     ) -> PyResult<Work> {
         const NAME: &str = "all_gather";
         self.check_open(NAME)?;
+        let py = input.py();
         let i = extract(input, Access::Read, self.ctx(NAME, "input"))?;
         let o = extract(output, Access::Write, self.ctx(NAME, "output"))?;
         self.same_dtype(NAME, &i, &o)?;
@@ -407,12 +417,13 @@ impl Communicator {
             let (input, output) = unsafe { (si.slice::<T>(), so.slice_mut::<T>()) };
             c.all_gather(input, output)
         }));
-        self.submit(NAME, task, keep)
+        self.submit(py, NAME, task, keep)
     }
 
     fn broadcast_impl(&self, buf: &Bound<'_, PyAny>, root: usize) -> PyResult<Work> {
         const NAME: &str = "broadcast";
         self.check_open(NAME)?;
+        let py = buf.py();
         self.check_root(NAME, root)?;
         let b = extract(buf, Access::Write, self.ctx(NAME, "buf"))?;
         let dt = b.dtype;
@@ -422,7 +433,7 @@ impl Communicator {
             let buf = unsafe { s.slice_mut::<T>() };
             c.broadcast(buf, root)
         }));
-        self.submit(NAME, task, keep)
+        self.submit(py, NAME, task, keep)
     }
 
     fn reduce_impl(
@@ -434,6 +445,7 @@ impl Communicator {
     ) -> PyResult<Work> {
         const NAME: &str = "reduce";
         self.check_open(NAME)?;
+        let py = input.py();
         let rop = parse_op(op, self.rank(), NAME)?;
         self.check_root(NAME, root)?;
         let i = extract(input, Access::Read, self.ctx(NAME, "input"))?;
@@ -473,13 +485,13 @@ impl Communicator {
             let (input, output) = unsafe { (si.slice::<T>(), so.slice_mut::<T>()) };
             c.reduce(input, output, rop, root)
         }));
-        self.submit(NAME, task, keep)
+        self.submit(py, NAME, task, keep)
     }
 
-    fn barrier_impl(&self) -> PyResult<Work> {
+    fn barrier_impl(&self, py: Python<'_>) -> PyResult<Work> {
         const NAME: &str = "barrier";
         self.check_open(NAME)?;
-        self.submit(NAME, Box::new(|c| c.barrier()), Vec::new())
+        self.submit(py, NAME, Box::new(|c| c.barrier()), Keep::default())
     }
 
     fn p2p(&self, py: Python<'_>, buf: &Bound<'_, PyAny>, peer: usize, send: bool) -> PyResult<()> {
@@ -503,7 +515,7 @@ impl Communicator {
                 c.recv(buf, peer)
             }))
         };
-        Self::finish(py, self.submit(name, task, keep))
+        Self::finish(py, self.submit(py, name, task, keep))
     }
 }
 
@@ -687,12 +699,12 @@ impl Communicator {
 
     /// Returns once every rank has entered the barrier.
     fn barrier(&self, py: Python<'_>) -> PyResult<()> {
-        Self::finish(py, self.barrier_impl())
+        Self::finish(py, self.barrier_impl(py))
     }
 
     /// Starts :meth:`barrier` and returns its :class:`Work`.
-    fn barrier_async(&self) -> PyResult<Work> {
-        self.barrier_impl()
+    fn barrier_async(&self, py: Python<'_>) -> PyResult<Work> {
+        self.barrier_impl(py)
     }
 
     /// Sends ``buf`` to rank ``peer``, which calls :meth:`recv` with as many elements of the

@@ -2,9 +2,10 @@
 //!
 //! It wraps [`gradsync::Communicator`] for numpy arrays and CPU torch tensors:
 //!
-//! - `buffer`: finds an object's memory (numpy's array interface; `tensor.numpy()` for
-//!   tensors, viewed as int16 for bfloat16), checks type, contiguity, writability and
-//!   alignment, and keeps the owning objects alive while an operation uses them;
+//! - `buffer`: finds the memory of a numpy ndarray (through `ndarray`'s own array interface;
+//!   other objects are refused) or a torch tensor (`tensor.numpy()`, viewed as int16 for
+//!   bfloat16), checks type, contiguity, writability and alignment, keeps the owning objects
+//!   alive while an operation uses them, and bumps the version counters of written tensors;
 //! - `worker`: one thread per communicator builds it and runs its operations in submission
 //!   order; Python waits for them with the GIL released;
 //! - `comm`: the `Communicator` and `Work` classes, dispatching on the element type to the

@@ -5,8 +5,9 @@ from typing import Any, Literal, Optional, Type
 
 from typing_extensions import Self, TypeAlias
 
-#: A C-contiguous numpy array or CPU torch tensor of float32, float64, float16, bfloat16
-#: (torch only), int32, int64 or uint8.
+#: A C-contiguous numpy array (``numpy.ndarray``; other objects with an
+#: ``__array_interface__`` are refused) or CPU torch tensor of float32, float64, float16,
+#: bfloat16 (torch only), int32, int64 or uint8.
 Buffer: TypeAlias = Any
 #: A reduction operator.
 ReduceOpName: TypeAlias = Literal["sum", "prod", "min", "max", "avg"]
