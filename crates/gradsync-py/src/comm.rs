@@ -7,6 +7,7 @@ use gradsync::{Config, DataType, ReduceOp};
 use pyo3::exceptions::{PyTimeoutError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyType;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -87,9 +88,9 @@ fn timeout_arg(t: Option<f64>, what: &str) -> PyResult<Option<Duration>> {
 /// that does otherwise gets a :class:`GradsyncError` naming both sides. Buffers are numpy
 /// arrays or CPU torch tensors, C-contiguous, of type float32, float64, float16, bfloat16
 /// (torch tensors only), int32, int64 or uint8; buffers that are written must be writable.
-/// Each operation releases the GIL while it runs. Operations run one at a time, in the order
 /// Other objects are refused, even with an ``__array_interface__``. Writing a torch tensor
 /// bumps its version counter when the operation is submitted, as in-place torch operations do.
+/// Each operation releases the GIL while it runs. Operations run one at a time, in the order
 /// they were called, on a thread of the communicator; the ``*_async`` variants return a
 /// :class:`Work` at once and keep their buffers alive until they finish. Do not read or write
 /// a buffer of an unfinished operation.
@@ -326,8 +327,8 @@ impl Communicator {
 
     fn all_reduce_impl(&self, buf: &Bound<'_, PyAny>, op: &str) -> PyResult<Work> {
         const NAME: &str = "all_reduce";
-        self.check_open(NAME)?;
         let py = buf.py();
+        self.check_open(NAME)?;
         let rop = parse_op(op, self.rank(), NAME)?;
         let b = extract(buf, Access::Write, self.ctx(NAME, "buf"))?;
         let dt = b.dtype;
@@ -351,8 +352,8 @@ impl Communicator {
         op: &str,
     ) -> PyResult<Work> {
         const NAME: &str = "reduce_scatter";
-        self.check_open(NAME)?;
         let py = input.py();
+        self.check_open(NAME)?;
         let rop = parse_op(op, self.rank(), NAME)?;
         let i = extract(input, Access::Read, self.ctx(NAME, "input"))?;
         let o = extract(output, Access::Write, self.ctx(NAME, "output"))?;
@@ -390,8 +391,8 @@ impl Communicator {
         output: &Bound<'_, PyAny>,
     ) -> PyResult<Work> {
         const NAME: &str = "all_gather";
-        self.check_open(NAME)?;
         let py = input.py();
+        self.check_open(NAME)?;
         let i = extract(input, Access::Read, self.ctx(NAME, "input"))?;
         let o = extract(output, Access::Write, self.ctx(NAME, "output"))?;
         self.same_dtype(NAME, &i, &o)?;
@@ -422,8 +423,8 @@ impl Communicator {
 
     fn broadcast_impl(&self, buf: &Bound<'_, PyAny>, root: usize) -> PyResult<Work> {
         const NAME: &str = "broadcast";
-        self.check_open(NAME)?;
         let py = buf.py();
+        self.check_open(NAME)?;
         self.check_root(NAME, root)?;
         let b = extract(buf, Access::Write, self.ctx(NAME, "buf"))?;
         let dt = b.dtype;
@@ -444,8 +445,8 @@ impl Communicator {
         root: usize,
     ) -> PyResult<Work> {
         const NAME: &str = "reduce";
-        self.check_open(NAME)?;
         let py = input.py();
+        self.check_open(NAME)?;
         let rop = parse_op(op, self.rank(), NAME)?;
         self.check_root(NAME, root)?;
         let i = extract(input, Access::Read, self.ctx(NAME, "input"))?;
@@ -720,14 +721,20 @@ impl Communicator {
 
     /// Finishes the operations already started, then closes the connections. Later calls
     /// raise :class:`GradsyncError`; closing again does nothing.
+    ///
+    /// Raises :class:`GradsyncError` when the communicator's thread has not ended by the
+    /// deadline of the operations it still had to run (plus a margin); those operations are
+    /// then left to it.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         let Some(worker) = lock(&self.worker).take() else {
             return Ok(());
         };
         // The queued operations are bounded by their deadlines, closing by a few seconds.
-        let deadline = Instant::now() + worker.drain_bound(self.info.timeout);
-        let handle = Mutex::new(Some(worker.finish()));
-        wait_detached(py, deadline, |d| {
+        let bound = worker.drain_bound(self.info.timeout);
+        let deadline = Instant::now() + bound;
+        let (thread, pending) = worker.finish();
+        let handle = Mutex::new(Some(thread));
+        let ended = wait_detached(py, deadline, |d| {
             let mut h = lock(&handle);
             match h.as_ref() {
                 None => true,
@@ -742,6 +749,18 @@ impl Communicator {
                 }
             }
         })?;
+        if !ended {
+            let what = match pending.load(Ordering::SeqCst) {
+                0 => "no operation is pending; it is closing the connections".to_string(),
+                1 => "1 operation is still pending".to_string(),
+                n => format!("{n} operations are still pending"),
+            };
+            return Err(GradsyncError::new_err(format!(
+                "rank {}: close: the communicator's thread did not end within {:.0} s; {what}",
+                self.info.rank,
+                bound.as_secs_f64(),
+            )));
+        }
         Ok(())
     }
 

@@ -172,10 +172,10 @@ impl Worker {
     }
 
     /// Stops taking operations; the thread finishes the queued ones, closes the communicator
-    /// and ends. Returns its handle.
-    pub(crate) fn finish(self) -> JoinHandle<()> {
+    /// and ends. Returns its handle, and the count of operations submitted and not finished.
+    pub(crate) fn finish(self) -> (JoinHandle<()>, Arc<AtomicUsize>) {
         drop(self.tx);
-        self.thread
+        (self.thread, self.pending)
     }
 }
 

@@ -117,7 +117,11 @@ class Communicator:
         """Receives into ``buf`` from rank ``peer``."""
     def close(self) -> None:
         """Finishes started operations and closes the connections; later calls raise
-        :class:`GradsyncError`."""
+        :class:`GradsyncError`.
+
+        Raises :class:`GradsyncError` (naming how many operations are still pending) when the
+        communicator's thread has not ended by the deadline of those operations.
+        """
     def __enter__(self) -> Self: ...
     def __exit__(
         self,
