@@ -5,8 +5,11 @@ its collectives against numpy references itself (every rank can compute every ra
 and returns a JSON-able report, usually the list of mismatches found (empty when all is well).
 """
 
+import gc
+import os
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -232,12 +235,24 @@ def in_place_and_async(rank, world, args):
             bad.append(f"async broadcast: {bc}")
         if rank == 0 and not np.all(red_out == world):
             bad.append(f"async reduce: {red_out}")
-        # the buffers of an async call stay alive without the caller's references
-        w = comm.all_reduce_async(np.ones(100000, dtype=np.float32))
-        import gc
-
-        gc.collect()
-        w.wait()
+        # the buffers of an async call stay alive without the caller's references, until the
+        # operation has been waited for
+        for kind in ("numpy", "torch"):
+            if kind == "numpy":
+                arr = np.ones(100000, dtype=np.float32)
+            else:
+                arr = torch.ones(100000, dtype=torch.float32)
+            ref = weakref.ref(arr)
+            w = comm.all_reduce_async(arr)
+            del arr
+            gc.collect()
+            if ref() is None:
+                bad.append(f"{kind}: the buffer of an unfinished async all_reduce was released")
+            w.wait()
+            del w
+            gc.collect()
+            if ref() is not None:
+                bad.append(f"{kind}: the buffer is still alive after wait() and del")
         # Work.wait(timeout) while a peer is late: TimeoutError, and the work goes on
         late = np.ones(10, dtype=np.float32)
         if rank == 1:
@@ -323,3 +338,73 @@ def explicit(rank, world, args):
     comm.close()
     comm.close()
     return {"max": buf.tolist(), "repr": repr(comm)}
+
+
+def shared_by_threads(rank, world, args):
+    """Two Python threads issue all-reduces on one communicator at the same time.
+
+    Every call has the same count, type and op, so however the ranks' threads interleave, the
+    k-th submission of every rank matches; each result is checked.
+    """
+    iters = args.get("iters", 60)
+    n = 4096
+    idx = np.arange(n, dtype=np.float64)
+    want = sum((r + 1) * (idx % 13 + 1) for r in range(world))
+    bad, errors = [], []
+    inside = [0, 0]  # threads inside a call now, most at once
+    guard = threading.Lock()
+    start = threading.Barrier(2)
+    comm = gradsync.Communicator.from_env()
+
+    def run(t):
+        try:
+            start.wait()
+            for i in range(iters):
+                buf = (rank + 1) * (idx % 13 + 1)
+                with guard:
+                    inside[0] += 1
+                    inside[1] = max(inside[1], inside[0])
+                if (i + t) % 2:
+                    comm.all_reduce(buf)
+                else:
+                    comm.all_reduce_async(buf).wait()
+                with guard:
+                    inside[0] -= 1
+                if not np.array_equal(buf, want):
+                    bad.append(f"thread {t} call {i}: {buf[:6]}")
+        except Exception as e:  # reported, not raised: the other thread must finish too
+            errors.append(f"thread {t}: {e!r}")
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    comm.close()
+    return {"bad": bad[:5], "errors": errors, "most_inside": inside[1]}
+
+
+def interrupted_wait(rank, world, args):
+    """Rank 0 waits on an all-reduce that rank 1 joins only after rank 0 was interrupted."""
+    d = args["dir"]
+    comm = gradsync.Communicator.from_env()
+    buf = np.full(8, rank + 1.0, dtype=np.float32)
+    if rank == 0:
+        open(os.path.join(d, "waiting"), "w").close()
+        t0 = time.monotonic()
+        try:
+            comm.all_reduce(buf)
+            return {"interrupted": False}
+        except KeyboardInterrupt:
+            waited = time.monotonic() - t0
+        open(os.path.join(d, "interrupted"), "w").close()
+        # The operation itself goes on: it completes when rank 1 joins; close() waits for it.
+        comm.close()
+        return {"interrupted": True, "waited": waited, "buf": buf.tolist()}
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.path.join(d, "interrupted")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    comm.all_reduce(buf)
+    comm.close()
+    return {"buf": buf.tolist()}
+

@@ -5,6 +5,8 @@
 ``MASTER_PORT``; each imports ``module`` from this directory and calls ``function(rank, world,
 args)``, and prints what it returns as JSON. The results come back as a list indexed by rank.
 A rank that fails or overruns the timeout fails the whole run with every rank's output.
+``start_ranks`` and ``collect`` are its two halves, for tests that act on the processes while
+they run.
 
 Run as a script, this file is the per-rank entry point.
 """
@@ -37,8 +39,8 @@ def free_port() -> int:
     raise RuntimeError("no free port pair")
 
 
-def run_ranks(world, target, args=None, timeout=120, env=None):
-    """Runs ``target`` (``"module:function"``) on ``world`` processes; returns their results."""
+def start_ranks(world, target, args=None, env=None):
+    """Starts ``target`` (``"module:function"``) on ``world`` processes; returns them."""
     port = free_port()
     procs = []
     base = dict(os.environ)
@@ -65,6 +67,12 @@ def run_ranks(world, target, args=None, timeout=120, env=None):
                 text=True,
             )
         )
+    return procs
+
+
+def collect(procs, timeout=120):
+    """Waits for the processes of :func:`start_ranks`; returns their results by rank."""
+    world = len(procs)
     outs = [None] * world
     deadline = time.monotonic() + timeout
     try:
@@ -92,6 +100,11 @@ def run_ranks(world, target, args=None, timeout=120, env=None):
         assert lines, f"rank {r} printed no result:\n{o}"
         results.append(json.loads(lines[-1][len(MARK):]))
     return results
+
+
+def run_ranks(world, target, args=None, timeout=120, env=None):
+    """Runs ``target`` (``"module:function"``) on ``world`` processes; returns their results."""
+    return collect(start_ranks(world, target, args, env), timeout)
 
 
 def _main():
