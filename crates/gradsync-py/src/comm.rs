@@ -710,11 +710,19 @@ impl Communicator {
 
     /// Sends ``buf`` to rank ``peer``, which calls :meth:`recv` with as many elements of the
     /// same type.
+    ///
+    /// Blocking. The sends and receives between two ranks are matched in order: the k-th
+    /// ``send``/``recv`` of one with the other meets the other's k-th, which must be the
+    /// opposite call. A send larger than the transport's receive slots ((``GRADSYNC_NSLOTS``
+    /// - 1) x ``GRADSYNC_CHUNK_SIZE``, 3.5 MiB by default) returns only once the peer receives
+    /// it, so two ranks that both send first fail (at once, or at the timeout for large sends).
     fn send(&self, py: Python<'_>, buf: &Bound<'_, PyAny>, peer: usize) -> PyResult<()> {
         self.p2p(py, buf, peer, true)
     }
 
     /// Receives into ``buf`` what rank ``peer`` sends with :meth:`send`.
+    ///
+    /// Blocking, and matched in order with the peer's calls (see :meth:`send`).
     fn recv(&self, py: Python<'_>, buf: &Bound<'_, PyAny>, peer: usize) -> PyResult<()> {
         self.p2p(py, buf, peer, false)
     }

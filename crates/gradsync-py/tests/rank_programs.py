@@ -408,3 +408,29 @@ def interrupted_wait(rank, world, args):
     comm.close()
     return {"buf": buf.tolist()}
 
+
+def p2p_semantics(rank, world, args):
+    """How long a send waits for a late receiver; both ranks sending first."""
+    comm = gradsync.Communicator.from_env()
+    out = {}
+    peer = 1 - rank
+    for name, nbytes in (("small", 4096), ("large", 8 << 20)):
+        comm.barrier()
+        if rank == 0:
+            t0 = time.monotonic()
+            comm.send(np.ones(nbytes // 4, dtype=np.float32), peer)
+            out[name] = time.monotonic() - t0
+        else:
+            time.sleep(1.0)  # rank 1 receives a second late
+            got = np.zeros(nbytes // 4, dtype=np.float32)
+            comm.recv(got, peer)
+            out[name] = bool(np.all(got == 1))
+    # both ranks send first: a small message arrives where the peer's recv expected its second
+    try:
+        comm.send(np.ones(1024, dtype=np.float32), peer)
+        comm.recv(np.zeros(1024, dtype=np.float32), peer)
+        out["both_send_first"] = None
+    except gradsync.GradsyncError as e:
+        out["both_send_first"] = str(e)
+    comm.close()
+    return out

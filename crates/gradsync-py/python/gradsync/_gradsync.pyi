@@ -112,9 +112,15 @@ class Communicator:
     def barrier_async(self) -> Work:
         """Starts :meth:`barrier`."""
     def send(self, buf: Buffer, peer: int) -> None:
-        """Sends ``buf`` to rank ``peer``."""
+        """Sends ``buf`` to rank ``peer`` (blocking).
+
+        The sends and receives between two ranks are matched in order: the k-th call of one
+        with the other meets the other's k-th, which must be the opposite call. A send larger
+        than the receive slots (3.5 MiB by default) returns only once the peer receives it.
+        """
     def recv(self, buf: Buffer, peer: int) -> None:
-        """Receives into ``buf`` from rank ``peer``."""
+        """Receives into ``buf`` from rank ``peer`` (blocking; matched in order, see
+        :meth:`send`)."""
     def close(self) -> None:
         """Finishes started operations and closes the connections; later calls raise
         :class:`GradsyncError`.
