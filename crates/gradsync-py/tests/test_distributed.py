@@ -1,15 +1,20 @@
 """torch.distributed on the "gradsync" backend: every collective against a reference on 2 and 3
 processes, results bitwise identical on every rank, errors of mismatched collectives as Python
-exceptions naming the ranks, and a one-rank group in this process."""
+exceptions naming the ranks, point-to-point exchanges (isend/irecv in either order,
+batch_isend_irecv), a one-rank group in this process, and the completion thread: every operation
+ends, every wait has a deadline."""
 
 import datetime
 import json
+import threading
+import time
 
 import pytest
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 gd = pytest.importorskip("gradsync.distributed")
+gradsync = pytest.importorskip("gradsync")
 
 from ddp_helpers import launch  # noqa: E402
 from ddp_helpers.collectives_worker import CHECKS  # noqa: E402
@@ -121,3 +126,67 @@ def test_hook_state_needs_a_group_or_a_communicator():
         pytest.skip("a process group is initialized")
     with pytest.raises(RuntimeError, match="init_process_group"):
         gd.make_hook_state()
+
+
+# -- completion: every operation ends, every wait has a deadline ------------------------------
+
+
+class _Odd(BaseException):
+    """Something other than an Exception, raised by a work's wait."""
+
+
+class _OddWork:
+    def wait(self):
+        raise _Odd("odd")
+
+
+def test_an_operation_always_ends_and_the_completion_thread_goes_on():
+    c = gd._Completer("test-completer", 0, 10.0)
+    try:
+
+        def failing_copy():
+            raise ValueError("copy out failed")
+
+        a = c.submit(gd._Op("a", (), None, failing_copy))
+        b = gd._Op("b", (), ["b"], None)
+        b.raw.set_result(["early"])  # so that completing its future raises
+        c.submit(b)
+        d = c.submit(gd._Op("d", [_OddWork()], None, None))
+        e = c.submit(gd._Op("e", (), ["e"], None))
+        with pytest.raises(ValueError, match="copy out failed"):
+            gd._GradsyncWork(a, 0).wait()
+        with pytest.raises(RuntimeError, match="ValueError: copy out failed"):  # torch's wrapping
+            a.future.wait()
+        assert gd._GradsyncWork(b, 0).wait() is True
+        with pytest.raises(_Odd):
+            gd._GradsyncWork(d, 0).wait()
+        assert gd._GradsyncWork(e, 0).result() == ["e"]
+        assert e.future.wait() == ["e"]
+    finally:
+        c.close()
+
+
+def test_a_stuck_operation_raises_at_its_deadline_naming_the_rank_and_the_operation(monkeypatch):
+    monkeypatch.setattr(gd, "_SLACK", 0.5)
+    c = gd._Completer("test-completer", 3, 0.25)  # deadline: 0.25 s per queued op + 0.5 s
+    release = threading.Event()
+    op = c.submit(gd._Op("stuck_all_reduce", (), ["done"], None, run=lambda: release.wait(60)))
+    work = gd._GradsyncWork(op, 3)
+    try:
+        with pytest.raises(TimeoutError, match="within 0.1 s"):
+            work.wait(datetime.timedelta(seconds=0.1))
+        t0 = time.monotonic()
+        with pytest.raises(gradsync.GradsyncError, match="rank 3: stuck_all_reduce not completed by its deadline"):
+            work.wait()
+        assert time.monotonic() - t0 < 5
+        # a wait with a longer timeout of its own still ends at the deadline
+        with pytest.raises(gradsync.GradsyncError, match="deadline"):
+            work.wait(datetime.timedelta(seconds=600))
+        t0 = time.monotonic()
+        with pytest.raises(gradsync.GradsyncError, match="rank 3: shutdown: .*stuck in stuck_all_reduce"):
+            c.close()
+        assert time.monotonic() - t0 < 5
+    finally:
+        release.set()
+    assert op.done.wait(10), "the operation ends once released"
+    assert work.wait() is True and work.result() == ["done"]

@@ -33,6 +33,14 @@ too (torch reports it as a ``RuntimeError`` that quotes the ``GradsyncError``). 
 torch returns for ``async_op=True`` does not pass ``is_completed()`` on to a backend written in
 Python (torch 2.15 answers ``False``); ``work.get_future().done()`` tells.
 
+Deadlines: gradsync bounds each operation by the communicator's timeout, and every wait here has
+a deadline of its own as well: the communicator's timeout for the operation and for each one
+queued before it and not yet finished, plus 60 seconds. A ``wait()`` that reaches it, and a
+``destroy_process_group`` whose queued operations overrun it, raise ``GradsyncError`` naming the
+rank and the operation instead of blocking. ``abort`` stops taking operations and does not wait
+for the completion threads, but it is not immediate: gradsync cannot cancel an operation, so the
+ones already queued run to their end (each bounded by the timeout) while the communicator closes.
+
 What the backend implements:
 
 - ``allreduce`` (and ``allreduce_coalesced``) with ``SUM``, ``PRODUCT``, ``MIN``, ``MAX``,
@@ -42,9 +50,20 @@ What the backend implements:
   ``reduce_scatter`` (list form and ``reduce_scatter_tensor``), ``barrier``;
 - ``gather`` and ``scatter``, built on all-gather and broadcast (every rank moves the whole
   data; fine for objects and metadata, not meant for bulk data);
-- ``send``/``recv``: gradsync's point-to-point calls are blocking, so these block until the
-  message has been handed over (``isend``/``irecv`` too); tags are not matched, messages between
-  two ranks arrive in the order they were sent.
+- ``send``/``recv``, ``isend``/``irecv`` and ``batch_isend_irecv``. Each direction between two
+  ranks has its own two-rank gradsync communicator and its own thread; the first message either
+  way between two ranks connects both directions (through the group's store, about 0.1 s on one
+  host). Transfers return at once and proceed independently of the group's collectives and of
+  each other: a rank's ``isend`` to a peer and ``irecv`` from it complete whichever the two ranks
+  queue first (two ranks may both send, then both receive). Messages one way between two ranks
+  are matched in the order they were sent; tags are not matched. A blocking ``send`` returns once
+  the message has been handed over (the first one also waits for the peer's first transfer with
+  this rank, which connects them): at once for a message that fits in what gradsync buffers for
+  a peer (``GRADSYNC_NSLOTS`` x ``GRADSYNC_CHUNK_SIZE``, 8 x 512 KiB by default: on one host an
+  exchange of 3 MiB blocking sends completes, one of 4 MiB does not), else once the peer
+  receives it. So two ranks that both ``send`` large messages before they ``recv`` wait for each
+  other until the timeout and then fail (the error says so); use ``isend``/``irecv`` or
+  ``batch_isend_irecv`` for exchanges.
 
 Other operations (``all_to_all``, ``recv`` from any source, sparse all-reduce, ``PREMUL_SUM`` and
 the bitwise reductions) raise :class:`NotImplementedError` naming the operation.
@@ -67,6 +86,7 @@ import os
 import queue
 import socket
 import threading
+import time
 from typing import Callable, Iterable, Optional, Sequence, Tuple
 
 import torch
@@ -74,7 +94,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import Backend as _C10dBackend
 from torch._C._distributed_c10d import ReduceOp
 
-from . import Communicator, StoreServer
+from . import Communicator, GradsyncError, StoreServer
 
 __all__ = [
     "BACKEND_NAME",
@@ -177,61 +197,131 @@ def _unwrap(fut: torch.futures.Future):
 
 
 class _Op:
-    """One queued operation: the gradsync works it waits for, what runs after them (copies out
+    """One queued operation: what runs on the completion thread (``run``, a blocking
+    point-to-point transfer), the gradsync works it waits for, what runs after them (copies out
     of staging buffers), and how it ended.
 
     ``raw`` is completed with the result (or a :class:`_Failed`); ``future`` is ``raw`` seen
     through :func:`_unwrap`, so that a failure completes it with an error (``set_exception``
     would only store the exception as a value, which torch's C++ side takes for a result).
+
+    ``units`` is how many communicator timeouts the op may take; the completer that queues it
+    sets ``deadline`` (a ``time.monotonic()`` instant) and ``bound`` (seconds from queuing).
     """
 
-    __slots__ = ("name", "works", "result", "after", "outcome", "done", "raw", "future")
+    __slots__ = (
+        "name",
+        "run",
+        "works",
+        "result",
+        "after",
+        "units",
+        "deadline",
+        "bound",
+        "outcome",
+        "done",
+        "raw",
+        "future",
+    )
 
-    def __init__(self, name: str, works: Sequence, result: object, after: Optional[Callable[[], None]]) -> None:
+    def __init__(
+        self,
+        name: str,
+        works: Sequence,
+        result: object,
+        after: Optional[Callable[[], None]],
+        run: Optional[Callable[[], None]] = None,
+        units: int = 0,
+    ) -> None:
         self.name = name
+        self.run = run
         self.works = works
         self.result = result
         self.after = after
+        self.units = max(1, units or len(works))
+        self.deadline = float("inf")
+        self.bound = float("inf")
         self.outcome: object = None
         self.done = threading.Event()
         self.raw: torch.futures.Future = torch.futures.Future()
         self.future = self.raw.then(_unwrap)
 
     def complete(self) -> None:
-        """Waits for the works, runs ``after``, and completes the op (completion thread)."""
+        """Runs the op, waits for its works, runs ``after``, and completes the op (completion
+        thread). Never raises: whatever happens, the op ends with a result or an error."""
         try:
-            for w in self.works:
-                w.wait()
-            if self.after is not None:
-                self.after()
-        except BaseException as e:  # noqa: BLE001 - handed to the waiters
-            self.outcome = _Failed(e)
-        else:
-            self.outcome = self.result
-        self.works = self.after = None
-        self.done.set()
-        self.raw.set_result(self.outcome)
+            try:
+                if self.run is not None:
+                    self.run()
+                # Every work ends before the op does (its buffers are in use until then); the
+                # first error is the op's.
+                error = None
+                for w in self.works:
+                    try:
+                        w.wait()
+                    except BaseException as e:  # noqa: BLE001
+                        error = error or e
+                if error is not None:
+                    raise error
+                if self.after is not None:
+                    self.after()
+            except BaseException as e:  # noqa: BLE001 - handed to the waiters
+                self.outcome = _Failed(e)
+            else:
+                self.outcome = self.result
+        finally:
+            self.run = self.works = self.after = None
+            self.done.set()
+            try:
+                self.raw.set_result(self.outcome)
+            except BaseException as e:  # noqa: BLE001 - the future must end all the same
+                try:
+                    self.raw.set_result(_Failed(e))
+                except BaseException:  # noqa: BLE001 - already completed
+                    pass
+
+
+# Seconds that waits allow beyond the communicator's own deadlines before they report the
+# completion thread as stuck.
+_SLACK = 60.0
+
+
+def _secs(t: float) -> float:
+    """``t`` seconds as ``Event.wait`` and ``Thread.join`` take them."""
+    return min(max(t, 0.0), threading.TIMEOUT_MAX)
 
 
 class _Completer:
-    """A thread that waits for gradsync operations in the order they were queued and completes
-    them.
+    """A thread that completes operations in the order they were queued.
 
     gradsync runs a communicator's operations one at a time in submission order, so waiting for
     them in that order never waits behind an operation that could finish later.
+
+    Every op gets a deadline when it is queued: ``timeout`` (the communicator's, in seconds)
+    for each unit of it and of every op queued before it and not yet finished, plus
+    ``_SLACK``. gradsync bounds each of its operations by that timeout, so an op still
+    unfinished at its deadline means the thread is stuck; waits report that instead of
+    blocking for ever.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, rank: int, timeout: float) -> None:
+        self.rank = rank
+        self.timeout = timeout
         self._queue: "queue.SimpleQueue" = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._closed = False
+        self._units = 0  # of the ops queued and not finished
+        self._current: Optional[str] = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, op: "_Op") -> "_Op":
         with self._lock:
             if self._closed:
-                raise RuntimeError(f"gradsync backend: {op.name}: the group was shut down")
+                raise RuntimeError(f"gradsync backend: rank {self.rank}: {op.name}: the group was shut down")
+            self._units += op.units
+            op.bound = self.timeout * self._units + _SLACK
+            op.deadline = time.monotonic() + op.bound
             self._queue.put(op)
         return op
 
@@ -240,18 +330,36 @@ class _Completer:
             op = self._queue.get()
             if op is None:
                 return
-            op.complete()
+            self._current = op.name
+            try:
+                op.complete()
+            except BaseException:  # noqa: BLE001 - complete() does not raise; keep going if it did
+                pass
+            finally:
+                with self._lock:
+                    self._units -= op.units
+                self._current = None
             del op  # drop the tensors before blocking on the next one
 
     def close(self, wait: bool = True) -> None:
-        """Stops taking operations; the queued ones still complete."""
+        """Stops taking operations; the queued ones still complete. With ``wait``, waits for
+        them until the last one's deadline, then raises :class:`GradsyncError` naming the rank
+        and the operation the thread is stuck in."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+            bound = self.timeout * self._units + _SLACK
             self._queue.put(None)
-        if wait and self._thread is not threading.current_thread():
-            self._thread.join()
+        if not wait or self._thread is threading.current_thread():
+            return
+        self._thread.join(_secs(bound))
+        if self._thread.is_alive():
+            raise GradsyncError(
+                f"gradsync backend: rank {self.rank}: shutdown: the queued operations did not "
+                f"finish within {bound:.0f} s (the communicator's timeout of {self.timeout:g} s "
+                f"for each, plus {_SLACK:.0f} s); stuck in {self._current or 'an operation'}"
+            )
 
 
 class _GradsyncWork(dist._Work):
@@ -260,7 +368,9 @@ class _GradsyncWork(dist._Work):
     ``wait()`` blocks until the operation (and its copies out) are done and raises its error
     (:class:`gradsync.GradsyncError`, whose message names the ranks and the operation);
     ``wait(timeout)`` raises :class:`TimeoutError` when it elapses first (the operation goes
-    on). ``get_future()`` is a future completed with the op's tensors, or with its error.
+    on). Every wait ends by the operation's deadline (see :class:`_Completer`): past it,
+    ``wait`` raises :class:`gradsync.GradsyncError` naming the rank and the operation.
+    ``get_future()`` is a future completed with the op's tensors, or with its error.
     """
 
     def __init__(self, op: _Op, rank: int) -> None:
@@ -271,10 +381,19 @@ class _GradsyncWork(dist._Work):
     def wait(self, timeout: Optional[datetime.timedelta] = None) -> bool:
         secs = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
         op = self._op
-        if not op.done.wait(secs if secs else None):
-            raise TimeoutError(
-                f"gradsync backend: rank {self._rank}: {op.name} not completed within {secs} s "
-                "(it is still running)"
+        limit = time.monotonic() + secs if secs else None
+        end = op.deadline if limit is None else min(limit, op.deadline)
+        if not op.done.wait(_secs(end - time.monotonic())):
+            if limit is not None and limit <= op.deadline:
+                raise TimeoutError(
+                    f"gradsync backend: rank {self._rank}: {op.name} not completed within {secs} s "
+                    "(it is still running)"
+                )
+            raise GradsyncError(
+                f"gradsync backend: rank {self._rank}: {op.name} not completed by its deadline, "
+                f"{op.bound:.0f} s after it was queued (the communicator's timeout for it and for "
+                f"each operation queued before it, plus {_SLACK:.0f} s): the group's completion "
+                "thread is stuck"
             )
         if isinstance(op.outcome, _Failed):
             raise op.outcome.error
@@ -399,6 +518,156 @@ def _copy_backs(staged: Iterable[_Staged]) -> Optional[Callable[[], None]]:
 
 
 # --------------------------------------------------------------------------------------------
+# Point to point
+
+
+class _Pair:
+    """Point-to-point messages between this rank and one peer.
+
+    Each direction has a two-rank gradsync communicator of its own (rank 0 the sender, rank 1
+    the receiver) and a thread that drives it: gradsync's ``send`` and ``recv`` block, and a
+    communicator runs its operations one at a time, so transfers that shared one could wait on
+    each other. On their own communicators and threads, a rank's sends to the peer and its
+    receives from it (and transfers with other peers) proceed independently, in whatever order
+    the two ranks queue them; the messages of one direction are matched in order.
+
+    The first message either way connects both directions, on the thread that carries it,
+    meeting through the group's store (each direction's sender serves its store, as rank 0 does
+    for the group); both ranks connect them in the same order, so two ranks whose first
+    messages go opposite ways connect together.
+    """
+
+    def __init__(
+        self,
+        store: dist.Store,
+        rank: int,
+        peer: int,
+        timeout: Optional[datetime.timedelta],
+        unit: float,
+    ) -> None:
+        self.rank, self.peer = rank, peer
+        self.order = (min(rank, peer), max(rank, peer))
+        self._store = store
+        self._timeout = timeout
+        self._unit = unit
+        self._connect_lock = threading.Lock()  # held while connecting
+        self._lock = threading.Lock()  # guards _comms and _closed
+        self._comms: Optional[dict] = None  # (sender, receiver) -> (Communicator, StoreServer)
+        self._error: Optional[BaseException] = None
+        self._closed = False
+        self._completers: dict = {}
+        self._queued: set = set()
+
+    def _shut_error(self, sending: bool) -> RuntimeError:
+        way = f"send to rank {self.peer}" if sending else f"recv from rank {self.peer}"
+        return RuntimeError(f"gradsync backend: rank {self.rank}: {way}: the group was shut down")
+
+    def _communicator(self, sending: bool) -> Communicator:
+        """The communicator of one direction; connects both on first use (a channel thread)."""
+        with self._connect_lock:
+            if self._comms is None:
+                if self._error is not None:
+                    raise self._error
+                if self._closed:
+                    raise self._shut_error(sending)
+                comms = {}
+                try:
+                    for src, dst in sorted([(self.rank, self.peer), (self.peer, self.rank)]):
+                        key = f"gradsync/p2p/{src}->{dst}"
+                        if src != self.rank:
+                            # The sender publishes the address; wait for it no longer than a
+                            # transfer may take.
+                            self._store.wait([key], datetime.timedelta(seconds=self._unit))
+                        comms[(src, dst)] = _connect(self._store, 0 if src == self.rank else 1, 2, self._timeout, key=key)
+                except BaseException as e:
+                    self._error = e
+                    for comm, server in comms.values():
+                        try:
+                            _close_all(comm, server)
+                        except BaseException:  # noqa: BLE001 - the connection error is the one to see
+                            pass
+                    raise
+                with self._lock:
+                    closed = self._closed
+                    if not closed:
+                        self._comms = comms
+                if closed:  # shut down while connecting
+                    for comm, server in comms.values():
+                        _close_all(comm, server)
+                    raise self._shut_error(sending)
+            key = (self.rank, self.peer) if sending else (self.peer, self.rank)
+            return self._comms[key][0]
+
+    def submit(self, sending: bool, bufs: Sequence[torch.Tensor], result: object, after: Optional[Callable[[], None]]) -> _Op:
+        """Queues the transfer of ``bufs`` (to the peer when ``sending``, else from it)."""
+
+        def run() -> None:
+            try:
+                comm = self._communicator(sending)
+                for b in bufs:
+                    if sending:
+                        comm.send(b, 1)
+                    else:
+                        comm.recv(b, 0)
+            except GradsyncError as e:
+                # gradsync's message numbers the ranks of the two-rank communicator.
+                src, dst = (self.rank, self.peer) if sending else (self.peer, self.rank)
+                way = f"send to rank {self.peer}" if sending else f"recv from rank {self.peer}"
+                hint = ""
+                if sending and "timed out" in str(e):
+                    hint = (
+                        "; a send larger than gradsync buffers for a peer (about 4 MiB) ends only "
+                        "when the peer receives it: if both ranks send before they receive, use "
+                        "isend/irecv or batch_isend_irecv"
+                    )
+                raise GradsyncError(
+                    f"gradsync backend: rank {self.rank}: {way}: {e} (ranks of the communicator "
+                    f"of messages from rank {src} to rank {dst}: 0 is rank {src}, 1 is rank {dst}){hint}"
+                ) from e
+
+        completer = self._completers.get(sending)
+        if completer is None:
+            way = f"to{self.peer}" if sending else f"from{self.peer}"
+            completer = _Completer(f"gradsync-p2p-rank{self.rank}-{way}", self.rank, self._unit)
+            self._completers[sending] = completer
+        # A direction's first op may also wait for the connection of both: for each, the peer's
+        # address and the communicator's init.
+        units = len(bufs) + (0 if sending in self._queued else 4)
+        self._queued.add(sending)
+        name = "send" if sending else "recv"
+        return completer.submit(_Op(name, (), result, after, run=run, units=units))
+
+    def close(self, wait: bool) -> None:
+        """Stops taking transfers (with ``wait``, lets the queued ones end), then closes both
+        communicators, in the same order on both ranks (a close waits a little for the peer's)."""
+        errors = []
+        for completer in self._completers.values():
+            try:
+                completer.close(wait)
+            except BaseException as e:  # noqa: BLE001 - raised once closed
+                errors.append(e)
+        with self._lock:
+            self._closed = True
+            comms = self._comms or {}
+        for key in sorted(comms):
+            try:
+                _close_all(*comms[key])
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+        if errors:
+            raise errors[0]
+
+
+def _close_all(comm: Optional[Communicator], server: Optional[StoreServer]) -> None:
+    try:
+        if comm is not None:
+            comm.close()
+    finally:
+        if server is not None:
+            server.close()
+
+
+# --------------------------------------------------------------------------------------------
 # The backend
 
 
@@ -420,8 +689,11 @@ class GradsyncBackend(_C10dBackend):
         super().__init__(rank, size)
         self._timeout = timeout if timeout is not None else datetime.timedelta(minutes=30)
         self._options = _C10dBackend.Options(BACKEND_NAME, timeout=self._timeout)
+        self._store = store
         self._comm, self._server = _connect(store, rank, size, timeout)
-        self._completer = _Completer(f"gradsync-pg-rank{rank}")
+        self._completer = _Completer(f"gradsync-pg-rank{rank}", rank, self._comm.timeout)
+        self._pairs: dict = {}
+        self._pairs_lock = threading.Lock()
         self._shut = False
 
     # -- identity ------------------------------------------------------------------------
@@ -432,6 +704,12 @@ class GradsyncBackend(_C10dBackend):
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return BACKEND_NAME
+
+    @property
+    def supports_coalescing(self) -> bool:
+        # What batch_isend_irecv asks (torch's own answer recurses for a backend written in
+        # Python): no, so it queues each transfer on its own.
+        return False
 
     @property
     def communicator(self) -> Communicator:
@@ -447,25 +725,23 @@ class GradsyncBackend(_C10dBackend):
         op = self._completer.submit(_Op(name, works, result, after))
         return _GradsyncWork(op, self.rank())
 
-    def _finished(self, name: str, result: object):
-        op = _Op(name, (), result, None)
-        op.complete()
-        return _GradsyncWork(op, self.rank())
-
     def _unsupported(self, what: str):
         raise NotImplementedError(f"gradsync backend: {what} is not supported")
 
     # -- collectives ---------------------------------------------------------------------
+    #
+    # Every tensor of a call is checked (and staged) before anything is queued, so that a bad
+    # tensor raises on its rank without leaving the call's earlier operations queued there.
 
     def allreduce(self, tensors, opts):
         op = _op_name(opts.reduceOp, "allreduce")
-        works, staged = [], []
+        staged, bufs = [], []
         for t in tensors:
             _check_cpu(t, "allreduce")
             s = _Staged(t, copy_in=True)
-            buf, gop = _reducible(s.buf, op, "allreduce")
-            works.append(self._comm.all_reduce_async(buf, gop))
+            bufs.append(_reducible(s.buf, op, "allreduce"))
             staged.append(s)
+        works = [self._comm.all_reduce_async(buf, gop) for buf, gop in bufs]
         return self._work("allreduce", works, list(tensors), _copy_backs(staged))
 
     def allreduce_coalesced(self, tensors, opts):
@@ -476,34 +752,34 @@ class GradsyncBackend(_C10dBackend):
 
     def broadcast(self, tensors, opts):
         root = opts.rootRank
-        works, staged = [], []
+        staged = []
         for t in tensors:
             _check_cpu(t, "broadcast")
-            s = _Staged(t, copy_in=self.rank() == root)
-            works.append(self._comm.broadcast_async(_movable(s.buf), root))
-            staged.append(s)
+            staged.append(_Staged(t, copy_in=self.rank() == root))
+        works = [self._comm.broadcast_async(_movable(s.buf), root) for s in staged]
         return self._work("broadcast", works, list(tensors), _copy_backs(staged))
 
     def reduce(self, tensors, opts):
         op = _op_name(opts.reduceOp, "reduce")
         root = opts.rootRank
-        works, afters = [], []
+        calls, afters = [], []
         for t in tensors:
             _check_cpu(t, "reduce")
             s = _Staged(t, copy_in=True)
             buf, gop = _reducible(s.buf, op, "reduce")
             if self.rank() == root:
                 # gradsync's reduce is out of place: reduce a copy of the input into the tensor.
-                works.append(self._comm.reduce_async(buf.clone(), buf, gop, root))
+                calls.append((buf.clone(), buf, gop))
                 if s.staged:
                     afters.append(s.copy_back)
             else:
-                works.append(self._comm.reduce_async(buf, None, gop, root))
+                calls.append((buf, None, gop))
+        works = [self._comm.reduce_async(i, o, gop, root) for i, o, gop in calls]
         return self._work("reduce", works, list(tensors), _chain(*afters))
 
     def allgather(self, output_tensors, input_tensors, opts):
         world = self.size()
-        works, afters = [], []
+        calls, afters = [], []
         for outs, inp in zip(output_tensors, input_tensors):
             _check_cpu(inp, "allgather")
             if len(outs) != world:
@@ -519,11 +795,13 @@ class GradsyncBackend(_C10dBackend):
                     )
             src = _movable(inp.contiguous())
             flat = torch.empty(world * src.numel(), dtype=src.dtype)
-            works.append(self._comm.all_gather_async(src, flat))
+            calls.append((src, flat))
             afters.append(_scatter_copy(flat, outs))
+        works = [self._comm.all_gather_async(src, flat) for src, flat in calls]
         return self._work("allgather", works, [list(o) for o in output_tensors], _chain(*afters))
 
     def _all_gather_single(self, output, input):
+        """Checks an ``all_gather_into_tensor`` and stages it: ``(input, output, staged)``."""
         _check_cpu(output, "all_gather_into_tensor")
         _check_cpu(input, "all_gather_into_tensor")
         if output.numel() != self.size() * input.numel() or output.dtype != input.dtype:
@@ -533,33 +811,27 @@ class GradsyncBackend(_C10dBackend):
                 f"{output.numel()} x {output.dtype}"
             )
         s = _Staged(output, copy_in=False)
-        work = self._comm.all_gather_async(_movable(input.contiguous()), _movable(s.buf))
-        return work, s
+        return _movable(input.contiguous()), _movable(s.buf), s
 
     def all_gather_single(self, output, input, opts):
-        work, s = self._all_gather_single(output, input)
-        return self._work("all_gather_into_tensor", [work], [output], _copy_backs([s]))
+        return self.all_gather_single_coalesced([output], [input], opts, name="all_gather_into_tensor")
 
     _allgather_base = all_gather_single
 
     def allgather_coalesced(self, output_lists, input_tensors, opts):
         return self.allgather(output_lists, input_tensors, opts)
 
-    def all_gather_single_coalesced(self, outputs, inputs, opts):
+    def all_gather_single_coalesced(self, outputs, inputs, opts, name="all_gather_into_tensor_coalesced"):
         parts = [self._all_gather_single(o, i) for o, i in zip(outputs, inputs)]
-        return self._work(
-            "all_gather_into_tensor_coalesced",
-            [w for w, _ in parts],
-            list(outputs),
-            _copy_backs([s for _, s in parts]),
-        )
+        works = [self._comm.all_gather_async(i, o) for i, o, _ in parts]
+        return self._work(name, works, list(outputs), _copy_backs([s for _, _, s in parts]))
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def reduce_scatter(self, output_tensors, input_tensors, opts):
         op = _op_name(opts.reduceOp, "reduce_scatter")
         world = self.size()
-        works, staged = [], []
+        calls, staged = [], []
         for out, ins in zip(output_tensors, input_tensors):
             _check_cpu(out, "reduce_scatter")
             if len(ins) != world:
@@ -577,11 +849,13 @@ class GradsyncBackend(_C10dBackend):
             s = _Staged(out, copy_in=False)
             fin, gop = _reducible(flat, op, "reduce_scatter")
             fout, _ = _reducible(s.buf, op, "reduce_scatter")
-            works.append(self._comm.reduce_scatter_async(fin, fout, gop))
+            calls.append((fin, fout, gop))
             staged.append(s)
+        works = [self._comm.reduce_scatter_async(fin, fout, gop) for fin, fout, gop in calls]
         return self._work("reduce_scatter", works, list(output_tensors), _copy_backs(staged))
 
     def _reduce_scatter_single(self, output, input, op):
+        """Checks a ``reduce_scatter_tensor`` and stages it: ``(input, output, op, staged)``."""
         _check_cpu(output, "reduce_scatter_tensor")
         _check_cpu(input, "reduce_scatter_tensor")
         if input.numel() != self.size() * output.numel() or output.dtype != input.dtype:
@@ -593,24 +867,18 @@ class GradsyncBackend(_C10dBackend):
         s = _Staged(output, copy_in=False)
         fin, gop = _reducible(input.contiguous(), op, "reduce_scatter_tensor")
         fout, _ = _reducible(s.buf, op, "reduce_scatter_tensor")
-        return self._comm.reduce_scatter_async(fin, fout, gop), s
+        return fin, fout, gop, s
 
     def reduce_scatter_single(self, output, input, opts):
-        op = _op_name(opts.reduceOp, "reduce_scatter_tensor")
-        work, s = self._reduce_scatter_single(output, input, op)
-        return self._work("reduce_scatter_tensor", [work], [output], _copy_backs([s]))
+        return self.reduce_scatter_single_coalesced([output], [input], opts, name="reduce_scatter_tensor")
 
     _reduce_scatter_base = reduce_scatter_single
 
-    def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
-        op = _op_name(opts.reduceOp, "reduce_scatter_tensor_coalesced")
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts, name="reduce_scatter_tensor_coalesced"):
+        op = _op_name(opts.reduceOp, name)
         parts = [self._reduce_scatter_single(o, i, op) for o, i in zip(outputs, inputs)]
-        return self._work(
-            "reduce_scatter_tensor_coalesced",
-            [w for w, _ in parts],
-            list(outputs),
-            _copy_backs([s for _, s in parts]),
-        )
+        works = [self._comm.reduce_scatter_async(fin, fout, gop) for fin, fout, gop, _ in parts]
+        return self._work(name, works, list(outputs), _copy_backs([s for *_, s in parts]))
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -618,17 +886,20 @@ class GradsyncBackend(_C10dBackend):
         # Built on all-gather: every rank receives everything, the root keeps it.
         root = opts.rootRank
         world = self.size()
-        works, afters = [], []
+        calls, afters = [], []
         for idx, inp in enumerate(input_tensors):
             _check_cpu(inp, "gather")
             src = _movable(inp.contiguous())
             flat = torch.empty(world * src.numel(), dtype=src.dtype)
-            works.append(self._comm.all_gather_async(src, flat))
             if self.rank() == root:
                 outs = output_tensors[idx]
                 if len(outs) != world:
                     raise ValueError(f"gradsync backend: gather: {len(outs)} output tensors for a group of {world}")
+                for o in outs:
+                    _check_cpu(o, "gather")
                 afters.append(_scatter_copy(flat, outs))
+            calls.append((src, flat))
+        works = [self._comm.all_gather_async(src, flat) for src, flat in calls]
         result = [list(o) for o in output_tensors] if self.rank() == root else []
         return self._work("gather", works, result, _chain(*afters))
 
@@ -636,7 +907,7 @@ class GradsyncBackend(_C10dBackend):
         # Built on broadcast: the root sends everything, every rank keeps its part.
         root = opts.rootRank
         world = self.size()
-        works, afters = [], []
+        flats, afters = [], []
         for idx, out in enumerate(output_tensors):
             _check_cpu(out, "scatter")
             n = _movable(out.contiguous()).numel()
@@ -644,11 +915,14 @@ class GradsyncBackend(_C10dBackend):
                 ins = input_tensors[idx]
                 if len(ins) != world:
                     raise ValueError(f"gradsync backend: scatter: {len(ins)} input tensors for a group of {world}")
+                for i in ins:
+                    _check_cpu(i, "scatter")
                 flat = torch.cat([_movable(i.contiguous()) for i in ins])
             else:
                 flat = torch.empty(world * n, dtype=_movable(out.contiguous()).dtype)
-            works.append(self._comm.broadcast_async(flat, root))
+            flats.append(flat)
             afters.append(_take_part(flat, out, self.rank() * n, n))
+        works = [self._comm.broadcast_async(flat, root) for flat in flats]
         return self._work("scatter", works, list(output_tensors), _chain(*afters))
 
     def alltoall(self, output_tensors, input_tensors, opts):
@@ -662,48 +936,75 @@ class GradsyncBackend(_C10dBackend):
 
     # -- point to point ------------------------------------------------------------------
 
+    def _p2p(self, where: str, peer: int, sending: bool, bufs, result, after) -> _GradsyncWork:
+        if not 0 <= peer < self.size() or peer == self.rank():
+            raise ValueError(
+                f"gradsync backend: {where}: peer {peer} is not another rank of this group "
+                f"(rank {self.rank()} of {self.size()})"
+            )
+        with self._pairs_lock:
+            if self._shut:
+                raise RuntimeError(f"gradsync backend: rank {self.rank()}: {where}: the group was shut down")
+            pair = self._pairs.get(peer)
+            if pair is None:
+                pair = _Pair(self._store, self.rank(), peer, self._timeout, self._comm.timeout)
+                self._pairs[peer] = pair
+            op = pair.submit(sending, bufs, result, after)
+        return _GradsyncWork(op, self.rank())
+
     def send(self, tensors, dst, tag=0):
         for t in tensors:
             _check_cpu(t, "send")
-            self._comm.send(_movable(t.contiguous()), dst)
-        return self._finished("send", list(tensors))
+        bufs = [_movable(t.contiguous()) for t in tensors]
+        return self._p2p("send", dst, True, bufs, list(tensors), None)
 
     def recv(self, tensors, src, tag=0):
         for t in tensors:
             _check_cpu(t, "recv")
-            s = _Staged(t, copy_in=False)
-            self._comm.recv(_movable(s.buf), src)
-            s.copy_back()
-        return self._finished("recv", list(tensors))
+        staged = [_Staged(t, copy_in=False) for t in tensors]
+        bufs = [_movable(s.buf) for s in staged]
+        return self._p2p("recv", src, False, bufs, list(tensors), _copy_backs(staged))
 
     def recv_anysource(self, tensors, tag=0):
         self._unsupported("recv from any source")
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    def shutdown(self) -> None:
-        """Finishes the queued operations, then closes the communicator and the store."""
-        if self._shut:
-            return
-        self._shut = True
-        self._completer.close(wait=True)
+    def _close(self, wait: bool) -> None:
+        with self._pairs_lock:
+            if self._shut:
+                return
+            self._shut = True
+            # Closing a communicator waits a little for its peer to close it too: every rank
+            # closes its pairs' communicators in the same order.
+            pairs = sorted(self._pairs.values(), key=lambda p: p.order)
+        errors = []
+        for close in [p.close for p in pairs] + [self._completer.close]:
+            try:
+                close(wait)
+            except BaseException as e:  # noqa: BLE001 - raised once everything is closed
+                errors.append(e)
         try:
-            self._comm.close()
-        finally:
-            if self._server is not None:
-                self._server.close()
+            _close_all(self._comm, self._server)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+        if errors:
+            raise errors[0]
+
+    def shutdown(self) -> None:
+        """Waits for the queued operations to complete (each bounded by the communicator's
+        timeout; see :class:`_Completer`), then closes the communicators and the stores."""
+        self._close(wait=True)
 
     def abort(self) -> None:
-        """Stops completing futures at once, then closes the communicator and the store."""
-        if self._shut:
-            return
-        self._shut = True
-        self._completer.close(wait=False)
-        try:
-            self._comm.close()
-        finally:
-            if self._server is not None:
-                self._server.close()
+        """Stops taking operations and closes, without waiting for the completion threads.
+
+        This is not immediate: gradsync cannot cancel an operation, so closing a communicator
+        still lets the operations already queued on it run to their end, each bounded by the
+        communicator's timeout (an operation whose peers are gone fails at that deadline). The
+        futures of those operations still complete, with their results or errors.
+        """
+        self._close(wait=False)
 
 
 def _fill(out: torch.Tensor, part: torch.Tensor) -> None:
@@ -782,17 +1083,16 @@ class HookState:
             comm, self._server = _connect(store, pg.rank(), pg.size(), timeout, key=key)
         self.comm = comm
         self.world_size = comm.world_size
-        self._completer = _Completer(f"gradsync-hook-rank{comm.rank}")
+        self._completer = _Completer(f"gradsync-hook-rank{comm.rank}", comm.rank, comm.timeout)
 
     def close(self) -> None:
-        """Finishes the queued all-reduces; closes the communicator if this state built it."""
-        self._completer.close(wait=True)
-        if self._owns:
-            try:
-                self.comm.close()
-            finally:
-                if self._server is not None:
-                    self._server.close()
+        """Finishes the queued all-reduces (raising :class:`gradsync.GradsyncError` when they
+        overrun their deadline); closes the communicator if this state built it."""
+        try:
+            self._completer.close(wait=True)
+        finally:
+            if self._owns:
+                _close_all(self.comm, self._server)
 
     def __getstate__(self):
         raise TypeError("gradsync.distributed.HookState cannot be pickled")

@@ -300,6 +300,124 @@ def send_recv_chain():
         dist.send(t + RANK, dst=(RANK + 1) % WORLD)
 
 
+# 16 MiB of float32: more than gradsync buffers for a peer, so a send waits for its receive.
+BIG = 4 << 20
+
+
+def partner():
+    """This rank's partner in pairwise exchanges (0-1, 2-3, ...); None for the last rank of an
+    odd world."""
+    p = RANK ^ 1
+    return p if p < WORLD else None
+
+
+def msg(src, dst, n, salt=0):
+    """What ``src`` sends ``dst``: distinct integers, exact in float32."""
+    return torch.arange(n, dtype=torch.float32) + (1000 * src + 100 * dst + 10 * salt)
+
+
+def exchange(send_first):
+    p = partner()
+    if p is None:
+        return
+    out, inp = msg(RANK, p, BIG), torch.empty(BIG)
+    if send_first:
+        works = [dist.isend(out, p), dist.irecv(inp, p)]
+    else:
+        works = [dist.irecv(inp, p), dist.isend(out, p)]
+    for w in works:
+        w.wait()
+    assert torch.equal(inp, msg(p, RANK, BIG)), "received the wrong data"
+
+
+@check
+def isend_then_irecv_exchange_16mib():
+    # Both ranks send first: each send waits for the other's receive.
+    exchange(send_first=True)
+
+
+@check
+def irecv_then_isend_exchange_16mib():
+    exchange(send_first=False)
+
+
+@check
+def isend_irecv_exchange_in_opposite_orders():
+    p = partner()
+    exchange(send_first=p is not None and RANK < p)
+
+
+@check
+def batch_isend_irecv_ring_both_ways():
+    nxt, prv = (RANK + 1) % WORLD, (RANK - 1) % WORLD
+    n = BIG // 2
+    from_prev, from_next = torch.empty(n), torch.empty(n)
+    ops = [
+        dist.P2POp(dist.isend, msg(RANK, nxt, n, 0), nxt),
+        dist.P2POp(dist.isend, msg(RANK, prv, n, 1), prv),
+        dist.P2POp(dist.irecv, from_prev, prv),
+        dist.P2POp(dist.irecv, from_next, nxt),
+    ]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    assert torch.equal(from_prev, msg(prv, RANK, n, 0)), "from the previous rank"
+    assert torch.equal(from_next, msg(nxt, RANK, n, 1)), "from the next rank"
+
+
+@check
+def p2p_alongside_collectives():
+    # A large send still in flight does not hold up the group's collectives, nor they it.
+    p = partner()
+    t = data(RANK, 1000, torch.float32, salt=9)
+    if p is not None and RANK < p:
+        w = dist.isend(msg(RANK, p, BIG), p)
+        dist.all_reduce(t)
+        w.wait()
+    elif p is not None:
+        dist.all_reduce(t)
+        got = torch.empty(BIG)
+        dist.irecv(got, p).wait()
+        assert torch.equal(got, msg(p, RANK, BIG)), "received the wrong data"
+    else:
+        dist.all_reduce(t)
+    assert_close(t, reference([data(r, 1000, torch.float32, salt=9) for r in range(WORLD)], "sum"), torch.float32, "all_reduce")
+
+
+@check
+def blocking_send_then_recv_small_exchange():
+    # Small messages are buffered: both ranks may send before they receive.
+    p = partner()
+    if p is None:
+        return
+    got = torch.empty(256)
+    dist.send(msg(RANK, p, 256), p)
+    dist.recv(got, p)
+    assert torch.equal(got, msg(p, RANK, 256))
+
+
+@check
+def send_recv_views_and_dtypes():
+    p = partner()
+    if p is None:
+        return
+    mine = torch.arange(40, dtype=torch.int16).reshape(4, 10) + RANK
+    into = torch.zeros(10, 8, dtype=torch.int16)
+    view = into[:, ::2]  # not contiguous
+    works = [dist.isend(mine.t(), p), dist.irecv(view, p)]
+    for w in works:
+        w.wait()
+    assert torch.equal(view, (torch.arange(40, dtype=torch.int16).reshape(4, 10) + p).t())
+    assert not into[:, 1::2].any(), "the rest of the tensor is untouched"
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    for peer in (RANK, WORLD):
+        try:
+            backend.send([torch.ones(1)], peer)
+        except ValueError as e:
+            assert "not another rank" in str(e), str(e)
+        else:
+            raise AssertionError(f"send to {peer} did not raise")
+
+
 # -- groups and errors --------------------------------------------------------------------
 
 
@@ -312,6 +430,41 @@ def subgroup():
         dist.all_reduce(t, group=g)
         assert t.item() == 1.0 + WORLD, t
     dist.destroy_process_group(g)
+
+
+@check
+def multi_tensor_calls_check_every_tensor_before_queuing():
+    # Rank 0 alone makes calls whose second tensor is bad: each must raise before queuing the
+    # first tensor's operation, or rank 0's next collective would pair with that operation.
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    if RANK == 0:
+        ar = dist.AllreduceOptions()
+        bc = dist.BroadcastOptions()
+        bc.rootRank = 0
+        rs = dist.ReduceScatterOptions()
+        ints = torch.ones(50, dtype=torch.int16)
+        calls = {
+            "allreduce": lambda: backend.allreduce([torch.ones(50), ints], ar),
+            "broadcast": lambda: backend.broadcast([torch.ones(50), torch.empty(50, device="meta")], bc),
+            "reduce_scatter": lambda: backend.reduce_scatter(
+                [torch.empty(50), torch.empty(50, dtype=torch.int16)],
+                [[torch.ones(50)] * WORLD, [ints] * WORLD],
+                rs,
+            ),
+        }
+        for name, call in calls.items():
+            try:
+                call()
+            except (TypeError, ValueError):
+                pass
+            else:
+                raise AssertionError(f"{name} with a bad second tensor did not raise")
+    t = data(RANK, 100, torch.float32, salt=3)
+    dist.all_reduce(t)
+    assert_close(t, reference([data(r, 100, torch.float32, salt=3) for r in range(WORLD)], "sum"), torch.float32, "after")
+    t = data(RANK, 100, torch.float32, salt=4)
+    dist.broadcast(t, src=0)
+    assert torch.equal(t, data(0, 100, torch.float32, salt=4)), "broadcast after"
 
 
 @check
