@@ -12,8 +12,12 @@ shards. DDP averages the gradients, so every world size follows the same traject
 process on the full batch (:func:`train_reference`), up to the order of floating-point sums.
 
 Rank 0 prints one line per step, ``step <n> loss <global mean loss>``, and finally
-``params <sum of all parameters>``; ``--out FILE`` writes the run as JSON (``losses``, ``params``
-flattened, and the settings).
+``params <sum of all parameters>``. ``--out FILE`` writes the run as JSON (``losses``, ``params``
+flattened, the settings, and DDP's gradient buckets ``buckets``): rank 0 to ``FILE``, every other
+rank ``r`` to ``FILE`` with ``.rank<r>`` before its suffix (:func:`rank_out`), so that every rank's
+final parameters can be compared. ``--bucket-cap-mb`` sets DDP's bucket size (default 25 MiB, one
+bucket for this model); a tiny one (0.0001) splits the gradients into several buckets, several
+all-reduces in flight at once.
 """
 
 from __future__ import annotations
@@ -64,6 +68,26 @@ def flat_params(model: nn.Module) -> list[float]:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist()
 
 
+def rank_out(path: str, rank: int) -> str:
+    """Where rank ``rank`` writes its run for ``--out path``: ``path`` itself for rank 0, else
+    ``path`` with ``.rank<rank>`` before its suffix (``run.json`` -> ``run.rank1.json``)."""
+    if rank == 0:
+        return str(path)
+    root, ext = os.path.splitext(str(path))
+    return f"{root}.rank{rank}{ext}"
+
+
+def ddp_buckets(model) -> list[int]:
+    """The sizes in bytes of DDP's gradient buckets (as rebuilt after the first step), or
+    ``[]`` when this torch does not report them."""
+    try:
+        data = model._get_ddp_logging_data()
+    except Exception:  # noqa: BLE001 - a private API
+        return []
+    sizes = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes") or ""
+    return [int(s) for s in str(sizes).replace(" ", "").split(",") if s]
+
+
 def train_reference(steps: int, seed: int, batch: int, lr: float) -> dict:
     """One process, full batches: the trajectory every data-parallel run must follow."""
     x, y = make_data(seed)
@@ -94,7 +118,8 @@ def train_ddp(args: argparse.Namespace) -> dict:
     shard = args.batch // world
 
     x, y = make_data(args.seed)
-    model = DDP(make_model(args.seed))
+    buckets_kw = {} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}
+    model = DDP(make_model(args.seed), **buckets_kw)
     state = None
     if args.hook:
         import gradsync.distributed as gd
@@ -122,13 +147,14 @@ def train_ddp(args: argparse.Namespace) -> dict:
     elapsed = time.perf_counter() - t0
 
     params = flat_params(model.module)
+    buckets = ddp_buckets(model)
     if rank == 0:
         print(f"params {sum(params):.9f}", flush=True)
-        print(f"time {args.steps} steps in {elapsed:.3f} s on {world} ranks ({backend}{' + gradsync hook' if args.hook else ''})", flush=True)
+        print(f"time {args.steps} steps in {elapsed:.3f} s on {world} ranks ({backend}{' + gradsync hook' if args.hook else ''}, {len(buckets) or '?'} gradient buckets)", flush=True)
     if state is not None:
         state.close()
     dist.destroy_process_group()
-    return {"losses": losses, "params": params, "world_size": world, "rank": rank}
+    return {"losses": losses, "params": params, "world_size": world, "rank": rank, "buckets": buckets}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,8 +165,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch", type=int, default=32, help="global batch size (a multiple of the world size)")
     p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument(
+        "--bucket-cap-mb",
+        type=float,
+        default=None,
+        help="DDP's gradient bucket size in MiB (default: DDP's, 25; 0.0001 gives five buckets)",
+    )
     p.add_argument("--reference", action="store_true", help="train in this one process on full batches, without torch.distributed")
-    p.add_argument("--out", help="write the run (losses, parameters) to this JSON file (rank 0)")
+    p.add_argument(
+        "--out",
+        help="write the run (losses, parameters) as JSON to this file (rank 0) and to rank_out(FILE, r) (rank r)",
+    )
     args = p.parse_args(argv)
 
     # Several ranks share the cores: one intra-op thread each.
@@ -155,9 +190,16 @@ def main(argv: list[str] | None = None) -> int:
     else:
         run = train_ddp(args)
         backend = args.backend if not args.hook else "gloo+hook"
-    if args.out and run["rank"] == 0:
-        run.update(backend=backend, steps=args.steps, seed=args.seed, batch=args.batch, lr=args.lr)
-        with open(args.out, "w") as f:
+    if args.out:
+        run.update(
+            backend=backend,
+            steps=args.steps,
+            seed=args.seed,
+            batch=args.batch,
+            lr=args.lr,
+            bucket_cap_mb=args.bucket_cap_mb,
+        )
+        with open(rank_out(args.out, run["rank"]), "w") as f:
             json.dump(run, f)
     return 0
 

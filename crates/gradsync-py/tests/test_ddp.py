@@ -1,7 +1,9 @@
 """An unmodified DistributedDataParallel model trained on the "gradsync" backend (and on Gloo with
 gradsync's communication hook) follows single-process full-batch training: examples/ddp_train.py,
-20 steps, on 2 and 4 processes, compared within 1e-5 in losses and parameters; and the issue's
-acceptance test, the example under torchrun on gradsync and on Gloo giving the same losses."""
+20 steps, on 2 and 4 processes, every rank's parameters identical and within 1e-5 of the
+reference (losses too); runs with a tiny DDP bucket, so that several gradient all-reduces are in
+flight at once; and the issue's acceptance test, the example under torchrun on gradsync and on
+Gloo giving the same losses."""
 
 import importlib.util
 import json
@@ -19,6 +21,9 @@ from ddp_helpers import launch  # noqa: E402
 EXAMPLE = launch.EXAMPLES / "ddp_train.py"
 STEPS, SEED, BATCH, LR = 20, 0, 32, 0.05
 ARGS = ["--steps", STEPS, "--seed", SEED, "--batch", BATCH, "--lr", LR]
+# DDP's buckets of 0.0001 MiB (104 bytes): the model's six parameter tensors (1732 float32) go in
+# five buckets, all-reduced as their gradients become ready.
+SMALL_BUCKETS = ["--bucket-cap-mb", 0.0001]
 TOL = 1e-5
 STEP_LINE = re.compile(r"^(?:\[0\] )?step (\d+) loss (\S+)$")
 
@@ -30,12 +35,26 @@ def load_example():
     return mod
 
 
+EX = load_example()
+
+
 def losses_of(stdout):
     """The per-step losses rank 0 printed."""
     found = [STEP_LINE.match(line.strip()) for line in stdout.splitlines()]
     steps = [(int(m.group(1)), float(m.group(2))) for m in found if m]
     assert [s for s, _ in steps] == list(range(STEPS)), stdout
     return [loss for _, loss in steps]
+
+
+def runs_of(out, world):
+    """Every rank's JSON of a run written with ``--out out``, by rank."""
+    runs = []
+    for rank in range(world):
+        path = EX.rank_out(out, rank)
+        assert os.path.exists(path), f"rank {rank} wrote no {path}"
+        with open(path) as f:
+            runs.append(json.load(f))
+    return runs
 
 
 def max_diff(a, b):
@@ -47,14 +66,15 @@ def max_diff(a, b):
 def reference():
     """One process, full batches."""
     torch.set_num_threads(1)
-    return load_example().train_reference(STEPS, SEED, BATCH, LR)
+    return EX.train_reference(STEPS, SEED, BATCH, LR)
 
 
 def direct(tmp_path, world, *extra):
-    """The example on ``world`` processes started directly; rank 0's losses and its JSON."""
+    """The example on ``world`` processes started directly; rank 0's losses and every rank's
+    JSON."""
     out = tmp_path / f"run{world}.json"
     outs = launch.run_ranks(EXAMPLE, world, [*ARGS, *extra, "--out", out], timeout=150)
-    return losses_of(outs[0]), json.loads(out.read_text())
+    return losses_of(outs[0]), runs_of(out, world)
 
 
 @pytest.fixture(scope="module")
@@ -64,55 +84,72 @@ def torchrun4(tmp_path_factory):
     for backend in ("gradsync", "gloo"):
         out = tmp_path_factory.mktemp(backend) / "run.json"
         stdout = launch.run_torchrun(EXAMPLE, 4, ["--backend", backend, *ARGS, "--out", out], timeout=180)
-        runs[backend] = (losses_of(stdout), json.loads(out.read_text()))
+        runs[backend] = (losses_of(stdout), runs_of(out, 4))
     return runs
 
 
-def assert_matches_reference(losses, run, reference, world):
-    assert run["world_size"] == world
+def assert_matches_reference(losses, runs, reference, world):
+    """Rank 0's printed losses and every rank's run against the reference; every rank ends with
+    the same parameters."""
+    assert len(runs) == world
+    for rank, run in enumerate(runs):
+        assert (run["rank"], run["world_size"]) == (rank, world), (run["rank"], run["world_size"])
+        assert max_diff(run["losses"], reference["losses"]) <= TOL, (rank, run["losses"])
+        assert max_diff(run["params"], reference["params"]) <= TOL, f"rank {rank}'s parameters"
+        assert run["params"] == runs[0]["params"], f"rank {rank}'s parameters differ from rank 0's"
     assert max_diff(losses, reference["losses"]) <= TOL, (losses, reference["losses"])
-    assert max_diff(run["losses"], reference["losses"]) <= TOL
-    assert max_diff(run["params"], reference["params"]) <= TOL
     # the model did learn something, so the comparison is not between two idle models
     assert reference["losses"][-1] < reference["losses"][0] - 0.2, reference["losses"]
 
 
+def assert_several_buckets(runs):
+    for rank, run in enumerate(runs):
+        assert len(run["buckets"]) >= 3, f"rank {rank}: DDP's buckets {run['buckets']}"
+
+
 def test_two_ranks_match_single_process_training(tmp_path, reference):
-    losses, run = direct(tmp_path, 2, "--backend", "gradsync")
-    assert run["backend"] == "gradsync"
-    assert_matches_reference(losses, run, reference, 2)
+    losses, runs = direct(tmp_path, 2, "--backend", "gradsync")
+    assert runs[0]["backend"] == "gradsync"
+    assert_matches_reference(losses, runs, reference, 2)
+
+
+def test_four_ranks_with_small_buckets_match_single_process_training(tmp_path, reference):
+    """Several gradient buckets: several all-reduces queued during backward."""
+    losses, runs = direct(tmp_path, 4, "--backend", "gradsync", *SMALL_BUCKETS)
+    assert runs[0]["backend"] == "gradsync"
+    assert_several_buckets(runs)
+    assert_matches_reference(losses, runs, reference, 4)
 
 
 def test_four_ranks_under_torchrun_match_single_process_training(torchrun4, reference):
-    losses, run = torchrun4["gradsync"]
-    assert run["backend"] == "gradsync"
-    assert_matches_reference(losses, run, reference, 4)
+    losses, runs = torchrun4["gradsync"]
+    assert runs[0]["backend"] == "gradsync"
+    assert_matches_reference(losses, runs, reference, 4)
 
 
 def test_torchrun_example_gives_the_same_losses_on_gradsync_and_gloo(torchrun4, reference):
     """The acceptance test of the issue."""
-    (g_losses, g_run), (l_losses, l_run) = torchrun4["gradsync"], torchrun4["gloo"]
-    assert l_run["backend"] == "gloo"
+    (g_losses, g_runs), (l_losses, l_runs) = torchrun4["gradsync"], torchrun4["gloo"]
+    assert l_runs[0]["backend"] == "gloo"
     assert max_diff(g_losses, l_losses) <= TOL, (g_losses, l_losses)
-    assert max_diff(g_run["params"], l_run["params"]) <= TOL
-    assert_matches_reference(l_losses, l_run, reference, 4)
+    assert max_diff(g_runs[0]["params"], l_runs[0]["params"]) <= TOL
+    assert_matches_reference(l_losses, l_runs, reference, 4)
 
 
 def test_gloo_group_with_gradsync_hook_matches_single_process_training(tmp_path, reference):
-    losses, run = direct(tmp_path, 2, "--hook")
-    assert run["backend"] == "gloo+hook"
-    assert_matches_reference(losses, run, reference, 2)
+    losses, runs = direct(tmp_path, 2, "--hook", *SMALL_BUCKETS)
+    assert runs[0]["backend"] == "gloo+hook"
+    assert_several_buckets(runs)
+    assert_matches_reference(losses, runs, reference, 2)
 
 
 def gradsync_cli():
-    found = shutil.which("gradsync")
-    if found:
-        return found
+    """The repository's gradsync binary (release, then debug build), else one on PATH."""
     for profile in ("release", "debug"):
         exe = launch.REPO / "target" / profile / "gradsync"
         if exe.exists():
             return str(exe)
-    return None
+    return shutil.which("gradsync")
 
 
 def test_example_under_gradsync_launch(tmp_path, reference):
@@ -129,4 +166,4 @@ def test_example_under_gradsync_launch(tmp_path, reference):
     env.pop("GRADSYNC_TOKEN")  # the launcher makes one
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150, cwd=os.getcwd())
     assert p.returncode == 0, f"{p.stdout}\n{p.stderr}"
-    assert_matches_reference(losses_of(p.stdout), json.loads(out.read_text()), reference, 2)
+    assert_matches_reference(losses_of(p.stdout), runs_of(out, 2), reference, 2)
