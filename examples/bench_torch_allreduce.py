@@ -9,8 +9,16 @@ default 64 MiB) on each backend in turn (the order alternates from round to roun
 warm-up all-reduce and a barrier; a round's time is the slowest rank's mean. Printed per backend:
 the median over ``--rounds`` of the time per all-reduce, the algorithm bandwidth
 (bytes / time) and the bus bandwidth, busbw = 2(n-1)/n x bytes / time (the nccl-tests
-convention), then the ratio of the median busbws gradsync / gloo. Every all-reduce's result is
-checked (``#wrong`` counts wrong elements).
+convention), then the ratio of the median busbws gradsync / gloo.
+
+What is checked (``#wrong`` counts wrong elements, summed over rounds and ranks): in every round
+and on every backend, the warm-up all-reduce's result (rank ``r`` contributes ``r + 1`` in every
+element, so each must be ``n(n+1)/2``), and the result of the last timed all-reduce. The timed
+all-reduces run in place on a tensor that starts as ones, so each multiplies it by the world size
+``n`` and the last must leave ``n ** iters`` in every element; a wrong element in an earlier timed
+all-reduce carries into it. The value is exact in float32 in any summation order when
+``n ** iters`` and its partial sums are (for instance 2 ranks and up to 127 iterations, 3 ranks
+and up to 15); otherwise the timed results are not checked, and the output says so.
 """
 
 import argparse
@@ -55,6 +63,21 @@ def spawn(nproc: int, argv: list) -> int:
     return max(codes, key=abs)
 
 
+def exact_in_float32(v: int) -> bool:
+    """Whether the integer ``v`` is exactly a float32."""
+    if v == 0:
+        return True
+    odd = v // (v & -v)
+    return odd < (1 << 24) and v < (1 << 128)
+
+
+def timed_result_is_exact(world: int, iters: int) -> bool:
+    """Whether ``iters`` in-place sums over ``world`` ranks of a tensor of ones are exact in any
+    order: every partial sum ``m * world ** (k - 1)`` (``m <= world``, ``k <= iters``) is a
+    float32."""
+    return all(exact_in_float32(m * world ** (k - 1)) for k in range(1, iters + 1) for m in range(1, world + 1))
+
+
 def bench(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
@@ -71,6 +94,8 @@ def bench(args: argparse.Namespace) -> None:
     times = {name: [] for name in groups}
     wrong = {name: 0 for name in groups}
     slowest = torch.empty(1, dtype=torch.float64)
+    check_timed = timed_result_is_exact(world, args.iters)
+    expected = float(world**args.iters)
 
     for rnd in range(args.rounds):
         order = list(groups) if rnd % 2 == 0 else list(reversed(groups))
@@ -79,14 +104,22 @@ def bench(args: argparse.Namespace) -> None:
             buf.fill_(rank + 1)
             dist.all_reduce(buf, group=g)  # warm-up, and a check of the result
             wrong[name] += int((buf != world * (world + 1) / 2).sum())
+            buf.fill_(1.0)  # each timed all-reduce multiplies it by the world size, exactly
             dist.barrier(group=g)
             t0 = time.perf_counter()
             for _ in range(args.iters):
                 dist.all_reduce(buf, group=g)
             dt = (time.perf_counter() - t0) / args.iters
+            if check_timed:  # the last timed all-reduce's result
+                wrong[name] += int((buf != expected).sum())
             slowest.fill_(dt)
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # on the default (Gloo) group
             times[name].append(slowest.item())
+
+    # every rank's wrong elements, summed on the default (Gloo) group
+    counts = torch.tensor([wrong[name] for name in groups], dtype=torch.int64)
+    dist.all_reduce(counts)
+    wrong = dict(zip(groups, counts.tolist()))
 
     if rank == 0:
         factor = 2 * (world - 1) / world
@@ -103,6 +136,8 @@ def bench(args: argparse.Namespace) -> None:
                 f"{name:>10} {t * 1e3:>10.2f} {nbytes / t / 1e9:>12.2f} {busbw[name]:>12.2f} {wrong[name]:>7}"
             )
         print(f"busbw ratio gradsync/gloo: {busbw['gradsync'] / busbw['gloo']:.2f}x")
+        if not check_timed:
+            print(f"timed results not checked: {world} ** {args.iters} is not exact in float32 (only the warm-ups are)")
         if args.verbose:
             for name in ("gradsync", "gloo"):
                 print(name, " ".join(f"{t * 1e3:.2f}" for t in times[name]), "ms per round")
