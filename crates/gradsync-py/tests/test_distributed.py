@@ -190,3 +190,13 @@ def test_a_stuck_operation_raises_at_its_deadline_naming_the_rank_and_the_operat
         release.set()
     assert op.done.wait(10), "the operation ends once released"
     assert work.wait() is True and work.result() == ["done"]
+
+
+def test_blocking_exchange_of_large_messages_fails_at_the_timeout_saying_why(mismatch):
+    # Both ranks send 16 MiB, then receive: each send waits for the other's receive.
+    for rank, res in enumerate(mismatch):
+        err = res["blocking_large_exchange"]
+        assert err is not None, f"rank {rank}: the exchange did not fail"
+        assert (err["module"], err["type"]) == ("gradsync", "GradsyncError"), err
+        assert f"rank {rank}: send to rank {1 - rank}" in err["message"], err["message"]
+        assert "timed out" in err["message"] and "isend/irecv" in err["message"], err["message"]

@@ -5,7 +5,9 @@ Prints one JSON line: ``{"rank": r, "<case>": {"type": ..., "message": ...} | nu
 default group is Gloo, so that a broken gradsync group cannot stop the report.
 """
 
+import datetime
 import json
+import os
 
 import torch
 import torch.distributed as dist
@@ -53,6 +55,21 @@ def main():
         dist.all_reduce(t, op=op, group=groups[2], async_op=True).get_future().wait()
 
     report["through_future"] = outcome(through_future)
+
+    # Both ranks send 16 MiB before they receive: more than gradsync buffers, so each send
+    # waits for the other's receive until the group's timeout (4 s here), then fails.
+    timeout_var = os.environ.pop("GRADSYNC_TIMEOUT", None)
+    slow = dist.new_group(backend="gradsync", timeout=datetime.timedelta(seconds=4))
+    peer = rank ^ 1
+
+    def blocking_large_exchange():
+        if peer < dist.get_world_size():
+            dist.send(torch.ones(4 << 20), peer, group=slow)
+            dist.recv(torch.empty(4 << 20), peer, group=slow)
+
+    report["blocking_large_exchange"] = outcome(blocking_large_exchange)
+    if timeout_var is not None:
+        os.environ["GRADSYNC_TIMEOUT"] = timeout_var
 
     dist.barrier()  # Gloo
     print("@@result@@ " + json.dumps(report), flush=True)
