@@ -7,6 +7,7 @@ and returns a JSON-able report, usually the list of mismatches found (empty when
 
 import gc
 import os
+import signal
 import threading
 import time
 import weakref
@@ -390,9 +391,13 @@ def interrupted_wait(rank, world, args):
     comm = gradsync.Communicator.from_env()
     buf = np.full(8, rank + 1.0, dtype=np.float32)
     if rank == 0:
-        open(os.path.join(d, "waiting"), "w").close()
+        # Python raises KeyboardInterrupt only where SIGINT was not ignored at its start, and a
+        # job started in the background of a non-interactive shell inherits it ignored.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         t0 = time.monotonic()
         try:
+            # Inside the try: a signal that comes early is still caught, and `waited` says so.
+            open(os.path.join(d, "waiting"), "w").close()
             comm.all_reduce(buf)
             return {"interrupted": False}
         except KeyboardInterrupt:

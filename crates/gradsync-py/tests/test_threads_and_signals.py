@@ -39,10 +39,12 @@ def test_sigint_interrupts_a_wait_for_a_peer_that_never_comes(tmp_path):
         procs[0].send_signal(signal.SIGINT)
         assert _wait_for(tmp_path / "interrupted", 10), "SIGINT did not interrupt the wait"
         delay = time.monotonic() - sent
-    except BaseException:
+    except BaseException as e:
         for p in procs:
             p.kill()
-        raise
+        outs = [p.communicate(timeout=10) for p in procs]
+        detail = "\n".join(f"rank {r} stdout:\n{o}\nrank {r} stderr:\n{err}" for r, (o, err) in enumerate(outs))
+        raise AssertionError(f"{e}\n{detail}") from e
     results = collect(procs, timeout=60)
     assert results[0]["interrupted"], results
     assert delay < 2.0, f"KeyboardInterrupt came {delay:.2f} s after SIGINT"
