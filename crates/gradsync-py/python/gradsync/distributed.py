@@ -271,14 +271,18 @@ class _Op:
                 self.outcome = self.result
         finally:
             self.run = self.works = self.after = None
-            self.done.set()
+            # The futures first (``future``'s callback runs inside ``set_result``), then
+            # ``done``: whoever `wait()`ed finds them completed.
             try:
-                self.raw.set_result(self.outcome)
-            except BaseException as e:  # noqa: BLE001 - the future must end all the same
                 try:
-                    self.raw.set_result(_Failed(e))
-                except BaseException:  # noqa: BLE001 - already completed
-                    pass
+                    self.raw.set_result(self.outcome)
+                except BaseException as e:  # noqa: BLE001 - the future must end all the same
+                    try:
+                        self.raw.set_result(_Failed(e))
+                    except BaseException:  # noqa: BLE001 - already completed
+                        pass
+            finally:
+                self.done.set()
 
 
 # Seconds that waits allow beyond the communicator's own deadlines before they report the
