@@ -287,6 +287,26 @@ impl Communicator {
         Ok(())
     }
 
+    /// Checks that buffer `big` holds world size x `small`'s elements.
+    fn world_multiple(
+        &self,
+        op: &str,
+        (big, big_len): (&str, usize),
+        (small, small_len): (&str, usize),
+    ) -> PyResult<()> {
+        let world = self.info.world;
+        if big_len == small_len * world {
+            return Ok(());
+        }
+        Err(self.invalid(
+            op,
+            format!(
+                "{big} has {big_len} elements but must have world size {world} x {small}'s {small_len} = {}",
+                small_len * world
+            ),
+        ))
+    }
+
     fn no_overlap(&self, op: &str, input: &Buffer, output: &Buffer) -> PyResult<()> {
         if input.overlaps(output) {
             return Err(self.invalid(op, "input and output share memory; pass separate arrays"));
@@ -358,18 +378,7 @@ impl Communicator {
         let i = extract(input, Access::Read, self.ctx(NAME, "input"))?;
         let o = extract(output, Access::Write, self.ctx(NAME, "output"))?;
         self.same_dtype(NAME, &i, &o)?;
-        if i.len != o.len * self.info.world {
-            return Err(self.invalid(
-                NAME,
-                format!(
-                    "input has {} elements but must have world size {} x output's {} = {}",
-                    i.len,
-                    self.info.world,
-                    o.len,
-                    o.len * self.info.world
-                ),
-            ));
-        }
+        self.world_multiple(NAME, ("input", i.len), ("output", o.len))?;
         self.no_overlap(NAME, &i, &o)?;
         let dt = i.dtype;
         let (si, mut keep) = i.into_parts();
@@ -396,18 +405,7 @@ impl Communicator {
         let i = extract(input, Access::Read, self.ctx(NAME, "input"))?;
         let o = extract(output, Access::Write, self.ctx(NAME, "output"))?;
         self.same_dtype(NAME, &i, &o)?;
-        if o.len != i.len * self.info.world {
-            return Err(self.invalid(
-                NAME,
-                format!(
-                    "output has {} elements but must have world size {} x input's {} = {}",
-                    o.len,
-                    self.info.world,
-                    i.len,
-                    i.len * self.info.world
-                ),
-            ));
-        }
+        self.world_multiple(NAME, ("output", o.len), ("input", i.len))?;
         self.no_overlap(NAME, &i, &o)?;
         let dt = i.dtype;
         let (si, mut keep) = i.into_parts();
