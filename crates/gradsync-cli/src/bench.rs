@@ -134,6 +134,12 @@ pub struct BenchArgs {
     /// Rounds of `--compare`.
     #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u32).range(1..))]
     pub rounds: u32,
+    /// With `--compare`: add every size's medians of the forced algorithms, as one more run, to
+    /// the cost file (the per-host cache, or `GRADSYNC_COST_FILE`). Later runs with the same
+    /// world and ranks per host then take, for those size classes, the algorithm with the least
+    /// median over the last 5 recorded runs instead of the model's prediction.
+    #[arg(long, requires = "compare")]
+    pub tune: bool,
 }
 
 /// Parses `-d`: one data type, or `all`.
@@ -346,7 +352,11 @@ fn run_rank(args: &BenchArgs, plan: &Plan, comm: &mut Communicator) -> anyhow::R
         if rank == 0 {
             std::io::stdout().write_all(head.as_bytes())?;
         }
-        compare::run(
+        ensure!(
+            !args.tune || choices.iter().any(|c| *c != compare::Choice::Auto),
+            "--tune needs at least one forced algorithm in --compare"
+        );
+        let results = compare::run(
             comm,
             &choices,
             &plan.sizes,
@@ -354,6 +364,14 @@ fn run_rank(args: &BenchArgs, plan: &Plan, comm: &mut Communicator) -> anyhow::R
             args.warmup_iters,
             args.rounds,
         )?;
+        if args.tune && rank == 0 {
+            let (path, n) = compare::tune(comm, &choices, &results)?;
+            println!(
+                "# tune: recorded the fastest algorithm of {n} sizes on {} ranks in {}",
+                comm.world_size(),
+                path.display()
+            );
+        }
         return Ok(0);
     }
     let head = header(args, plan, comm)?;

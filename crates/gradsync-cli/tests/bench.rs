@@ -399,6 +399,129 @@ fn automatic_choice_follows_the_cost_model() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `--compare ... --tune` records each size's medians and fastest forced algorithm in the cost
+/// file; later runs on the same world take that algorithm for the size class, where the model
+/// would have chosen another, and say so at INFO.
+#[test]
+fn tune_records_the_fastest_and_the_automatic_choice_takes_it() {
+    let (dir, pinned) = pinned_model("tune");
+    let env = [("GRADSYNC_COST_FILE", pinned.to_str().unwrap())];
+    // Two algorithms the model ranks below the ring on this model: whichever is faster, the
+    // measured choice differs from the model's.
+    let args = [
+        "all_reduce",
+        "--nproc",
+        "3",
+        "-b",
+        "64K",
+        "-e",
+        "1M",
+        "-f",
+        "16",
+        "-n",
+        "2",
+        "-w",
+        "1",
+        "--rounds",
+        "3",
+        "--compare",
+        "auto,tree,double_tree",
+        "--tune",
+    ];
+    let out = bench(&args, &env);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains(&format!(
+            "# tune: recorded the fastest algorithm of 2 sizes on 3 ranks in {}",
+            pinned.display()
+        )),
+        "{text}"
+    );
+    let file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&pinned).unwrap()).unwrap();
+    let measured = file["measured"].as_array().expect("measured entries");
+    assert_eq!(measured.len(), 2, "{file}");
+    let rows = rows(&out);
+    for (m, row) in measured.iter().zip(&rows) {
+        assert_eq!(m["world"], 3, "{m}");
+        assert_eq!(m["bytes"].to_string(), row[0], "{m}");
+        // The recorded fastest is the table's best forced algorithm, with its medians.
+        assert_eq!(m["algorithm"].as_str().unwrap(), row[4], "{m}");
+        let tree: f64 = row[2].parse().unwrap();
+        assert!(
+            (m["us"]["tree"][0].as_f64().unwrap() - tree).abs() <= 0.051,
+            "{m} {row:?}"
+        );
+    }
+    // The next run's automatic choice takes the measured fastest and logs both choices.
+    let (_, err) = bench_logging_choices(
+        &[
+            "all_reduce",
+            "--nproc",
+            "3",
+            "-b",
+            "64K",
+            "-e",
+            "1M",
+            "-f",
+            "16",
+            "-n",
+            "1",
+            "-w",
+            "0",
+        ],
+        &pinned,
+    );
+    for m in measured {
+        let bytes = m["bytes"].to_string();
+        let line = err
+            .lines()
+            .find(|l| l.contains(&format!("all_reduce of {bytes} bytes on 3 ranks")))
+            .unwrap_or_else(|| panic!("no choice logged for {bytes}: {err}"));
+        let algo = m["algorithm"].as_str().unwrap();
+        assert!(
+            line.contains(&format!("measured at {bytes} bytes (median of 1 runs):"))
+                && line.ends_with(&format!(", measured choice {algo}, runs {algo}")),
+            "{line}"
+        );
+        assert!(!line.contains(&format!("model's choice {algo}")), "{line}");
+    }
+    // A world that was not measured keeps the model's choice.
+    let (_, err) = bench_logging_choices(
+        &[
+            "all_reduce",
+            "--nproc",
+            "2",
+            "-b",
+            "64K",
+            "-e",
+            "64K",
+            "-n",
+            "1",
+            "-w",
+            "0",
+        ],
+        &pinned,
+    );
+    assert!(!err.contains("measured choice"), "{err}");
+    // Tuning needs a forced algorithm to measure.
+    let bad = bench(
+        &["all_reduce", "--nproc", "2", "--compare", "auto", "--tune"],
+        &env,
+    );
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("--tune needs at least one forced algorithm"),
+        "{bad:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Init measures the links once per host and caches the model; the next init reads the cache,
 /// `GRADSYNC_CALIBRATE=always` measures again and `off` never measures.
 #[test]

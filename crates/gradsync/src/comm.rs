@@ -59,6 +59,8 @@ pub struct Communicator {
     costs: crate::cost::LinkCosts,
     /// Where the cost model came from (pinned, cached, measured, uncalibrated).
     cost_from: String,
+    /// The file the cost model was read from or saved to, if any.
+    cost_path: Option<std::path::PathBuf>,
     /// The model's all-reduce choice per size class ([`crate::cost::size_class`], the index),
     /// computed on first use; read without locking afterwards.
     choices: Box<[std::sync::OnceLock<crate::cost::Choice>]>,
@@ -69,6 +71,7 @@ pub struct Communicator {
 struct PublishedCosts {
     links: crate::cost::LinkCosts,
     from: String,
+    path: Option<std::path::PathBuf>,
 }
 
 /// An empty cache of the model's choices: one slot per size class (`0..=usize::BITS`).
@@ -567,19 +570,22 @@ impl Communicator {
         let intra_t = intra_peer.map_or("shm", |p| self.peer_transport(p));
         let inter_t = inter_peer.map_or(intra_t, |p| self.peer_transport(p));
         // Rank 0 decides: a model it already has, or a measurement (plan byte 1).
-        let mut decided: Option<(LinkCosts, String)> = None;
+        let mut decided: Option<(LinkCosts, String, Option<std::path::PathBuf>)> = None;
         if rank == 0 {
             let cache = crate::cost::cache_path(self.host_name(0), intra_t, inter_t);
             if let Some(f) = config.cost_file.as_ref().filter(|f| f.exists()) {
                 let links = LinkCosts::load(f)
                     .map_err(|e| Error::Config(format!("GRADSYNC_COST_FILE: {e}")))?;
-                decided = Some((links, format!("pinned in {}", f.display())));
+                decided = Some((links, format!("pinned in {}", f.display()), Some(f.clone())));
             } else if config.cost_file.is_none()
                 && config.calibrate != crate::Calibrate::Always
                 && let Some(c) = cache.as_ref().filter(|c| c.exists())
             {
                 match LinkCosts::load(c) {
-                    Ok(links) => decided = Some((links, format!("cached in {}", c.display()))),
+                    Ok(links) => {
+                        decided =
+                            Some((links, format!("cached in {}", c.display()), Some(c.clone())))
+                    }
                     Err(e) => {
                         tracing::warn!(target: "gradsync::init", "rank 0: {e}; measuring again")
                     }
@@ -589,6 +595,7 @@ impl Communicator {
                 decided = Some((
                     LinkCosts::uncalibrated(intra_t, inter_t),
                     "uncalibrated".to_string(),
+                    None,
                 ));
             }
             let plan = [u8::from(decided.is_none())];
@@ -636,15 +643,28 @@ impl Communicator {
             (self.seq, self.p2p_seq) = (seq, p2p_seq);
             self.engine.recorder.clear();
             if let Some((intra, inter)) = measured {
-                let links = LinkCosts { intra, inter };
+                let mut links = LinkCosts {
+                    intra,
+                    inter,
+                    measured: Vec::new(),
+                };
                 let mut from = format!(
                     "measured at init in {:.0} ms",
                     t0.elapsed().as_secs_f64() * 1e3
                 );
                 let cache = crate::cost::cache_path(self.host_name(0), intra_t, inter_t);
+                let mut saved = None;
                 if let Some(path) = config.cost_file.as_ref().or(cache.as_ref()) {
+                    // Algorithms timed on this host stay valid when its links are measured
+                    // again: keep them.
+                    if let Ok(old) = LinkCosts::load(path) {
+                        links.measured = old.measured;
+                    }
                     match links.save(path) {
-                        Ok(()) => from += &format!(", saved to {}", path.display()),
+                        Ok(()) => {
+                            from += &format!(", saved to {}", path.display());
+                            saved = Some(path.clone());
+                        }
                         Err(e) => tracing::warn!(
                             target: "gradsync::init",
                             "rank 0: cannot save the cost model to {}: {e}",
@@ -652,30 +672,30 @@ impl Communicator {
                         ),
                     }
                 }
-                decided = Some((links, from));
+                decided = Some((links, from, saved));
             }
         }
         let model_key = format!("{prefix}/cost/model");
-        if let Some((links, from)) = decided {
+        if let Some((links, from, path)) = decided {
             tracing::info!(
                 target: "gradsync::init",
                 "rank 0: cost model ({from}): inside a host {} alpha {:.2} us {:.3} GB/s, across hosts {} alpha {:.2} us {:.3} GB/s",
                 links.intra.transport, links.intra.alpha_us, links.intra.gbytes_per_s,
                 links.inter.transport, links.inter.alpha_us, links.inter.gbytes_per_s
             );
-            let published = PublishedCosts { links, from };
+            let published = PublishedCosts { links, from, path };
             let text = serde_json::to_vec(&published)
                 .map_err(|e| Error::Config(format!("cannot encode the cost model: {e}")))?;
             let store = self.store.as_mut().expect("init keeps its store");
             store.set(&model_key, &text).map_err(st)?;
-            self.set_costs(published.links, published.from);
+            self.set_costs(published.links, published.from, published.path);
         } else {
             let store = self.store.as_mut().expect("init keeps its store");
             let v = store.wait(&[&model_key], timeout).map_err(st)?;
             let p: PublishedCosts = serde_json::from_slice(&v[0]).map_err(|e| {
                 Error::Config(format!("rank 0 published a malformed cost model: {e}"))
             })?;
-            self.set_costs(p.links, p.from);
+            self.set_costs(p.links, p.from, p.path);
         }
         Ok(())
     }
@@ -1207,6 +1227,7 @@ impl Communicator {
             explained: 0,
             costs: crate::cost::LinkCosts::uncalibrated(engine_name, engine_name),
             cost_from: "uncalibrated".to_string(),
+            cost_path: None,
             choices: no_choices(),
         }
     }
@@ -1445,9 +1466,21 @@ impl Communicator {
         })
     }
 
-    /// Takes `links` as the cost model (from `from`), forgetting the choices of the previous one.
-    fn set_costs(&mut self, links: crate::cost::LinkCosts, from: String) {
-        (self.costs, self.cost_from) = (links, from);
+    /// The file the cost model was read from or saved to (pinned in `GRADSYNC_COST_FILE` or
+    /// the per-host cache); `None` when it is in no file.
+    pub fn cost_file(&self) -> Option<&std::path::Path> {
+        self.cost_path.as_deref()
+    }
+
+    /// Takes `links` as the cost model (from `from`, in file `path`), forgetting the choices of
+    /// the previous one.
+    fn set_costs(
+        &mut self,
+        links: crate::cost::LinkCosts,
+        from: String,
+        path: Option<std::path::PathBuf>,
+    ) {
+        (self.costs, self.cost_from, self.cost_path) = (links, from, path);
         self.choices = no_choices();
     }
 
@@ -1487,14 +1520,27 @@ impl Communicator {
                 Err(e) => line += &format!(" {a} ({e})"),
             }
         }
+        if let Some(m) = &choice.measured {
+            line += &format!(
+                "; measured at {} bytes (median of {} runs):",
+                m.bytes,
+                m.runs()
+            );
+            for (a, us) in m.medians() {
+                line += &format!(" {a} {us:.1} us");
+            }
+        }
+        let measured = choice.measured.as_ref().map_or(String::new(), |m| {
+            format!(", measured choice {}", m.algorithm)
+        });
         tracing::info!(
             target: "gradsync::coll",
-            "rank {}: all_reduce of {bytes} bytes on {} ranks, predicted at {} bytes ({}):{line}; model's choice {}, runs {}",
+            "rank {}: all_reduce of {bytes} bytes on {} ranks, predicted at {} bytes ({}):{line}; model's choice {}{measured}, runs {}",
             self.rank,
             self.world,
             crate::cost::class_bytes(class),
             self.cost_from,
-            choice.best,
+            choice.model,
             runs.map_or("eager", Algorithm::name)
         );
     }

@@ -15,6 +15,12 @@
 //! replaying the schedules' own messages ([`gradsync_core::sim::predict_on`]) under the model.
 //! With `GRADSYNC_DEBUG=INFO` and the `COLL` subsystem, rank 0 logs the predicted time of every
 //! candidate and the choice, once per size class.
+//!
+//! The model cannot see everything that sets an algorithm's time (ranks sharing cores, how a
+//! schedule's reductions overlap its transfers), so the cost file can also hold measured
+//! all-reduce times ([`Measured`], written by `gradsync bench --compare ALGOS --tune`): for a
+//! size class measured on the same world and ranks per host, the choice is the algorithm with
+//! the least median over the recorded runs.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -72,13 +78,72 @@ impl CostModel {
     }
 }
 
-/// The two links of a communicator's model, and where the model came from.
+/// The two links of a communicator's model, and the all-reduce choices measured on this host.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct LinkCosts {
     /// Links between ranks on one host.
     pub intra: CostModel,
     /// Links between ranks on different hosts (the same as `intra` on a single host).
     pub inter: CostModel,
+    /// All-reduce size classes whose algorithms were timed side by side (`gradsync bench
+    /// --compare ALGOS --tune`): for these the measured fastest replaces the model's choice.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub measured: Vec<Measured>,
+}
+
+/// One all-reduce size class timed with every algorithm on one layout of ranks, as `gradsync
+/// bench --compare ALGOS --tune` records it in the cost file.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Measured {
+    /// Ranks of the communicator it was measured on.
+    pub world: usize,
+    /// Ranks per host of that communicator (as [`crate::Communicator::local_size`] reports it).
+    pub local_size: usize,
+    /// The size measured (bytes of f32 per rank); the entry stands for its size class
+    /// ([`size_class`]).
+    pub bytes: usize,
+    /// The fastest algorithm measured (least median over the runs in `us`), which the
+    /// automatic choice runs for the class.
+    pub algorithm: String,
+    /// Microseconds per call of every algorithm measured, by name: the median of each tuning
+    /// run, oldest first, the last [`MEASURED_RUNS`] runs.
+    pub us: std::collections::BTreeMap<String, Vec<f64>>,
+}
+
+/// Tuning runs a [`Measured`] entry keeps per algorithm: a run on a shared machine can be off
+/// by more than the algorithms differ, so the choice is made on the median over several.
+pub const MEASURED_RUNS: usize = 5;
+
+impl Measured {
+    /// Whether this entry stands for size class `class` of an all-reduce on `world` ranks in
+    /// hosts of `local_size`.
+    pub fn covers(&self, world: usize, local_size: usize, class: u32) -> bool {
+        self.world == world && self.local_size == local_size && size_class(self.bytes) == class
+    }
+
+    /// Every algorithm's median over its recorded runs, in microseconds, by name.
+    pub fn medians(&self) -> Vec<(&str, f64)> {
+        self.us
+            .iter()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(name, v)| {
+                let mut v = v.clone();
+                v.sort_by(f64::total_cmp);
+                let m = v.len() / 2;
+                let med = if v.len() % 2 == 1 {
+                    v[m]
+                } else {
+                    (v[m - 1] + v[m]) / 2.0
+                };
+                (name.as_str(), med)
+            })
+            .collect()
+    }
+
+    /// The most runs recorded for any algorithm.
+    pub fn runs(&self) -> usize {
+        self.us.values().map(Vec::len).max().unwrap_or(0)
+    }
 }
 
 /// What a cost file may hold: both links, or one model for every link (the form `gradsync
@@ -96,6 +161,7 @@ impl LinkCosts {
         LinkCosts {
             intra: m.clone(),
             inter: m,
+            measured: Vec::new(),
         }
     }
 
@@ -104,6 +170,7 @@ impl LinkCosts {
         LinkCosts {
             intra: CostModel::uncalibrated(intra),
             inter: CostModel::uncalibrated(inter),
+            measured: Vec::new(),
         }
     }
 
@@ -125,7 +192,62 @@ impl LinkCosts {
                 ));
             }
         }
+        for m in &links.measured {
+            if let Err(e) = Algorithm::parse(&m.algorithm) {
+                return Err(format!(
+                    "cost model {}: measured entry of {} bytes on {} ranks: {e}",
+                    path.display(),
+                    m.bytes,
+                    m.world
+                ));
+            }
+        }
         Ok(links)
+    }
+
+    /// Records one tuning run's medians (microseconds per call, by algorithm name) of an
+    /// all-reduce of `bytes` bytes on `world` ranks in hosts of `local_size`: they join the
+    /// class's earlier runs (the last [`MEASURED_RUNS`] kept), and the class's algorithm
+    /// becomes the one with the least median over them. Returns that algorithm's name.
+    pub fn record(
+        &mut self,
+        world: usize,
+        local_size: usize,
+        bytes: usize,
+        run: &[(String, f64)],
+    ) -> String {
+        let class = size_class(bytes);
+        let mut us = std::collections::BTreeMap::<String, Vec<f64>>::new();
+        if let Some(i) = self
+            .measured
+            .iter()
+            .position(|m| m.covers(world, local_size, class))
+        {
+            us = self.measured.remove(i).us;
+        }
+        for (name, t) in run {
+            let v = us.entry(name.clone()).or_default();
+            v.push(*t);
+            let extra = v.len().saturating_sub(MEASURED_RUNS);
+            v.drain(..extra);
+        }
+        let mut entry = Measured {
+            world,
+            local_size,
+            bytes,
+            algorithm: String::new(),
+            us,
+        };
+        entry.algorithm = entry
+            .medians()
+            .into_iter()
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .map_or_else(String::new, |(name, _)| name.to_string());
+        let algorithm = entry.algorithm.clone();
+        self.measured.push(entry);
+        self.measured
+            .sort_by_key(|m| (m.world, m.local_size, m.bytes));
+        algorithm
     }
 
     /// Writes the model to `path` (pretty JSON), through a temporary file renamed into place so
@@ -200,12 +322,17 @@ pub fn class_bytes(class: u32) -> usize {
 pub const MODEL_MAX_WORLD: usize = 256;
 
 /// One size class's predictions: every candidate with its predicted seconds (or why it has
-/// none), and the candidate with the least.
+/// none), the candidate with the least, and the algorithm the automatic choice runs.
 #[derive(Clone, Debug)]
 pub struct Choice {
     /// `(algorithm, predicted seconds)` in the order of [`all_reduce_candidates`].
     pub predicted: Vec<(Algorithm, Result<f64, String>)>,
     /// The fastest predicted candidate.
+    pub model: Algorithm,
+    /// The cost file's measurement of this class, when it has one for this layout.
+    pub measured: Option<Measured>,
+    /// What the automatic choice runs: the measured fastest where the class was measured (and
+    /// that algorithm is a candidate here), else the model's.
     pub best: Algorithm,
 }
 
@@ -236,12 +363,28 @@ pub fn choose_all_reduce(
             (a, t)
         })
         .collect();
-    let best = predicted
+    let model = predicted
         .iter()
         .filter_map(|(a, t)| t.as_ref().ok().map(|t| (*a, *t)))
         .min_by(|x, y| x.1.total_cmp(&y.1))
         .map_or(Algorithm::Ring, |(a, _)| a);
-    Choice { predicted, best }
+    let measured = links
+        .measured
+        .iter()
+        .rev()
+        .find(|m| m.covers(world, local_size, class))
+        .cloned();
+    let best = measured
+        .as_ref()
+        .and_then(|m| Algorithm::parse(&m.algorithm).ok())
+        .filter(|a| predicted.iter().any(|(c, _)| c == a))
+        .unwrap_or(model);
+    Choice {
+        predicted,
+        model,
+        measured,
+        best,
+    }
 }
 
 /// The all-reduce algorithms the model compares on `world` ranks in hosts of `local_size`
@@ -366,5 +509,91 @@ mod tests {
         assert!((t(None) * 1e6 - 34.768).abs() < 0.01);
         assert!((t(Some(Algorithm::RecursiveDoubling)) * 1e6 - 34.768).abs() < 0.01);
         assert!((t(Some(Algorithm::Ring)) * 1e6 - 36.768).abs() < 0.01);
+    }
+
+    /// One tuning run in which `fastest` took 1 us and every other candidate 2 us.
+    fn run(fastest: &str) -> Vec<(String, f64)> {
+        [
+            "ring",
+            "recursive_doubling",
+            "rabenseifner",
+            "tree",
+            "double_tree",
+        ]
+        .iter()
+        .map(|a| (a.to_string(), if *a == fastest { 1.0 } else { 2.0 }))
+        .chain((fastest == "hierarchical").then(|| (fastest.to_string(), 0.5)))
+        .collect()
+    }
+
+    #[test]
+    fn a_measured_class_overrides_the_model_on_its_layout_only() {
+        let mut links = LinkCosts::uniform(CostModel {
+            transport: "shm".into(),
+            alpha_us: 1.0,
+            gbytes_per_s: 1.0,
+        });
+        let class = size_class(1 << 20);
+        let model = choose_all_reduce(4, 4, 1 << 17, class, &links);
+        assert_eq!(model.best, model.model);
+        assert!(model.measured.is_none());
+        let other = if model.model == Algorithm::Tree {
+            "double_tree"
+        } else {
+            "tree"
+        };
+        // 1.2 MiB is in the class of 1 MiB; the entry stands for the whole class.
+        assert_eq!(links.record(4, 4, 1200 << 10, &run(other)), other);
+        let c = choose_all_reduce(4, 4, 1 << 17, class, &links);
+        assert_eq!((c.model, c.best.name()), (model.model, other));
+        assert_eq!(c.measured.as_ref().unwrap().bytes, 1200 << 10);
+        // Other worlds, layouts and classes keep the model's choice.
+        for (world, local, cl) in [(8, 8, class), (4, 2, class), (4, 4, class + 1)] {
+            let c = choose_all_reduce(world, local, 1 << 17, cl, &links);
+            assert!(
+                c.measured.is_none() && c.best == c.model,
+                "{world} {local} {cl}"
+            );
+        }
+        // Later runs of the class join it: the choice is the least median over the runs.
+        links.record(4, 4, 1 << 20, &run("ring"));
+        assert_eq!(links.record(4, 4, 1 << 20, &run("ring")), "ring");
+        assert_eq!(links.measured.len(), 1);
+        assert_eq!(links.measured[0].us["ring"], [2.0, 1.0, 1.0]);
+        assert_eq!(
+            choose_all_reduce(4, 4, 1 << 17, class, &links).best,
+            Algorithm::Ring
+        );
+        // Only the last MEASURED_RUNS runs count.
+        for _ in 0..MEASURED_RUNS {
+            links.record(4, 4, 1 << 20, &run("tree"));
+        }
+        assert_eq!(links.measured[0].us["ring"], [2.0; MEASURED_RUNS]);
+        assert_eq!(links.measured[0].algorithm, "tree");
+        // An algorithm that is no candidate here (hierarchical on one host) is not run.
+        for _ in 0..MEASURED_RUNS {
+            links.record(4, 4, 1 << 20, &run("hierarchical"));
+        }
+        assert_eq!(links.measured[0].algorithm, "hierarchical");
+        let c = choose_all_reduce(4, 4, 1 << 17, class, &links);
+        assert_eq!(c.best, c.model);
+
+        // The file keeps the entries; files without any, and a bad name, are handled.
+        let dir = std::env::temp_dir().join(format!("gradsync-measured-{}", std::process::id()));
+        let f = dir.join("c.json");
+        links.save(&f).unwrap();
+        assert_eq!(LinkCosts::load(&f).unwrap(), links);
+        let text = std::fs::read_to_string(&f).unwrap();
+        std::fs::write(&f, text.replace("hierarchical", "bogus")).unwrap();
+        let e = LinkCosts::load(&f).unwrap_err();
+        assert!(
+            e.contains("1048576 bytes on 4 ranks") && e.contains("bogus"),
+            "{e}"
+        );
+        links.measured.clear();
+        links.save(&f).unwrap();
+        assert!(!std::fs::read_to_string(&f).unwrap().contains("measured"));
+        assert_eq!(LinkCosts::load(&f).unwrap(), links);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -7,6 +7,11 @@
 //! `-w` warm-up calls of each), so that all of them see the same conditions. A block's time is
 //! the slowest rank's; the table gives every algorithm's median block time per call, the
 //! fastest forced algorithm, and `auto` (the automatic choice, eager included) against it.
+//!
+//! With `--tune`, rank 0 then adds every size's forced medians, as one more run, to the
+//! communicator's cost file ([`gradsync::cost::Measured`]): later automatic choices on the same
+//! layout of ranks take the algorithm with the least median over the recorded runs in place of
+//! the model's prediction.
 
 use std::io::Write;
 use std::time::Instant;
@@ -60,7 +65,16 @@ fn median(v: &mut [f64]) -> f64 {
     }
 }
 
-/// Runs the comparison of f32 sum all-reduces over `sizes` (bytes) and prints it on rank 0.
+/// One size of a comparison: every entry's median seconds per call, in the order of the list.
+pub struct Measured {
+    /// Bytes per rank.
+    pub bytes: u64,
+    /// Median seconds per call of each entry.
+    pub median_s: Vec<f64>,
+}
+
+/// Runs the comparison of f32 sum all-reduces over `sizes` (bytes) and prints it on rank 0,
+/// which also returns the medians (the other ranks return nothing).
 pub fn run(
     comm: &mut Communicator,
     choices: &[Choice],
@@ -68,8 +82,9 @@ pub fn run(
     iters: u32,
     warmup: u32,
     rounds: u32,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<Measured>> {
     let rank = comm.rank();
+    let mut results = Vec::new();
     let mut out = std::io::stdout();
     if rank == 0 {
         writeln!(
@@ -146,8 +161,45 @@ pub fn run(
             .map_or("eager", Algorithm::name);
         writeln!(out, "{line}  (auto runs {ran})")?;
         out.flush()?;
+        results.push(Measured {
+            bytes,
+            median_s: med,
+        });
     }
-    Ok(())
+    Ok(results)
+}
+
+/// Records the forced algorithms' medians of `results` (measured with `choices` on `comm`) in
+/// the communicator's cost file as one more tuning run of each size
+/// ([`gradsync::cost::LinkCosts::record`]); returns the file and the number of sizes recorded.
+/// Run on rank 0.
+pub fn tune(
+    comm: &Communicator,
+    choices: &[Choice],
+    results: &[Measured],
+) -> anyhow::Result<(std::path::PathBuf, usize)> {
+    let path = comm.cost_file().map(std::path::Path::to_path_buf).context(
+        "--tune: the cost model is in no file (GRADSYNC_CALIBRATE=off without a cached model, or no home directory); set GRADSYNC_COST_FILE",
+    )?;
+    let mut links =
+        gradsync::cost::LinkCosts::load(&path).unwrap_or_else(|_| comm.cost_model().0.clone());
+    let mut n = 0;
+    for r in results {
+        let run: Vec<(String, f64)> = choices
+            .iter()
+            .zip(&r.median_s)
+            .filter_map(|(c, &t)| match *c {
+                Choice::Forced(a) => Some((a.name().to_string(), (t * 1e7).round() / 10.0)),
+                Choice::Auto => None,
+            })
+            .collect();
+        links.record(comm.world_size(), comm.local_size(), r.bytes as usize, &run);
+        n += 1;
+    }
+    links
+        .save(&path)
+        .with_context(|| format!("--tune: cannot write {}", path.display()))?;
+    Ok((path, n))
 }
 
 #[cfg(test)]
