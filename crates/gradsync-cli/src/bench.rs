@@ -140,6 +140,12 @@ pub struct BenchArgs {
     /// median over the last 5 recorded runs instead of the model's prediction.
     #[arg(long, requires = "compare")]
     pub tune: bool,
+    /// Before the first size, every rank runs 8-byte all-reduces for this many milliseconds
+    /// (0: none), so that nothing is timed while the processes are still being placed on cores
+    /// and warming up: without it the first size measures slower than the same size measured
+    /// later in the run.
+    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    pub settle: u64,
 }
 
 /// Parses `-d`: one data type, or `all`.
@@ -326,6 +332,23 @@ macro_rules! dispatch {
 }
 
 /// The bench on one rank of a running job; returns the exit code.
+/// Runs 8-byte all-reduces on every rank until `time` has passed on one of them (the ranks
+/// agree through the all-reduce, a max of "done" flags).
+fn settle(comm: &mut Communicator, time: Duration) -> anyhow::Result<()> {
+    if time.is_zero() || comm.world_size() < 2 {
+        return Ok(());
+    }
+    let start = Instant::now();
+    loop {
+        let mut done = [i64::from(start.elapsed() >= time)];
+        comm.all_reduce(&mut done, ReduceOp::Max)
+            .context("all_reduce of --settle")?;
+        if done[0] == 1 {
+            return Ok(());
+        }
+    }
+}
+
 fn run_rank(args: &BenchArgs, plan: &Plan, comm: &mut Communicator) -> anyhow::Result<i32> {
     let world = comm.world_size();
     let rank = comm.rank();
@@ -342,6 +365,7 @@ fn run_rank(args: &BenchArgs, plan: &Plan, comm: &mut Communicator) -> anyhow::R
             check::AVG_VARIED_MAX_WORLD
         );
     }
+    settle(comm, Duration::from_millis(args.settle))?;
     if let Some(list) = &args.compare {
         ensure!(
             plan.coll == Collective::AllReduce,
