@@ -408,7 +408,7 @@ fn tune_records_the_fastest_and_the_automatic_choice_takes_it() {
     let env = [("GRADSYNC_COST_FILE", pinned.to_str().unwrap())];
     // Two algorithms the model ranks below the ring on this model: whichever is faster, the
     // measured choice differs from the model's.
-    let args = [
+    let sizes = [
         "all_reduce",
         "--nproc",
         "3",
@@ -418,17 +418,12 @@ fn tune_records_the_fastest_and_the_automatic_choice_takes_it() {
         "1M",
         "-f",
         "16",
-        "-n",
-        "2",
-        "-w",
-        "1",
-        "--rounds",
-        "3",
-        "--compare",
-        "auto,tree,double_tree",
-        "--tune",
+        "--settle",
+        "0",
     ];
-    let out = bench(&args, &env);
+    let tune = ["-n", "2", "-w", "1", "--rounds", "3"];
+    let tune = [&tune[..], &["--compare", "auto,tree,double_tree", "--tune"]].concat();
+    let out = bench(&[&sizes[..], &tune].concat(), &env);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
@@ -459,24 +454,7 @@ fn tune_records_the_fastest_and_the_automatic_choice_takes_it() {
         );
     }
     // The next run's automatic choice takes the measured fastest and logs both choices.
-    let (_, err) = bench_logging_choices(
-        &[
-            "all_reduce",
-            "--nproc",
-            "3",
-            "-b",
-            "64K",
-            "-e",
-            "1M",
-            "-f",
-            "16",
-            "-n",
-            "1",
-            "-w",
-            "0",
-        ],
-        &pinned,
-    );
+    let (_, err) = bench_logging_choices(&[&sizes[..], &["-n", "1", "-w", "0"]].concat(), &pinned);
     for m in measured {
         let bytes = m["bytes"].to_string();
         let line = err
@@ -485,7 +463,7 @@ fn tune_records_the_fastest_and_the_automatic_choice_takes_it() {
             .unwrap_or_else(|| panic!("no choice logged for {bytes}: {err}"));
         let algo = m["algorithm"].as_str().unwrap();
         assert!(
-            line.contains(&format!("measured at {bytes} bytes (median of 1 runs):"))
+            line.contains(&format!("measured at {bytes} bytes (median of 1 run):"))
                 && line.ends_with(&format!(", measured choice {algo}, runs {algo}")),
             "{line}"
         );

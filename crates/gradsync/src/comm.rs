@@ -1521,10 +1521,11 @@ impl Communicator {
             }
         }
         if let Some(m) = &choice.measured {
+            let runs = m.runs();
+            let plural = if runs == 1 { "" } else { "s" };
             line += &format!(
-                "; measured at {} bytes (median of {} runs):",
-                m.bytes,
-                m.runs()
+                "; measured at {} bytes (median of {runs} run{plural}):",
+                m.bytes
             );
             for (a, us) in m.medians() {
                 line += &format!(" {a} {us:.1} us");
