@@ -235,6 +235,14 @@ fn plan(args: &BenchArgs) -> anyhow::Result<Plan> {
         args.stepbytes,
     );
     ensure!(args.nproc != Some(0), "--nproc must be at least 1");
+    if let (true, Some(list)) = (args.tune, &args.compare) {
+        ensure!(
+            compare::parse(list)?
+                .iter()
+                .any(|c| *c != compare::Choice::Auto),
+            "--tune needs at least one forced algorithm in --compare"
+        );
+    }
     if let Some(n) = args.nproc
         && table::has_root(coll)
     {
@@ -331,7 +339,6 @@ macro_rules! dispatch {
     };
 }
 
-/// The bench on one rank of a running job; returns the exit code.
 /// Runs 8-byte all-reduces on every rank until `time` has passed on one of them (the ranks
 /// agree through the all-reduce, a max of "done" flags).
 fn settle(comm: &mut Communicator, time: Duration) -> anyhow::Result<()> {
@@ -349,6 +356,7 @@ fn settle(comm: &mut Communicator, time: Duration) -> anyhow::Result<()> {
     }
 }
 
+/// The bench on one rank of a running job; returns the exit code.
 fn run_rank(args: &BenchArgs, plan: &Plan, comm: &mut Communicator) -> anyhow::Result<i32> {
     let world = comm.world_size();
     let rank = comm.rank();
@@ -376,10 +384,6 @@ fn run_rank(args: &BenchArgs, plan: &Plan, comm: &mut Communicator) -> anyhow::R
         if rank == 0 {
             std::io::stdout().write_all(head.as_bytes())?;
         }
-        ensure!(
-            !args.tune || choices.iter().any(|c| *c != compare::Choice::Auto),
-            "--tune needs at least one forced algorithm in --compare"
-        );
         let results = compare::run(
             comm,
             &choices,

@@ -18,6 +18,7 @@ use std::time::Instant;
 
 use anyhow::{Context, ensure};
 use gradsync::Communicator;
+use gradsync::cost::median;
 use gradsync::topology;
 
 /// Options of `gradsync doctor`.
@@ -228,15 +229,6 @@ struct Link {
     /// The slower direction, bytes/s.
     bw: f64,
     lat: f64,
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 /// An `n` x `n` matrix of the report under `title`: row and column numbers, `cell(i, j)` off

@@ -1520,6 +1520,7 @@ impl Communicator {
                 Err(e) => line += &format!(" {a} ({e})"),
             }
         }
+        let mut measured = String::new();
         if let Some(m) = &choice.measured {
             let runs = m.runs();
             let plural = if runs == 1 { "" } else { "s" };
@@ -1530,10 +1531,8 @@ impl Communicator {
             for (a, us) in m.medians() {
                 line += &format!(" {a} {us:.1} us");
             }
+            measured = format!(", measured choice {}", m.algorithm);
         }
-        let measured = choice.measured.as_ref().map_or(String::new(), |m| {
-            format!(", measured choice {}", m.algorithm)
-        });
         tracing::info!(
             target: "gradsync::coll",
             "rank {}: all_reduce of {bytes} bytes on {} ranks, predicted at {} bytes ({}):{line}; model's choice {}{measured}, runs {}",

@@ -110,6 +110,16 @@ pub struct Measured {
     pub us: std::collections::BTreeMap<String, Vec<f64>>,
 }
 
+/// The median of `v`, which it sorts; 0 when `v` is empty.
+pub fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
 /// Tuning runs a [`Measured`] entry keeps per algorithm: a run on a shared machine can be off
 /// by more than the algorithms differ, so the choice is made on the median over several.
 pub const MEASURED_RUNS: usize = 5;
@@ -126,17 +136,7 @@ impl Measured {
         self.us
             .iter()
             .filter(|(_, v)| !v.is_empty())
-            .map(|(name, v)| {
-                let mut v = v.clone();
-                v.sort_by(f64::total_cmp);
-                let m = v.len() / 2;
-                let med = if v.len() % 2 == 1 {
-                    v[m]
-                } else {
-                    (v[m - 1] + v[m]) / 2.0
-                };
-                (name.as_str(), med)
-            })
+            .map(|(name, v)| (name.as_str(), median(&mut v.clone())))
             .collect()
     }
 

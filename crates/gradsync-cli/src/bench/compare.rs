@@ -17,6 +17,7 @@ use std::io::Write;
 use std::time::Instant;
 
 use anyhow::Context;
+use gradsync::cost::median;
 use gradsync::{Algorithm, Collective, Communicator, ReduceOp};
 
 /// An entry of `--compare`: `auto` or a forced algorithm.
@@ -54,19 +55,8 @@ pub fn parse(s: &str) -> anyhow::Result<Vec<Choice>> {
     Ok(v)
 }
 
-/// Median of `v` (sorted in place); `v` must not be empty.
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let m = v.len() / 2;
-    if v.len() % 2 == 1 {
-        v[m]
-    } else {
-        (v[m - 1] + v[m]) / 2.0
-    }
-}
-
 /// One size of a comparison: every entry's median seconds per call, in the order of the list.
-pub struct Measured {
+pub struct SizeMedians {
     /// Bytes per rank.
     pub bytes: u64,
     /// Median seconds per call of each entry.
@@ -82,7 +72,7 @@ pub fn run(
     iters: u32,
     warmup: u32,
     rounds: u32,
-) -> anyhow::Result<Vec<Measured>> {
+) -> anyhow::Result<Vec<SizeMedians>> {
     let rank = comm.rank();
     let mut results = Vec::new();
     let mut out = std::io::stdout();
@@ -161,7 +151,7 @@ pub fn run(
             .map_or("eager", Algorithm::name);
         writeln!(out, "{line}  (auto runs {ran})")?;
         out.flush()?;
-        results.push(Measured {
+        results.push(SizeMedians {
             bytes,
             median_s: med,
         });
@@ -176,7 +166,7 @@ pub fn run(
 pub fn tune(
     comm: &Communicator,
     choices: &[Choice],
-    results: &[Measured],
+    results: &[SizeMedians],
 ) -> anyhow::Result<(std::path::PathBuf, usize)> {
     let path = comm.cost_file().map(std::path::Path::to_path_buf).context(
         "--tune: the cost model is in no file (GRADSYNC_CALIBRATE=off without a cached model, or no home directory); set GRADSYNC_COST_FILE",
