@@ -229,7 +229,6 @@ impl Communicator {
     /// Queues `task` with the owners of its buffers, first bumping the version counters of
     /// the torch tensors it writes (outside the worker's lock: that calls into Python).
     fn submit(&self, py: Python<'_>, op: &'static str, task: Task, keep: Keep) -> PyResult<Work> {
-        self.check_open(op)?;
         bump_versions(py, &keep.written)?;
         let w = lock(&self.worker);
         let Some(worker) = w.as_ref() else {

@@ -3,17 +3,6 @@
 import numpy as np
 import pytest
 
-import gradsync
-from spawn_ranks import free_port
-
-
-@pytest.fixture(scope="module")
-def comm():
-    """A one-rank communicator in this process."""
-    c = gradsync.Communicator(f"127.0.0.1:{free_port()}", 0, 1, timeout=20)
-    yield c
-    c.close()
-
 
 class BorrowedInterface:
     """Exposes the array interface of a temporary array that nothing keeps alive."""

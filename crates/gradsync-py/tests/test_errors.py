@@ -22,14 +22,6 @@ def test_mismatched_collective_raises_gradsync_error_naming_both_ranks(kind):
         assert any("broadcast" in m and "all_reduce" in m for m in both), both
 
 
-@pytest.fixture(scope="module")
-def comm():
-    """A one-rank communicator in this process."""
-    c = gradsync.Communicator(f"127.0.0.1:{free_port()}", 0, 1, timeout=20)
-    yield c
-    c.close()
-
-
 def test_one_rank_collectives_in_process(comm):
     a = np.arange(5, dtype=np.float32)
     comm.all_reduce(a, op="avg")

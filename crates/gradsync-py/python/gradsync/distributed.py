@@ -324,10 +324,14 @@ class _Completer:
             if self._closed:
                 raise RuntimeError(f"gradsync backend: rank {self.rank}: {op.name}: the group was shut down")
             self._units += op.units
-            op.bound = self.timeout * self._units + _SLACK
+            op.bound = self._bound()
             op.deadline = time.monotonic() + op.bound
             self._queue.put(op)
         return op
+
+    def _bound(self) -> float:
+        """Seconds the queued operations may take in all (hold ``_lock``)."""
+        return self.timeout * self._units + _SLACK
 
     def _run(self) -> None:
         while True:
@@ -353,7 +357,7 @@ class _Completer:
             if self._closed:
                 return
             self._closed = True
-            bound = self.timeout * self._units + _SLACK
+            bound = self._bound()
             self._queue.put(None)
         if not wait or self._thread is threading.current_thread():
             return
@@ -560,7 +564,6 @@ class _Pair:
         self._error: Optional[BaseException] = None
         self._closed = False
         self._completers: dict = {}
-        self._queued: set = set()
 
     def _shut_error(self, sending: bool) -> RuntimeError:
         way = f"send to rank {self.peer}" if sending else f"recv from rank {self.peer}"
@@ -599,8 +602,11 @@ class _Pair:
                     for comm, server in comms.values():
                         _close_all(comm, server)
                     raise self._shut_error(sending)
-            key = (self.rank, self.peer) if sending else (self.peer, self.rank)
-            return self._comms[key][0]
+            return self._comms[self._ends(sending)][0]
+
+    def _ends(self, sending: bool) -> tuple:
+        """(sender, receiver) of the direction ``sending`` names."""
+        return (self.rank, self.peer) if sending else (self.peer, self.rank)
 
     def submit(self, sending: bool, bufs: Sequence[torch.Tensor], result: object, after: Optional[Callable[[], None]]) -> _Op:
         """Queues the transfer of ``bufs`` (to the peer when ``sending``, else from it)."""
@@ -615,7 +621,7 @@ class _Pair:
                         comm.recv(b, 0)
             except GradsyncError as e:
                 # gradsync's message numbers the ranks of the two-rank communicator.
-                src, dst = (self.rank, self.peer) if sending else (self.peer, self.rank)
+                src, dst = self._ends(sending)
                 way = f"send to rank {self.peer}" if sending else f"recv from rank {self.peer}"
                 hint = ""
                 if sending and "timed out" in str(e):
@@ -630,14 +636,14 @@ class _Pair:
                 ) from e
 
         completer = self._completers.get(sending)
-        if completer is None:
+        first = completer is None
+        if first:
             way = f"to{self.peer}" if sending else f"from{self.peer}"
             completer = _Completer(f"gradsync-p2p-rank{self.rank}-{way}", self.rank, self._unit)
             self._completers[sending] = completer
         # A direction's first op may also wait for the connection of both: for each, the peer's
         # address and the communicator's init.
-        units = len(bufs) + (0 if sending in self._queued else 4)
-        self._queued.add(sending)
+        units = len(bufs) + (4 if first else 0)
         name = "send" if sending else "recv"
         return completer.submit(_Op(name, (), result, after, run=run, units=units))
 
