@@ -103,6 +103,67 @@ struct Layout {
     placement: topology::Placement,
 }
 
+/// The settings that shape every rank's inbox and its use: they must be alike on all ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct SlotLayout {
+    chunk: u64,
+    nslots: u32,
+    tcp_nslots: u32,
+}
+
+impl SlotLayout {
+    fn of(c: &Config) -> Self {
+        SlotLayout {
+            chunk: c.chunk_bytes as u64,
+            nslots: c.nslots as u32,
+            tcp_nslots: c.tcp_nslots as u32,
+        }
+    }
+
+    fn to_bytes(self) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&self.chunk.to_le_bytes());
+        b[8..12].copy_from_slice(&self.nslots.to_le_bytes());
+        b[12..].copy_from_slice(&self.tcp_nslots.to_le_bytes());
+        b
+    }
+
+    fn from_bytes(b: &[u8]) -> Option<Self> {
+        (b.len() == 16).then(|| SlotLayout {
+            chunk: u64::from_le_bytes(b[..8].try_into().expect("8")),
+            nslots: u32::from_le_bytes(b[8..12].try_into().expect("4")),
+            tcp_nslots: u32::from_le_bytes(b[12..].try_into().expect("4")),
+        })
+    }
+
+    /// An error naming both ranks and every setting that differs.
+    fn check(&self, rank: usize, peer: usize, theirs: &SlotLayout) -> Result<(), Error> {
+        if self == theirs {
+            return Ok(());
+        }
+        let mut diff = Vec::new();
+        for (name, a, b) in [
+            ("GRADSYNC_CHUNK_SIZE", self.chunk, theirs.chunk),
+            ("GRADSYNC_NSLOTS", self.nslots.into(), theirs.nslots.into()),
+            (
+                "GRADSYNC_TCP_NSLOTS",
+                self.tcp_nslots.into(),
+                theirs.tcp_nslots.into(),
+            ),
+        ] {
+            if a != b {
+                diff.push(format!(
+                    "{name} is {a} on rank {rank} but {b} on rank {peer}"
+                ));
+            }
+        }
+        Err(Error::Config(format!(
+            "rank {rank}: {}; set them alike on every rank",
+            diff.join(", ")
+        )))
+    }
+}
+
 impl Layout {
     fn single_host(world: usize, rank: usize, transport: &'static str) -> Self {
         Layout {
@@ -498,24 +559,36 @@ impl Communicator {
                 // RDMA writes only into the peer's inbox (registered for the communicator's
                 // life); caller buffers are never pinned, so no clear-to-send names one.
                 "rdma" => engine.set_direct_min(p, usize::MAX),
+                "tcp" => engine.set_window(p, config.tcp_nslots),
                 _ => {}
             }
         }
+        // Every rank lays out its inbox and picks slots from these three settings, so they
+        // travel with the inbox descriptor and must agree.
+        let slots = SlotLayout::of(&config);
+        let mut mine = inbox.to_bytes().to_vec();
+        mine.extend_from_slice(&slots.to_bytes());
         let vals = exchange(
             &mut store,
             &prefix,
             "inbox",
             rank,
             0..world,
-            &inbox.to_bytes(),
+            &mine,
             config.timeout,
         )
         .map_err(st)?;
         let mut inboxes = Vec::with_capacity(world);
         for (r, v) in vals.iter().enumerate() {
-            inboxes.push(RemoteRegion::from_bytes(v).ok_or_else(|| {
-                Error::Config(format!("rank {r} published a malformed inbox descriptor"))
-            })?);
+            let (desc, theirs) = v.split_at(v.len().min(20));
+            inboxes.push(
+                RemoteRegion::from_bytes(desc)
+                    .zip(SlotLayout::from_bytes(theirs))
+                    .ok_or_else(|| {
+                        Error::Config(format!("rank {r} published a malformed inbox descriptor"))
+                    })
+                    .and_then(|(d, theirs)| slots.check(rank, r, &theirs).map(|()| d))?,
+            );
         }
         engine.connect_peers(&inboxes);
         tracing::info!(
@@ -1144,6 +1217,11 @@ impl Communicator {
         cfg.world = new_world;
         crate::logging::set_rank(new_rank);
         Self::join(store, None, comm_id, new_rank, new_world, cfg, t0)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn engine_mut(&mut self) -> &mut Engine {
+        &mut self.engine
     }
 
     /// In-process communicators for `world` ranks joined by the in-memory transport: one per

@@ -36,6 +36,10 @@ pub struct Config {
     pub chunk_bytes: usize,
     /// Slots (messages in flight) per peer (`GRADSYNC_NSLOTS`).
     pub nslots: usize,
+    /// Of those, the messages in flight to a peer reached over TCP (`GRADSYNC_TCP_NSLOTS`, at
+    /// most `nslots`). Fewer in flight keep the socket queues and the inbox slots being filled
+    /// in the cache; over loopback 3 measured 1.3-1.4x the busbw of 8.
+    pub tcp_nslots: usize,
     /// How long a waiting rank spins before it sleeps (`GRADSYNC_SPIN_US`).
     pub spin: Duration,
     /// Forced all-reduce algorithm (`GRADSYNC_ALGO`), `None` = automatic.
@@ -44,8 +48,10 @@ pub struct Config {
     /// collective not listed is chosen automatically.
     pub collective_algorithms: Vec<(Collective, Algorithm)>,
     /// Messages of at least this many bytes that the receiver only copies are written straight
-    /// into the receiver's buffer after a clear-to-send (`GRADSYNC_DIRECT_MIN`); smaller ones,
-    /// and every message that is reduced on arrival, go through an inbox slot.
+    /// into the receiver's buffer after a clear-to-send (`GRADSYNC_DIRECT_MIN`, pairs over TCP;
+    /// default off); smaller ones, and every message that is reduced on arrival, go through an
+    /// inbox slot. Over loopback, the slots (with `tcp_nslots` of them) measured faster: the
+    /// kernel's copy lands in a slot that is in the cache, not in a destination that is not.
     pub direct_min: usize,
     /// The same for pairs on shared memory (`GRADSYNC_SHM_DIRECT_MIN`, default off): there a
     /// message through an inbox slot costs the sender a copy into the mapped inbox, which
@@ -192,12 +198,14 @@ pub const DEFAULT_NSOCKS: usize = 2;
 pub const DEFAULT_CHUNK: usize = 512 * 1024;
 /// Default `GRADSYNC_NSLOTS`.
 pub const DEFAULT_NSLOTS: usize = 8;
+/// Default `GRADSYNC_TCP_NSLOTS`.
+pub const DEFAULT_TCP_NSLOTS: usize = 3;
 /// Default `GRADSYNC_TIMEOUT`.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 /// Default `GRADSYNC_SPIN_US`.
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(100);
 /// Default `GRADSYNC_DIRECT_MIN`.
-pub const DEFAULT_DIRECT_MIN: usize = 64 * 1024;
+pub const DEFAULT_DIRECT_MIN: usize = usize::MAX;
 /// Default `MASTER_PORT`, as torchrun's.
 pub const DEFAULT_MASTER_PORT: u16 = 29500;
 
@@ -294,6 +302,7 @@ impl Config {
             socket_bufsize: 0,
             chunk_bytes: DEFAULT_CHUNK,
             nslots: DEFAULT_NSLOTS,
+            tcp_nslots: DEFAULT_TCP_NSLOTS,
             spin: DEFAULT_SPIN,
             algorithm: None,
             collective_algorithms: Vec::new(),
@@ -471,6 +480,14 @@ impl Config {
                 )));
             }
             self.nslots = n;
+        }
+        if let Some(n) = env.parse::<usize>("GRADSYNC_TCP_NSLOTS")? {
+            if !(1..=1024).contains(&n) {
+                return Err(Error::Config(format!(
+                    "GRADSYNC_TCP_NSLOTS={n} must be between 1 and 1024"
+                )));
+            }
+            self.tcp_nslots = n;
         }
         if let Some(v) = var("GRADSYNC_DIRECT_MIN") {
             self.direct_min = direct_min_var("GRADSYNC_DIRECT_MIN", &v)?;

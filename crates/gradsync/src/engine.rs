@@ -5,10 +5,11 @@
 //! Every rank registers one *inbox* region at init and advertises it through the rendezvous
 //! store. The inbox holds `nslots` slots per sender; a slot is a 64-byte
 //! [`DataHeader`](gradsync_core::wire::DataHeader) followed by up to `slot_bytes` of payload.
-//! A sender owns `nslots` credits per peer: it writes message k into slot `k % nslots` of the
-//! peer's inbox with one write-with-immediate (gather list: header, then payload straight from
-//! the user buffer) and spends a credit; the receiver reduces or copies the payload out of the
-//! slot into its destination and returns the credit with a small two-sided send. This is the
+//! A sender owns `window` credits per peer (`nslots`, or fewer for a pair over TCP): it writes
+//! message k into slot `k % window` of the peer's inbox with one write-with-immediate (gather
+//! list: header, then payload straight from the user buffer) and spends a credit; the receiver
+//! reduces or copies the payload out of the slot into its destination and returns the credit
+//! with a small two-sided send. This is the
 //! clear-to-send scheme an RDMA backend needs, and over TCP the payload is read by the
 //! transport straight into the slot.
 //!
@@ -216,6 +217,10 @@ pub(crate) struct RawBuf {
 struct PeerState {
     remote_inbox: RemoteRegion,
     credits: usize,
+    /// Slots of the pair's part of an inbox in use, at most `nslots`: message k goes to slot
+    /// `k % window`, and as many messages may be in flight. Both ranks of the pair use the
+    /// same window (checked at init).
+    window: usize,
     tx_ctr: u64,
     rx_ctr: u64,
     arrived: Vec<bool>,
@@ -226,6 +231,13 @@ struct PeerState {
     cts: HashMap<(u64, u32), Cts, BuildHasherDefault<IdHasher>>,
     /// Copy-receives from this peer of at least this many bytes are direct writes.
     direct_min: usize,
+}
+
+impl PeerState {
+    /// The slot (of the peer's part of an inbox) that message `ctr` of the pair uses.
+    fn slot(&self, ctr: u64) -> usize {
+        (ctr % self.window as u64) as usize
+    }
 }
 
 /// A receive the schedule has issued.
@@ -506,6 +518,7 @@ impl Engine {
                     len: 0,
                 },
                 credits: opts.nslots,
+                window: opts.nslots,
                 tx_ctr: 0,
                 rx_ctr: 0,
                 arrived: vec![false; opts.nslots],
@@ -561,6 +574,17 @@ impl Engine {
     pub(crate) fn set_direct_min(&mut self, peer: usize, min: usize) {
         if let Some(p) = self.peers.get_mut(peer) {
             p.direct_min = min;
+        }
+    }
+
+    /// Limits the messages in flight to `peer` (and the slots this rank holds back from it) to
+    /// `window` of the inbox's slots, at least 1. Called before any traffic, with the same
+    /// value on both ranks of the pair.
+    pub(crate) fn set_window(&mut self, peer: usize, window: usize) {
+        let w = window.clamp(1, self.opts.nslots);
+        if let Some(p) = self.peers.get_mut(peer) {
+            p.window = w;
+            p.credits = w;
         }
     }
 
@@ -951,7 +975,7 @@ impl Engine {
             }
             // The peer sent its part of this operation through slots: it runs it differently.
             let ps = &self.peers[p];
-            let k = (ps.rx_ctr % self.opts.nslots as u64) as usize;
+            let k = ps.slot(ps.rx_ctr);
             if ps.arrived[k] {
                 let base = (p * self.opts.nslots + k) * self.stride;
                 // SAFETY: the slot's write has completed (its notification arrived) and the
@@ -1406,7 +1430,7 @@ impl Engine {
                     moved = true;
                     continue;
                 }
-                let k = (ps.tx_ctr % self.opts.nslots as u64) as usize;
+                let k = ps.slot(ps.tx_ctr);
                 if ps.credits == 0 || ps.hdr_busy[k] {
                     break;
                 }
@@ -1471,7 +1495,7 @@ impl Engine {
                         &sges[..n],
                         ps.remote_inbox,
                         offset,
-                        Some(ps.tx_ctr as u32),
+                        Some(ps.tx_ctr as u32 & !IMM_DIRECT),
                         wr,
                     )
                 }
@@ -1521,18 +1545,20 @@ impl Engine {
             }
             Completion::WriteImm { peer, imm, len } => {
                 let ps = &mut self.peers[*peer];
-                let k = (*imm as usize) % self.opts.nslots;
-                let expect_lo = ps.rx_ctr as u32;
-                if imm.wrapping_sub(expect_lo) as usize >= self.opts.nslots
-                    || ps.arrived[k]
-                    || *len as usize > self.stride
-                {
+                // The immediate is the message counter's low 31 bits (the top one marks direct
+                // writes); its distance from the next expected message gives the full counter
+                // (and so the slot, whatever the window) once it is known to lie within the
+                // window.
+                let expect_lo = ps.rx_ctr as u32 & !IMM_DIRECT;
+                let ahead = (imm.wrapping_sub(expect_lo) & !IMM_DIRECT) as usize;
+                let k = ps.slot(ps.rx_ctr + ahead as u64);
+                if ahead >= ps.window || ps.arrived[k] || *len as usize > self.stride {
                     return Err(Error::Protocol {
                         rank: self.rank,
                         peer: *peer,
                         msg: format!(
                             "unexpected write notification {imm} ({len} bytes); expected one of the next {} after {expect_lo}",
-                            self.opts.nslots
+                            ps.window
                         ),
                     });
                 }
@@ -1555,13 +1581,13 @@ impl Engine {
             Some(&CTRL_CREDIT) if data.len() == 8 => {
                 let n = u32::from_le_bytes(data[4..8].try_into().expect("4")) as usize;
                 let ps = &mut self.peers[*peer];
-                if ps.credits + n > self.opts.nslots {
+                if ps.credits + n > ps.window {
                     return Err(Error::Protocol {
                         rank: self.rank,
                         peer: *peer,
                         msg: format!(
                             "returned {n} credits while {} of {} were free",
-                            ps.credits, self.opts.nslots
+                            ps.credits, ps.window
                         ),
                     });
                 }
@@ -1652,7 +1678,7 @@ impl Engine {
                     continue;
                 }
                 let ps = &mut self.peers[peer];
-                let k = (ps.rx_ctr % self.opts.nslots as u64) as usize;
+                let k = ps.slot(ps.rx_ctr);
                 if !ps.arrived[k] {
                     break;
                 }
@@ -1770,7 +1796,7 @@ impl Engine {
     fn return_credits(&mut self, all: bool) -> Result<(), Error> {
         for peer in 0..self.world {
             let n = self.peers[peer].unreturned;
-            if n == 0 || (!all && (n as usize) < self.opts.nslots.div_ceil(2)) {
+            if n == 0 || (!all && (n as usize) < self.peers[peer].window.div_ceil(2)) {
                 continue;
             }
             let mut msg = [0u8; 8];
@@ -2021,4 +2047,62 @@ fn slice(bufs: &[RawBuf; 3], loc: Loc, len: usize, dt: DataType) -> RawBuf {
 
 fn ranges_overlap(a: RawBuf, b: RawBuf) -> bool {
     a.addr < b.addr + b.len && b.addr < a.addr + a.len
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Communicator, Config, ReduceOp};
+    use std::time::Duration;
+
+    /// Sender and receiver stay on the same slot, with a window that divides no power of two,
+    /// when the message counters pass 2^31 and 2^32 (the immediate carries only their low 31
+    /// bits; the top bit marks direct writes).
+    #[test]
+    fn slots_stay_in_step_across_the_counters_32_bit_wrap() {
+        let mut cfg = Config::new("unused:0", 0, 1);
+        cfg.timeout = Duration::from_secs(20);
+        cfg.chunk_bytes = 256;
+        cfg.nslots = 8;
+        cfg.eager_max = 0;
+        let comms = Communicator::mem_group(2, &cfg).unwrap();
+        let hs: Vec<_> = comms
+            .into_iter()
+            .map(|mut c| {
+                std::thread::spawn(move || {
+                    let me = c.rank();
+                    let e = c.engine_mut();
+                    let peer = 1 - me;
+                    e.set_window(peer, 3);
+                    // Each direction has its own counter: rank 0 -> 1 passes 2^31, 1 -> 0 2^32.
+                    let starts: [u64; 2] = [(1 << 31) - 5, (1 << 32) - 5];
+                    let start = starts[me];
+                    e.peers[peer].tx_ctr = start;
+                    e.peers[peer].rx_ctr = starts[peer];
+                    let mut sums = Vec::new();
+                    for round in 0..4u32 {
+                        // 4 KiB: 8 messages of 256 bytes each way per call.
+                        let mut v: Vec<f32> = (0..1024)
+                            .map(|i| (i as u32 * 3 + round + me as u32) as f32)
+                            .collect();
+                        c.all_reduce(&mut v, ReduceOp::Sum)
+                            .map_err(|e| format!("rank {me} round {round}: {e}"))?;
+                        let want: Vec<f32> = (0..1024)
+                            .map(|i| (2 * (i as u32 * 3 + round) + 1) as f32)
+                            .collect();
+                        assert_eq!(v, want, "rank {me} round {round}");
+                        sums.push(v[7]);
+                    }
+                    let ctr = c.engine_mut().peers[peer].tx_ctr - start;
+                    Ok::<_, String>((sums, ctr))
+                })
+            })
+            .collect();
+        for h in hs {
+            let (_, ctr) = h.join().unwrap().unwrap();
+            assert!(
+                ctr > 5,
+                "the counters did not pass their mark ({ctr} messages)"
+            );
+        }
+    }
 }

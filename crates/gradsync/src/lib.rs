@@ -56,8 +56,8 @@
 //! until it is waited for (dropping it waits). [`Communicator::all_reduce_owned`] takes the
 //! buffer by value and gives it back from [`Communicator::wait`]. Either way no gradient can be
 //! touched while it is being reduced. Peers write into the engine's own inbox, and into caller
-//! memory only after a clear-to-send of the running operation named that span (large
-//! copy-receives, `GRADSYNC_DIRECT_MIN` and `GRADSYNC_SHM_DIRECT_MIN`).
+//! memory only after a clear-to-send of the running operation named that span (copy-receives
+//! from the sizes `GRADSYNC_DIRECT_MIN` and `GRADSYNC_SHM_DIRECT_MIN` set, both off by default).
 
 mod comm;
 mod config;

@@ -107,6 +107,38 @@ fn a_forced_algorithm_on_one_rank_only_is_named_in_the_error() {
 }
 
 #[test]
+fn slot_settings_that_differ_between_ranks_fail_init_naming_them() {
+    // The inbox layout and the slots a pair uses come from these settings on each side; a
+    // rank that has other values would read the wrong slots, so init refuses.
+    let server = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = server.local_addr().to_string();
+    let hs: Vec<_> = (0..2)
+        .map(|rank| {
+            let mut cfg = Config::new(addr.clone(), rank, 2);
+            cfg.host_store = false;
+            cfg.timeout = Duration::from_secs(20);
+            if rank == 1 {
+                cfg.nslots = 4;
+                cfg.tcp_nslots = 2;
+            }
+            std::thread::spawn(move || {
+                Communicator::init(cfg)
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            })
+        })
+        .collect();
+    let res: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+    let all = every_rank_failed(&res);
+    assert!(
+        all.contains("rank 0: GRADSYNC_NSLOTS is 8 on rank 0 but 4 on rank 1, GRADSYNC_TCP_NSLOTS is 3 on rank 0 but 2 on rank 1; set them alike on every rank")
+            && all.contains("rank 1: GRADSYNC_NSLOTS is 4 on rank 1 but 8 on rank 0"),
+        "{all}"
+    );
+    assert!(!all.contains("GRADSYNC_CHUNK_SIZE"), "{all}");
+}
+
+#[test]
 fn collective_mismatch_fails_every_rank() {
     // Rank 2 broadcasts from rank 0 while ranks 0 and 1 all-reduce a buffer too large to go
     // eagerly. With 3 ranks the all-reduce first needs rank 2's data and rank 2 waits for
