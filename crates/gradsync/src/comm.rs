@@ -601,7 +601,11 @@ impl Communicator {
             if net_name == "rdma" {
                 format!("rdma queue pairs/peer {}", config.ib.qps_per_conn)
             } else {
-                format!("tcp streams/peer {}", config.nsocks)
+                format!(
+                    "tcp streams/peer {} slots/peer {}",
+                    config.nsocks,
+                    config.tcp_nslots.min(config.nslots)
+                )
             },
             config.chunk_bytes / 1024,
             config.nslots,

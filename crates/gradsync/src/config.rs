@@ -720,6 +720,20 @@ mod tests {
         ])
         .unwrap_err();
         assert!(e.to_string().contains("GRADSYNC_NSOCKS=99"), "{e}");
+        let e = from(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "1"),
+            ("GRADSYNC_TCP_NSLOTS", "0"),
+        ])
+        .unwrap_err();
+        assert!(e.to_string().contains("GRADSYNC_TCP_NSLOTS=0"), "{e}");
+        let c = from(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "1"),
+            ("GRADSYNC_TCP_NSLOTS", "5"),
+        ])
+        .unwrap();
+        assert_eq!((c.nslots, c.tcp_nslots), (DEFAULT_NSLOTS, 5));
         let c = from(&[
             ("RANK", "0"),
             ("WORLD_SIZE", "1"),
