@@ -247,6 +247,26 @@ impl Env<'_> {
         }
     }
 
+    /// [`parse`](Self::parse), and an error naming the variable when the value lies outside
+    /// `range`.
+    fn parse_in<T>(
+        &self,
+        name: &str,
+        range: std::ops::RangeInclusive<T>,
+    ) -> Result<Option<T>, Error>
+    where
+        T: std::str::FromStr + PartialOrd + std::fmt::Display,
+    {
+        match self.parse::<T>(name)? {
+            Some(n) if !range.contains(&n) => Err(Error::Config(format!(
+                "{name}={n} must be between {} and {}",
+                range.start(),
+                range.end()
+            ))),
+            n => Ok(n),
+        }
+    }
+
     fn parse<T: std::str::FromStr>(&self, name: &str) -> Result<Option<T>, Error> {
         match self.var(name) {
             None => Ok(None),
@@ -447,12 +467,7 @@ impl Config {
             }
             self.timeout = Duration::from_secs_f64(t);
         }
-        if let Some(n) = env.parse::<usize>("GRADSYNC_NSOCKS")? {
-            if !(1..=16).contains(&n) {
-                return Err(Error::Config(format!(
-                    "GRADSYNC_NSOCKS={n} must be between 1 and 16"
-                )));
-            }
+        if let Some(n) = env.parse_in::<usize>("GRADSYNC_NSOCKS", 1..=16)? {
             self.nsocks = n;
         }
         if let Some(i) = var("GRADSYNC_SOCKET_IFNAME") {
@@ -473,20 +488,10 @@ impl Config {
                 })?;
             self.chunk_bytes = b;
         }
-        if let Some(n) = env.parse::<usize>("GRADSYNC_NSLOTS")? {
-            if !(1..=1024).contains(&n) {
-                return Err(Error::Config(format!(
-                    "GRADSYNC_NSLOTS={n} must be between 1 and 1024"
-                )));
-            }
+        if let Some(n) = env.parse_in::<usize>("GRADSYNC_NSLOTS", 1..=1024)? {
             self.nslots = n;
         }
-        if let Some(n) = env.parse::<usize>("GRADSYNC_TCP_NSLOTS")? {
-            if !(1..=1024).contains(&n) {
-                return Err(Error::Config(format!(
-                    "GRADSYNC_TCP_NSLOTS={n} must be between 1 and 1024"
-                )));
-            }
+        if let Some(n) = env.parse_in::<usize>("GRADSYNC_TCP_NSLOTS", 1..=1024)? {
             self.tcp_nslots = n;
         }
         if let Some(v) = var("GRADSYNC_DIRECT_MIN") {
@@ -550,28 +555,13 @@ impl Config {
         if let Some(i) = env.parse::<u32>("GRADSYNC_IB_GID_INDEX")? {
             self.ib.gid_index = Some(i);
         }
-        if let Some(n) = env.parse::<usize>("GRADSYNC_IB_QPS_PER_CONN")? {
-            if !(1..=16).contains(&n) {
-                return Err(Error::Config(format!(
-                    "GRADSYNC_IB_QPS_PER_CONN={n} must be between 1 and 16"
-                )));
-            }
+        if let Some(n) = env.parse_in::<usize>("GRADSYNC_IB_QPS_PER_CONN", 1..=16)? {
             self.ib.qps_per_conn = n;
         }
-        if let Some(t) = env.parse::<u8>("GRADSYNC_IB_TIMEOUT")? {
-            if !(1..=31).contains(&t) {
-                return Err(Error::Config(format!(
-                    "GRADSYNC_IB_TIMEOUT={t} must be between 1 and 31"
-                )));
-            }
+        if let Some(t) = env.parse_in::<u8>("GRADSYNC_IB_TIMEOUT", 1..=31)? {
             self.ib.timeout = t;
         }
-        if let Some(r) = env.parse::<u8>("GRADSYNC_IB_RETRY_CNT")? {
-            if r > 7 {
-                return Err(Error::Config(format!(
-                    "GRADSYNC_IB_RETRY_CNT={r} must be between 0 and 7"
-                )));
-            }
+        if let Some(r) = env.parse_in::<u8>("GRADSYNC_IB_RETRY_CNT", 0..=7)? {
             self.ib.retry_cnt = r;
         }
         if let Some(on) = env.flag("GRADSYNC_IB_DISABLE")? {
@@ -713,20 +703,10 @@ mod tests {
                 .to_string()
                 .contains("not within world size 4")
         );
-        let e = from(&[
-            ("RANK", "0"),
-            ("WORLD_SIZE", "1"),
-            ("GRADSYNC_NSOCKS", "99"),
-        ])
-        .unwrap_err();
-        assert!(e.to_string().contains("GRADSYNC_NSOCKS=99"), "{e}");
-        let e = from(&[
-            ("RANK", "0"),
-            ("WORLD_SIZE", "1"),
-            ("GRADSYNC_TCP_NSLOTS", "0"),
-        ])
-        .unwrap_err();
-        assert!(e.to_string().contains("GRADSYNC_TCP_NSLOTS=0"), "{e}");
+        for (name, v) in [("GRADSYNC_NSOCKS", "99"), ("GRADSYNC_TCP_NSLOTS", "0")] {
+            let e = from(&[("RANK", "0"), ("WORLD_SIZE", "1"), (name, v)]).unwrap_err();
+            assert!(e.to_string().contains(&format!("{name}={v}")), "{e}");
+        }
         let c = from(&[
             ("RANK", "0"),
             ("WORLD_SIZE", "1"),
