@@ -112,6 +112,9 @@ struct SlotLayout {
 }
 
 impl SlotLayout {
+    /// Length of [`to_bytes`](Self::to_bytes), which follows the inbox descriptor.
+    const LEN: usize = 16;
+
     fn of(c: &Config) -> Self {
         SlotLayout {
             chunk: c.chunk_bytes as u64,
@@ -120,8 +123,8 @@ impl SlotLayout {
         }
     }
 
-    fn to_bytes(self) -> [u8; 16] {
-        let mut b = [0u8; 16];
+    fn to_bytes(self) -> [u8; Self::LEN] {
+        let mut b = [0u8; Self::LEN];
         b[..8].copy_from_slice(&self.chunk.to_le_bytes());
         b[8..12].copy_from_slice(&self.nslots.to_le_bytes());
         b[12..].copy_from_slice(&self.tcp_nslots.to_le_bytes());
@@ -129,7 +132,7 @@ impl SlotLayout {
     }
 
     fn from_bytes(b: &[u8]) -> Option<Self> {
-        (b.len() == 16).then(|| SlotLayout {
+        (b.len() == Self::LEN).then(|| SlotLayout {
             chunk: u64::from_le_bytes(b[..8].try_into().expect("8")),
             nslots: u32::from_le_bytes(b[8..12].try_into().expect("4")),
             tcp_nslots: u32::from_le_bytes(b[12..].try_into().expect("4")),
@@ -553,13 +556,14 @@ impl Communicator {
             eopts.busy_spin = BUSY_SPIN.min(config.spin);
         }
         let (mut engine, inbox) = Engine::new(ep, comm_id, eopts)?;
+        let tcp_window = config.tcp_nslots.min(config.nslots);
         for (p, t) in layout.routes.iter().enumerate() {
             match *t {
                 "shm" => engine.set_direct_min(p, config.shm_direct_min),
                 // RDMA writes only into the peer's inbox (registered for the communicator's
                 // life); caller buffers are never pinned, so no clear-to-send names one.
                 "rdma" => engine.set_direct_min(p, usize::MAX),
-                "tcp" => engine.set_window(p, config.tcp_nslots),
+                "tcp" => engine.set_window(p, tcp_window),
                 _ => {}
             }
         }
@@ -580,7 +584,7 @@ impl Communicator {
         .map_err(st)?;
         let mut inboxes = Vec::with_capacity(world);
         for (r, v) in vals.iter().enumerate() {
-            let (desc, theirs) = v.split_at(v.len().min(20));
+            let (desc, theirs) = v.split_at(v.len().saturating_sub(SlotLayout::LEN));
             inboxes.push(
                 RemoteRegion::from_bytes(desc)
                     .zip(SlotLayout::from_bytes(theirs))
@@ -603,8 +607,7 @@ impl Communicator {
             } else {
                 format!(
                     "tcp streams/peer {} slots/peer {}",
-                    config.nsocks,
-                    config.tcp_nslots.min(config.nslots)
+                    config.nsocks, tcp_window
                 )
             },
             config.chunk_bytes / 1024,
