@@ -173,7 +173,6 @@ pub fn tune(
     )?;
     let mut links =
         gradsync::cost::LinkCosts::load(&path).unwrap_or_else(|_| comm.cost_model().0.clone());
-    let mut n = 0;
     for r in results {
         let run: Vec<(String, f64)> = choices
             .iter()
@@ -184,12 +183,11 @@ pub fn tune(
             })
             .collect();
         links.record(comm.world_size(), comm.local_size(), r.bytes as usize, &run);
-        n += 1;
     }
     links
         .save(&path)
         .with_context(|| format!("--tune: cannot write {}", path.display()))?;
-    Ok((path, n))
+    Ok((path, results.len()))
 }
 
 #[cfg(test)]

@@ -61,10 +61,10 @@ What the backend implements:
   this rank, which connects them): at once for a message that fits in what gradsync buffers for
   a peer, (``GRADSYNC_NSLOTS`` - 1) x ``GRADSYNC_CHUNK_SIZE`` bytes on one host and
   (``GRADSYNC_TCP_NSLOTS`` - 1) x ``GRADSYNC_CHUNK_SIZE`` over TCP (3.5 MiB and 1 MiB by
-  default: on one host an exchange of 3 MiB blocking sends completes, one of 4 MiB does not), else once the
-  peer receives it. So two ranks that both ``send`` large messages before they ``recv`` wait
-  for each other until the timeout and then fail (the error says so); use ``isend``/``irecv``
-  or ``batch_isend_irecv`` for exchanges.
+  default: on one host an exchange of 3 MiB blocking sends completes, one of 4 MiB does not),
+  else once the peer receives it. So two ranks that both ``send`` large messages before they
+  ``recv`` wait for each other until the timeout and then fail (the error says so); use
+  ``isend``/``irecv`` or ``batch_isend_irecv`` for exchanges.
 
 Other operations (``all_to_all``, ``recv`` from any source, sparse all-reduce, ``PREMUL_SUM`` and
 the bitwise reductions) raise :class:`NotImplementedError` naming the operation.
