@@ -395,11 +395,13 @@ pub(crate) struct Engine {
     sched_cache: Vec<(Params, Box<Schedule>)>,
     /// Queues of the last finished operation, for the next one.
     spare: Queues,
-    /// Eager messages received and not yet used, per peer, in arrival order.
+    /// Eager messages received and not yet used, per peer, in arrival order (whole messages, as
+    /// the transport delivered them: no copy on the way to the reduction).
     eager_in: Vec<VecDeque<(Signature, Vec<u8>)>>,
-    /// Payload buffers of used eager messages, for reuse.
-    eager_free: Vec<Vec<u8>>,
-    /// Contributions to the running eager all-reduce, one block per rank.
+    /// The messages of the running eager all-reduce taken so far, by sender rank.
+    eager_parts: Vec<Option<Vec<u8>>>,
+    /// This rank's contribution to the running eager all-reduce (a copy: in place, the output
+    /// is written before the contributions of later ranks are read).
     eager_stage: Vec<u8>,
     /// The empty schedule that eager operations carry, between them.
     empty_sched: Option<Box<Schedule>>,
@@ -559,7 +561,7 @@ impl Engine {
                 sched_cache: Vec::new(),
                 spare: Queues::default(),
                 eager_in: (0..world).map(|_| VecDeque::new()).collect(),
-                eager_free: Vec::new(),
+                eager_parts: (0..world).map(|_| None).collect(),
                 eager_stage: Vec::new(),
                 empty_sched: None,
                 eager_msg: Vec::new(),
@@ -870,7 +872,7 @@ impl Engine {
             });
         }
         let w = self.world;
-        self.eager_stage.resize(w * bytes, 0);
+        self.eager_parts.iter_mut().for_each(|p| *p = None);
         let mut m = std::mem::take(&mut self.eager_msg);
         m.clear();
         m.extend_from_slice(&[CTRL_EAGER, sig.coll as u8, sig.dtype as u8, sig.op as u8]);
@@ -882,7 +884,8 @@ impl Engine {
         // SAFETY: the caller guarantees `input` readable for its length, checked >= bytes.
         let own = unsafe { std::slice::from_raw_parts(input.addr as *const u8, bytes) };
         m.extend_from_slice(own);
-        self.eager_stage[self.rank * bytes..(self.rank + 1) * bytes].copy_from_slice(own);
+        self.eager_stage.clear();
+        self.eager_stage.extend_from_slice(own);
         self.eager_msg = m;
         let missing = (0..w)
             .filter(|&p| p != self.rank)
@@ -958,7 +961,7 @@ impl Engine {
             let q = &mut self.eager_in[p];
             if let Some(i) = q.iter().position(|(s, _)| s.seq <= sig.seq) {
                 let (theirs, data) = q.remove(i).expect("found");
-                if theirs != sig || data.len() != bytes {
+                if theirs != sig || data.len() != EAGER_HDR + bytes {
                     return Err(Error::Mismatch {
                         rank: self.rank,
                         peer: p,
@@ -967,8 +970,7 @@ impl Engine {
                         detail: String::new(),
                     });
                 }
-                self.eager_stage[p * bytes..(p + 1) * bytes].copy_from_slice(&data);
-                self.eager_free.push(data);
+                self.eager_parts[p] = Some(data);
                 missing &= !(1 << p);
                 moved = true;
                 continue;
@@ -1008,13 +1010,22 @@ impl Engine {
             // SAFETY: the caller of `start` keeps `output` writable for its length, checked
             // >= bytes, and leaves it alone until the operation ends; the stage is separate.
             let out = unsafe { std::slice::from_raw_parts_mut(out.addr as *mut u8, bytes) };
-            reduce_rank_order(sig.dtype, sig.op, out, &self.eager_stage, self.world);
+            let mut parts: [&[u8]; EAGER_WORLD_MAX] = [&[]; EAGER_WORLD_MAX];
+            for (p, part) in parts.iter_mut().enumerate().take(self.world) {
+                *part = match &self.eager_parts[p] {
+                    _ if p == self.rank => &self.eager_stage,
+                    Some(m) => &m[EAGER_HDR..],
+                    None => unreachable!("eager contribution of rank {p} missing"),
+                };
+            }
+            reduce_parts_rank_order(sig.dtype, sig.op, out, &parts[..self.world]);
+            self.eager_parts.iter_mut().for_each(|p| *p = None);
         }
         Ok(moved)
     }
 
     /// An eager message from `peer`: kept until the operation it belongs to takes it.
-    fn eager_arrived(&mut self, peer: usize, data: &[u8]) -> Result<(), Error> {
+    fn eager_arrived(&mut self, peer: usize, data: Vec<u8>) -> Result<(), Error> {
         let u32_at = |i: usize| u32::from_le_bytes(data[i..i + 4].try_into().expect("4"));
         let u64_at = |i: usize| u64::from_le_bytes(data[i..i + 8].try_into().expect("8"));
         let bad = |what: String| Error::Protocol {
@@ -1067,10 +1078,7 @@ impl Engine {
                 "more than {EAGER_AHEAD_MAX} eager messages ahead of this rank"
             )));
         }
-        let mut buf = self.eager_free.pop().unwrap_or_default();
-        buf.clear();
-        buf.extend_from_slice(&data[EAGER_HDR..]);
-        self.eager_in[peer].push_back((theirs, buf));
+        self.eager_in[peer].push_back((theirs, data));
         Ok(())
     }
 
@@ -1107,7 +1115,7 @@ impl Engine {
         if self.ep.poll(&mut comps).is_err() {
             return e;
         }
-        for c in &comps {
+        for c in comps {
             if let Err(a @ Error::PeerAborted { .. }) = self.handle_completion(c) {
                 return a;
             }
@@ -1281,8 +1289,8 @@ impl Engine {
             .map_err(|e| Error::transport(rank, "poll", e))?;
         if !self.comps.is_empty() {
             moved = true;
-            let comps = std::mem::take(&mut self.comps);
-            for c in &comps {
+            let mut comps = std::mem::take(&mut self.comps);
+            for c in comps.drain(..) {
                 self.handle_completion(c)?;
             }
             self.comps = comps;
@@ -1510,11 +1518,11 @@ impl Engine {
         Ok(moved)
     }
 
-    fn handle_completion(&mut self, c: &Completion) -> Result<(), Error> {
+    fn handle_completion(&mut self, c: Completion) -> Result<(), Error> {
         match c {
             Completion::WriteDone { wr_id } => {
                 if let Some(r) = self.running.as_mut()
-                    && let Some((id, peer, k)) = r.q.inflight.remove(wr_id)
+                    && let Some((id, peer, k)) = r.q.inflight.remove(&wr_id)
                 {
                     if k != usize::MAX {
                         self.peers[peer].hdr_busy[k] = false;
@@ -1526,25 +1534,25 @@ impl Engine {
             Completion::WriteImm { peer, imm, len } if imm & IMM_DIRECT != 0 => {
                 let msg = imm & !IMM_DIRECT;
                 let ok = self.running.as_ref().is_some_and(|r| {
-                    r.q.recvq[*peer].iter().any(|pr| {
-                        pr.direct && pr.msg == msg && pr.len * r.sig.dtype.size() == *len as usize
+                    r.q.recvq[peer].iter().any(|pr| {
+                        pr.direct && pr.msg == msg && pr.len * r.sig.dtype.size() == len as usize
                     })
                 });
                 if !ok {
                     return Err(Error::Protocol {
                         rank: self.rank,
-                        peer: *peer,
+                        peer,
                         msg: format!(
                             "direct write of message {msg} ({len} bytes) that no clear-to-send asked for"
                         ),
                     });
                 }
                 let r = self.running.as_mut().expect("running");
-                r.q.direct_arrived[*peer].push(msg);
-                self.peers[*peer].last_heard = Some((self.now_coarse, r.sig.seq));
+                r.q.direct_arrived[peer].push(msg);
+                self.peers[peer].last_heard = Some((self.now_coarse, r.sig.seq));
             }
             Completion::WriteImm { peer, imm, len } => {
-                let ps = &mut self.peers[*peer];
+                let ps = &mut self.peers[peer];
                 // The immediate is the message counter's low 31 bits (the top one marks direct
                 // writes); its distance from the next expected message gives the full counter
                 // (and so the slot, whatever the window) once it is known to lie within the
@@ -1552,10 +1560,10 @@ impl Engine {
                 let expect_lo = ps.rx_ctr as u32 & !IMM_DIRECT;
                 let ahead = (imm.wrapping_sub(expect_lo) & !IMM_DIRECT) as usize;
                 let k = ps.slot(ps.rx_ctr + ahead as u64);
-                if ahead >= ps.window || ps.arrived[k] || *len as usize > self.stride {
+                if ahead >= ps.window || ps.arrived[k] || len as usize > self.stride {
                     return Err(Error::Protocol {
                         rank: self.rank,
-                        peer: *peer,
+                        peer,
                         msg: format!(
                             "unexpected write notification {imm} ({len} bytes); expected one of the next {} after {expect_lo}",
                             ps.window
@@ -1567,8 +1575,13 @@ impl Engine {
             }
             Completion::Recv { peer, data } => {
                 let seq = self.running.as_ref().map_or(self.last_seq, |r| r.sig.seq);
-                self.peers[*peer].last_heard = Some((self.now_coarse, seq));
-                self.handle_control(*peer, data)?;
+                self.peers[peer].last_heard = Some((self.now_coarse, seq));
+                if data.first() == Some(&CTRL_EAGER) {
+                    // Kept whole until its operation reduces it.
+                    self.eager_arrived(peer, data)?;
+                } else {
+                    self.handle_control(peer, &data)?;
+                }
             }
         }
         Ok(())
@@ -1626,7 +1639,6 @@ impl Engine {
                 let seq = u64::from_le_bytes(data[8..16].try_into().expect("8"));
                 self.probe_replies[*peer] = Some((seq, data[1] != 0));
             }
-            Some(&CTRL_EAGER) => self.eager_arrived(*peer, data)?,
             Some(&CTRL_ABORT) => {
                 let why = String::from_utf8_lossy(&data[1..]).into_owned();
                 return Err(Error::PeerAborted {
@@ -1892,7 +1904,7 @@ impl Engine {
             if self.ep.poll(&mut comps).is_err() {
                 break;
             }
-            for c in &comps {
+            for c in comps.drain(..) {
                 if let Err(e @ Error::PeerAborted { .. }) = self.handle_completion(c) {
                     // Another rank finished its diagnosis first: its verdict is the job's.
                     return e;
@@ -1999,21 +2011,30 @@ pub(crate) fn reduce_rank_order(
     world: usize,
 ) {
     let n = out.len();
+    let mut parts: Vec<&[u8]> = blocks.chunks_exact(n.max(1)).take(world).collect();
+    parts.resize(world, &[]);
+    reduce_parts_rank_order(dt, op, out, &parts);
+}
+
+/// [`reduce_rank_order`] over contributions that lie apart: `parts[r]` is rank `r`'s, each at
+/// least `out.len()` bytes. `out` may be none of them.
+pub(crate) fn reduce_parts_rank_order(dt: DataType, op: ReduceOp, out: &mut [u8], parts: &[&[u8]]) {
+    let n = out.len();
     let fold = if op == ReduceOp::Avg {
         ReduceOp::Sum
     } else {
         op
     };
-    if world == 1 {
-        out.copy_from_slice(&blocks[..n]);
+    if parts.len() == 1 {
+        out.copy_from_slice(&parts[0][..n]);
     } else {
-        gradsync_reduce::reduce_into(dt, fold, out, &blocks[..n], &blocks[n..2 * n]);
-        for k in 2..world {
-            gradsync_reduce::reduce_in_place(dt, fold, out, &blocks[k * n..(k + 1) * n]);
+        gradsync_reduce::reduce_into(dt, fold, out, &parts[0][..n], &parts[1][..n]);
+        for p in &parts[2..] {
+            gradsync_reduce::reduce_in_place(dt, fold, out, &p[..n]);
         }
     }
     if op == ReduceOp::Avg {
-        gradsync_reduce::finalize_avg(dt, out, world);
+        gradsync_reduce::finalize_avg(dt, out, parts.len());
     }
 }
 
