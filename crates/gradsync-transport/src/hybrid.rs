@@ -269,6 +269,31 @@ impl Endpoint for HybridEndpoint {
         }
     }
 
+    fn board_capacity(&self) -> usize {
+        // A board serves collectives among all ranks: only when every peer is on this host.
+        if self.net_peers == 0 {
+            self.shm.board_capacity()
+        } else {
+            0
+        }
+    }
+
+    fn board_post(&mut self, seq: u64, data: &[u8]) -> Result<bool> {
+        self.shm.board_post(seq, data)
+    }
+
+    fn board_read(&mut self, peer: usize, seq: u64, out: &mut Vec<u8>) -> Result<bool> {
+        self.shm.board_read(peer, seq, out)
+    }
+
+    fn board_release(&mut self, seq: u64) -> Result<()> {
+        self.shm.board_release(seq)
+    }
+
+    fn board_watch(&mut self, seq: u64) {
+        self.shm.board_watch(seq);
+    }
+
     fn peer_alive(&self, peer: usize) -> bool {
         match self.routes.get(peer) {
             // The shared-memory backend knows best: it keeps a closed peer alive until its last

@@ -26,6 +26,8 @@
 //!                 list of local ranks: a 256-byte control block (producer `tail`, consumer
 //!                 `head`, each on its own cache line; `want_space`, `attach`, `probe`) followed
 //!                 by RING_BYTES of ring data
+//! after the rings the board (see [`board`]): two slots of postings the other local ranks
+//!                 read in place, and the rank's release mark
 //! ```
 //!
 //! A directory entry whose span lies entirely inside one shared allocation of the owner names
@@ -103,6 +105,11 @@
 //!   `kernel.yama.ptrace_scope = 0` or `CAP_SYS_PTRACE`); [`ShmSetup::connect`] probes it and
 //!   fails with an explanation otherwise, so the caller can fall back to the network.
 
+mod board;
+
+pub use board::BOARD_CAPACITY;
+use board::{BOARD_BYTES, BoardState};
+
 use crate::regions::RegionTable;
 use crate::{
     Access, Completion, Endpoint, MAX_SEND, MemoryRegion, RemoteRegion, Result, Sge,
@@ -137,7 +144,7 @@ pub const MAX_LOCAL: usize = 1024;
 pub const LIVENESS_EVERY: Duration = Duration::from_millis(5);
 
 const MAGIC: u64 = u64::from_le_bytes(*b"gsyncSHM");
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
 
 const HEADER_BYTES: usize = 4096;
 const DIR_ENTRY_BYTES: usize = 64;
@@ -219,6 +226,11 @@ const WAIT_SLICE: Duration = Duration::from_millis(50);
 
 /// Bytes of a segment for `nlocal` local ranks.
 fn segment_len(nlocal: usize) -> usize {
+    board_off(nlocal) + BOARD_BYTES
+}
+
+/// Offset of the board in a segment for `nlocal` local ranks.
+fn board_off(nlocal: usize) -> usize {
     RINGS_OFF + nlocal * RING_STRIDE
 }
 
@@ -403,6 +415,12 @@ impl Segment {
     /// caller's preceding publication before the read of the flag).
     fn notify(&self) {
         fence(Ordering::SeqCst);
+        self.wake_if_sleeping();
+    }
+
+    /// The second half of [`notify`](Self::notify), for a caller that has issued the fence
+    /// itself (after a board posting, once for every peer).
+    fn wake_if_sleeping(&self) {
         if self.a32(H_SLEEPING).load(Ordering::Relaxed) != 0 {
             self.wake();
         }
@@ -1292,12 +1310,17 @@ impl ShmSetup {
                 msg: "setup without segment".into(),
             });
         };
+        let nlocal = self.local.len();
         Ok(ShmEndpoint {
             rank,
             world: self.world,
             local: std::mem::take(&mut self.local),
             pos: self.pos,
-            conn: Some(Conn { own, peers }),
+            conn: Some(Conn {
+                own,
+                peers,
+                board: BoardState::new(board_off(nlocal), nlocal),
+            }),
             regions: LocalTable::new(rank),
             done: Vec::new(),
             next_check: Instant::now(),
@@ -1542,6 +1565,8 @@ struct Conn {
     own: Segment,
     /// By position in the local ranks; `None` at this rank's own position.
     peers: Vec<Option<Peer>>,
+    /// This rank's bookkeeping of the board.
+    board: BoardState,
 }
 
 impl Conn {
@@ -1600,7 +1625,8 @@ impl Conn {
         }
         fence(Ordering::SeqCst);
         let res = self.flush_all(me);
-        let ready = res.is_err() || (rings && (self.rings_ready() || self.check_liveness(true)));
+        let ready = res.is_err()
+            || (rings && (self.rings_ready() || self.board_ready() || self.check_liveness(true)));
         if !ready {
             loop {
                 let left =
@@ -1867,6 +1893,16 @@ impl ShmEndpoint {
             rank: self.rank,
             pos: self.pos,
         }
+    }
+
+    /// The connection, or the error of a call `op` on a closed endpoint.
+    fn live_conn(&mut self, op: &'static str) -> Result<&mut Conn> {
+        let rank = self.rank;
+        self.conn.as_mut().ok_or_else(|| TransportError::Invalid {
+            rank,
+            op,
+            msg: "the endpoint is closed".into(),
+        })
     }
 
     /// Whether `peer` is another rank of this host, reachable through this endpoint.
@@ -2207,6 +2243,48 @@ impl Endpoint for ShmEndpoint {
         Ok(())
     }
 
+    fn board_capacity(&self) -> usize {
+        if self.conn.is_some() && self.local.len() > 1 {
+            BOARD_CAPACITY
+        } else {
+            0
+        }
+    }
+
+    fn board_post(&mut self, seq: u64, data: &[u8]) -> Result<bool> {
+        let me = self.me();
+        self.live_conn("board_post")?.board_post(me, seq, data)
+    }
+
+    fn board_read(&mut self, peer: usize, seq: u64, out: &mut Vec<u8>) -> Result<bool> {
+        let me = self.me();
+        let pos = match self.local.binary_search(&peer) {
+            Ok(pos) if pos != self.pos => pos,
+            _ => {
+                return Err(TransportError::Invalid {
+                    rank: self.rank,
+                    op: "board_read",
+                    msg: format!(
+                        "rank {peer} is not a local peer of this shm endpoint (local ranks {:?})",
+                        self.local
+                    ),
+                });
+            }
+        };
+        self.live_conn("board_read")?.board_read(me, pos, seq, out)
+    }
+
+    fn board_release(&mut self, seq: u64) -> Result<()> {
+        self.live_conn("board_release")?.board_release(seq);
+        Ok(())
+    }
+
+    fn board_watch(&mut self, seq: u64) {
+        if let Some(c) = self.conn.as_mut() {
+            c.board_watch(seq);
+        }
+    }
+
     fn wait(&mut self, timeout: Duration) -> Result<()> {
         let me = self.me();
         let deadline = Instant::now().checked_add(timeout);
@@ -2311,7 +2389,7 @@ mod tests {
         })
     }
 
-    fn fabric(n: usize) -> Vec<ShmEndpoint> {
+    pub(super) fn fabric(n: usize) -> Vec<ShmEndpoint> {
         fabric_in(n, &(0..n).collect::<Vec<_>>())
     }
 

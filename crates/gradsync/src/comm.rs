@@ -103,23 +103,31 @@ struct Layout {
     placement: topology::Placement,
 }
 
-/// The settings that shape every rank's inbox and its use: they must be alike on all ranks.
+/// The settings that shape every rank's inbox and its use, which must be alike on all ranks,
+/// and the size of the rank's board (eager all-reduces use boards when every rank has one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct SlotLayout {
     chunk: u64,
     nslots: u32,
     tcp_nslots: u32,
+    /// Bytes of the rank's transport board, 0 without one (or with `GRADSYNC_SHM_BOARD=0`).
+    board: u32,
 }
 
 impl SlotLayout {
     /// Length of [`to_bytes`](Self::to_bytes), which follows the inbox descriptor.
-    const LEN: usize = 16;
+    const LEN: usize = 20;
 
-    fn of(c: &Config) -> Self {
+    fn of(c: &Config, board: usize) -> Self {
         SlotLayout {
             chunk: c.chunk_bytes as u64,
             nslots: c.nslots as u32,
             tcp_nslots: c.tcp_nslots as u32,
+            board: if c.shm_board {
+                u32::try_from(board).unwrap_or(u32::MAX)
+            } else {
+                0
+            },
         }
     }
 
@@ -127,7 +135,8 @@ impl SlotLayout {
         let mut b = [0u8; Self::LEN];
         b[..8].copy_from_slice(&self.chunk.to_le_bytes());
         b[8..12].copy_from_slice(&self.nslots.to_le_bytes());
-        b[12..].copy_from_slice(&self.tcp_nslots.to_le_bytes());
+        b[12..16].copy_from_slice(&self.tcp_nslots.to_le_bytes());
+        b[16..].copy_from_slice(&self.board.to_le_bytes());
         b
     }
 
@@ -135,13 +144,15 @@ impl SlotLayout {
         (b.len() == Self::LEN).then(|| SlotLayout {
             chunk: u64::from_le_bytes(b[..8].try_into().expect("8")),
             nslots: u32::from_le_bytes(b[8..12].try_into().expect("4")),
-            tcp_nslots: u32::from_le_bytes(b[12..].try_into().expect("4")),
+            tcp_nslots: u32::from_le_bytes(b[12..16].try_into().expect("4")),
+            board: u32::from_le_bytes(b[16..].try_into().expect("4")),
         })
     }
 
-    /// An error naming both ranks and every setting that differs.
+    /// An error naming both ranks and every setting that differs (the board may differ).
     fn check(&self, rank: usize, peer: usize, theirs: &SlotLayout) -> Result<(), Error> {
-        if self == theirs {
+        let settings = |l: &SlotLayout| (l.chunk, l.nslots, l.tcp_nslots);
+        if settings(self) == settings(theirs) {
             return Ok(());
         }
         let mut diff = Vec::new();
@@ -569,7 +580,7 @@ impl Communicator {
         }
         // Every rank lays out its inbox and picks slots from these three settings, so they
         // travel with the inbox descriptor and must agree.
-        let slots = SlotLayout::of(&config);
+        let slots = SlotLayout::of(&config, engine.ep.board_capacity());
         let mut mine = inbox.to_bytes().to_vec();
         mine.extend_from_slice(&slots.to_bytes());
         let vals = exchange(
@@ -583,6 +594,7 @@ impl Communicator {
         )
         .map_err(st)?;
         let mut inboxes = Vec::with_capacity(world);
+        let mut boards = true;
         for (r, v) in vals.iter().enumerate() {
             let (desc, theirs) = v.split_at(v.len().saturating_sub(SlotLayout::LEN));
             inboxes.push(
@@ -591,10 +603,16 @@ impl Communicator {
                     .ok_or_else(|| {
                         Error::Config(format!("rank {r} published a malformed inbox descriptor"))
                     })
-                    .and_then(|(d, theirs)| slots.check(rank, r, &theirs).map(|()| d))?,
+                    .and_then(|(d, theirs)| {
+                        boards &= theirs.board > 0;
+                        slots.check(rank, r, &theirs).map(|()| d)
+                    })?,
             );
         }
         engine.connect_peers(&inboxes);
+        if boards {
+            engine.enable_board();
+        }
         tracing::info!(
             target: "gradsync::init",
             "gradsync {} rank {rank}/{world} interface {ifname} {ip} transport {} hosts {} local ranks {} {} chunk {} KiB x {} slots timeout {:?} (init {:.1} ms)",
@@ -1120,6 +1138,12 @@ impl Communicator {
     /// or `self`.
     pub fn peer_transport(&self, peer: usize) -> &'static str {
         self.layout.routes.get(peer).copied().unwrap_or("?")
+    }
+
+    /// Whether small all-reduces go eagerly through the transports' shared-memory boards
+    /// (every rank on one host, `GRADSYNC_SHM_BOARD` on) rather than as messages.
+    pub fn eager_board(&self) -> bool {
+        self.engine.board()
     }
 
     /// Host index of `rank` (hosts numbered in order of their lowest rank).

@@ -58,11 +58,18 @@ pub struct Config {
     /// stays in the cache, and the receiver a streaming copy out; a direct write is a
     /// cross-memory copy that pins the destination's pages, measured slower.
     pub shm_direct_min: usize,
-    /// All-reduces of at most this many bytes run eagerly (`GRADSYNC_EAGER_MAX`, default and
-    /// upper limit 4064, `0` or `off`: never; only with no forced algorithm and at most 16
-    /// ranks): each rank sends its whole buffer to every peer in one message and reduces all
-    /// contributions in rank order, one message latency in all. Set it alike on every rank.
+    /// All-reduces of at most this many bytes run eagerly (`GRADSYNC_EAGER_MAX`, `0` or `off`:
+    /// never; only with no forced algorithm and at most 16 ranks): each rank hands its whole
+    /// buffer to every peer at once and reduces all contributions in rank order, one message
+    /// latency in all. The default, `usize::MAX`, leaves each path its own limit: 4064 bytes
+    /// as messages, 16 KiB on a shared-memory board (see [`shm_board`](Self::shm_board)); a
+    /// smaller value lowers both (at most 16416 is accepted). Set it alike on every rank.
     pub eager_max: usize,
+    /// Whether eager all-reduces of a job whose ranks all share one host go through the
+    /// shared-memory board (`GRADSYNC_SHM_BOARD`, `1` default, `0`: as messages through the
+    /// rings): every rank posts its buffer once in its own segment and reads the others' there,
+    /// with no message per peer. Used only when every rank's transport has a board.
+    pub shm_board: bool,
     /// Deterministic floating-point all-reduce (`GRADSYNC_DETERMINISTIC`, `0` or `1`, default
     /// off): every element is reduced in rank order, `((x0 op x1) op x2) ...`, so the result does
     /// not depend on the algorithm, the chunk size or the buffer size. Small buffers go eagerly
@@ -328,7 +335,8 @@ impl Config {
             collective_algorithms: Vec::new(),
             direct_min: DEFAULT_DIRECT_MIN,
             shm_direct_min: usize::MAX,
-            eager_max: crate::engine::EAGER_MAX,
+            eager_max: usize::MAX,
+            shm_board: true,
             deterministic: false,
             token: None,
             checksum: false,
@@ -498,7 +506,7 @@ impl Config {
             self.direct_min = direct_min_var("GRADSYNC_DIRECT_MIN", &v)?;
         }
         if let Some(v) = var("GRADSYNC_EAGER_MAX") {
-            let max = crate::engine::EAGER_MAX;
+            let max = crate::engine::BOARD_EAGER_MAX;
             self.eager_max = match v.trim() {
                 "off" => 0,
                 t => parse_size(t).filter(|&n| n <= max).ok_or_else(|| {
@@ -523,6 +531,9 @@ impl Config {
         }
         if let Some(on) = env.flag("GRADSYNC_DETERMINISTIC")? {
             self.deterministic = on;
+        }
+        if let Some(on) = env.flag("GRADSYNC_SHM_BOARD")? {
+            self.shm_board = on;
         }
         if let Some(on) = env.flag("GRADSYNC_CHECKSUM")? {
             self.checksum = on;
@@ -918,6 +929,23 @@ mod tests {
         assert!(on.deterministic);
         let e = from(&[base[0], base[1], ("GRADSYNC_DETERMINISTIC", "on")]).unwrap_err();
         assert!(e.to_string().contains("GRADSYNC_DETERMINISTIC"), "{e}");
+    }
+
+    #[test]
+    fn eager_and_board_options() {
+        let base = [("RANK", "0"), ("WORLD_SIZE", "1")];
+        let c = from(&base).unwrap();
+        assert_eq!((c.eager_max, c.shm_board), (usize::MAX, true));
+        let c = from(&[base[0], base[1], ("GRADSYNC_EAGER_MAX", "8K")]).unwrap();
+        assert_eq!(c.eager_max, 8192);
+        let c = from(&[base[0], base[1], ("GRADSYNC_EAGER_MAX", "off")]).unwrap();
+        assert_eq!(c.eager_max, 0);
+        let e = from(&[base[0], base[1], ("GRADSYNC_EAGER_MAX", "17K")]).unwrap_err();
+        assert!(e.to_string().contains("at most 16416 bytes"), "{e}");
+        let c = from(&[base[0], base[1], ("GRADSYNC_SHM_BOARD", "0")]).unwrap();
+        assert!(!c.shm_board);
+        let e = from(&[base[0], base[1], ("GRADSYNC_SHM_BOARD", "no")]).unwrap_err();
+        assert!(e.to_string().contains("GRADSYNC_SHM_BOARD"), "{e}");
     }
 
     #[test]

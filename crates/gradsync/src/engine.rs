@@ -63,6 +63,10 @@ const CTRL_EAGER: u8 = 6;
 const EAGER_HDR: usize = 32;
 /// Largest buffer an eager all-reduce carries: one two-sided message.
 pub(crate) const EAGER_MAX: usize = gradsync_transport::MAX_SEND - EAGER_HDR;
+/// Largest buffer an eager all-reduce posts on a board ([`Endpoint::board_post`]).
+pub(crate) const BOARD_EAGER_MAX: usize = gradsync_transport::shm::BOARD_CAPACITY - EAGER_HDR;
+/// All-reduces of at most this many bytes go eagerly through a board by default.
+pub(crate) const BOARD_EAGER_DEFAULT: usize = 16 * 1024;
 /// Largest world that runs small all-reduces eagerly: each rank sends `world - 1` messages.
 pub(crate) const EAGER_WORLD_MAX: usize = 16;
 /// Eager messages a peer may have sent for operations this rank has not reached.
@@ -262,6 +266,10 @@ pub(crate) struct Planned {
     pub(crate) eager: bool,
 }
 
+/// How often a rank that waits in a scheduled collective looks for peers' board postings of
+/// the same operation (a mismatch).
+const BOARD_CHECK_EVERY: Duration = Duration::from_millis(1);
+
 /// Idle time after which a waiting rank returns every credit it holds.
 const IDLE_CREDIT_RETURN: Duration = Duration::from_micros(20);
 
@@ -400,12 +408,17 @@ pub(crate) struct Engine {
     eager_in: Vec<VecDeque<(Signature, Vec<u8>)>>,
     /// The messages of the running eager all-reduce taken so far, by sender rank.
     eager_parts: Vec<Option<Vec<u8>>>,
-    /// This rank's contribution to the running eager all-reduce (a copy: in place, the output
-    /// is written before the contributions of later ranks are read).
-    eager_stage: Vec<u8>,
+    /// Whether eager all-reduces go through the transport's board (every rank has one).
+    board: bool,
+    /// A buffer per peer for board postings, kept for its allocation.
+    board_bufs: Vec<Vec<u8>>,
+    /// When a waiting scheduled collective next looks for a mismatched board posting.
+    next_board_check: Instant,
     /// The empty schedule that eager operations carry, between them.
     empty_sched: Option<Box<Schedule>>,
-    /// The outgoing eager message, kept for its allocation.
+    /// The outgoing eager message, kept for its allocation. Its payload is also this rank's
+    /// contribution to the reduction (a copy: in place, the output is written before the
+    /// contributions of later ranks are read).
     eager_msg: Vec<u8>,
     /// The engine's last clock reading (operation start, idle rounds): when peers were last
     /// heard from, without a clock read per message.
@@ -562,7 +575,9 @@ impl Engine {
                 spare: Queues::default(),
                 eager_in: (0..world).map(|_| VecDeque::new()).collect(),
                 eager_parts: (0..world).map(|_| None).collect(),
-                eager_stage: Vec::new(),
+                board: false,
+                board_bufs: (0..world).map(|_| Vec::new()).collect(),
+                next_board_check: Instant::now(),
                 empty_sched: None,
                 eager_msg: Vec::new(),
                 now_coarse: Instant::now(),
@@ -825,10 +840,54 @@ impl Engine {
     /// Whether an all-reduce of `bytes` runs eagerly here. The answer must be the same on
     /// every rank, so it depends only on the call and on settings that are alike everywhere.
     pub(crate) fn eager_fits(&self, bytes: usize) -> bool {
-        bytes > 0
-            && bytes <= self.opts.eager_max.min(EAGER_MAX)
-            && self.world > 1
-            && self.world <= EAGER_WORLD_MAX
+        let limit = if self.board {
+            BOARD_EAGER_DEFAULT.min(self.opts.eager_max)
+        } else {
+            EAGER_MAX.min(self.opts.eager_max)
+        };
+        bytes > 0 && bytes <= limit && self.world > 1 && self.world <= EAGER_WORLD_MAX
+    }
+
+    /// A peer's board posting for the collective this rank runs through a schedule: a
+    /// mismatch naming both calls.
+    fn board_mismatch(&mut self) -> Result<(), Error> {
+        let Some(r) = self.running.as_ref() else {
+            return Ok(());
+        };
+        if r.eager.is_some() || r.sig.coll == Collective::SendRecv {
+            return Ok(());
+        }
+        let ours = r.sig;
+        for p in (0..self.world).filter(|&p| p != self.rank) {
+            let buf = &mut self.board_bufs[p];
+            if self
+                .ep
+                .board_read(p, ours.seq, buf)
+                .map_err(|e| Error::transport(self.rank, "board read", e))?
+            {
+                let theirs = parse_eager(self.rank, p, self.comm_id, buf)?;
+                return Err(Error::Mismatch {
+                    rank: self.rank,
+                    peer: p,
+                    ours,
+                    theirs,
+                    detail: eager_detail(&ours, &theirs, self.rank, p),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Lets eager all-reduces go through the transport's board. Every rank must make the same
+    /// call (the communicator enables it when every rank's transport has a board), since
+    /// [`eager_fits`](Self::eager_fits) depends on it.
+    pub(crate) fn enable_board(&mut self) {
+        self.board = self.ep.board_capacity() >= BOARD_EAGER_MAX + EAGER_HDR;
+    }
+
+    /// Whether eager all-reduces go through the transport's board.
+    pub(crate) fn board(&self) -> bool {
+        self.board
     }
 
     /// The plan of an eager all-reduce.
@@ -884,9 +943,10 @@ impl Engine {
         // SAFETY: the caller guarantees `input` readable for its length, checked >= bytes.
         let own = unsafe { std::slice::from_raw_parts(input.addr as *const u8, bytes) };
         m.extend_from_slice(own);
-        self.eager_stage.clear();
-        self.eager_stage.extend_from_slice(own);
         self.eager_msg = m;
+        if self.board {
+            self.ep.board_watch(sig.seq);
+        }
         let missing = (0..w)
             .filter(|&p| p != self.rank)
             .fold(0u32, |m, p| m | 1 << p);
@@ -943,7 +1003,18 @@ impl Engine {
         let sig = r.sig;
         let bytes = sig.count as usize * sig.dtype.size();
         let mut moved = false;
-        if e.unsent {
+        if e.unsent && self.board {
+            // Refused while a peer has not released the posting two operations back.
+            if self
+                .ep
+                .board_post(sig.seq, &self.eager_msg)
+                .map_err(|e| Error::transport(self.rank, "eager post", e))?
+            {
+                e.unsent = false;
+                r.eager = Some(e);
+                moved = true;
+            }
+        } else if e.unsent {
             e.unsent = false;
             r.eager = Some(e);
             for p in (0..self.world).filter(|&p| p != self.rank) {
@@ -975,6 +1046,29 @@ impl Engine {
                 moved = true;
                 continue;
             }
+            if self.board {
+                let buf = &mut self.board_bufs[p];
+                if self
+                    .ep
+                    .board_read(p, sig.seq, buf)
+                    .map_err(|e| Error::transport(self.rank, "eager read", e))?
+                {
+                    let theirs = parse_eager(self.rank, p, self.comm_id, buf)?;
+                    if theirs != sig || buf.len() != EAGER_HDR + bytes {
+                        return Err(Error::Mismatch {
+                            rank: self.rank,
+                            peer: p,
+                            ours: sig,
+                            theirs,
+                            detail: String::new(),
+                        });
+                    }
+                    self.eager_parts[p] = Some(std::mem::take(buf));
+                    missing &= !(1 << p);
+                    moved = true;
+                    continue;
+                }
+            }
             // The peer sent its part of this operation through slots: it runs it differently.
             let ps = &self.peers[p];
             let k = ps.slot(ps.rx_ctr);
@@ -1002,8 +1096,14 @@ impl Engine {
         if moved {
             r.eager = Some(EagerRun {
                 missing,
-                unsent: false,
+                unsent: r.eager.is_some_and(|e| e.unsent),
             });
+        }
+        if moved && missing == 0 && self.board {
+            // Every posting of this operation has been copied out: peers may reuse its slots.
+            self.ep
+                .board_release(sig.seq)
+                .map_err(|e| Error::transport(self.rank, "eager release", e))?;
         }
         if moved && missing == 0 {
             let out = r.bufs[1];
@@ -1013,52 +1113,30 @@ impl Engine {
             let mut parts: [&[u8]; EAGER_WORLD_MAX] = [&[]; EAGER_WORLD_MAX];
             for (p, part) in parts.iter_mut().enumerate().take(self.world) {
                 *part = match &self.eager_parts[p] {
-                    _ if p == self.rank => &self.eager_stage,
+                    _ if p == self.rank => &self.eager_msg[EAGER_HDR..],
                     Some(m) => &m[EAGER_HDR..],
                     None => unreachable!("eager contribution of rank {p} missing"),
                 };
             }
             reduce_parts_rank_order(sig.dtype, sig.op, out, &parts[..self.world]);
-            self.eager_parts.iter_mut().for_each(|p| *p = None);
+            for (p, part) in self.eager_parts.iter_mut().enumerate() {
+                match part.take() {
+                    Some(b) if self.board => self.board_bufs[p] = b,
+                    _ => {}
+                }
+            }
         }
         Ok(moved)
     }
 
     /// An eager message from `peer`: kept until the operation it belongs to takes it.
     fn eager_arrived(&mut self, peer: usize, data: Vec<u8>) -> Result<(), Error> {
-        let u32_at = |i: usize| u32::from_le_bytes(data[i..i + 4].try_into().expect("4"));
-        let u64_at = |i: usize| u64::from_le_bytes(data[i..i + 8].try_into().expect("8"));
+        let theirs = parse_eager(self.rank, peer, self.comm_id, &data)?;
         let bad = |what: String| Error::Protocol {
             rank: self.rank,
             peer,
             msg: format!("eager all-reduce message of {} bytes: {what}", data.len()),
         };
-        if data.len() < EAGER_HDR {
-            return Err(bad("too short".into()));
-        }
-        let theirs = Signature {
-            comm_id: u64_at(8),
-            seq: u64_at(16),
-            coll: gradsync_core::Collective::from_code(data[1])
-                .map_err(|_| bad(format!("unknown collective {}", data[1])))?,
-            dtype: DataType::from_code(data[2])
-                .map_err(|_| bad(format!("unknown data type {}", data[2])))?,
-            op: ReduceOp::from_code(data[3])
-                .map_err(|_| bad(format!("unknown operator {}", data[3])))?,
-            count: u64_at(24),
-            root: u32_at(4),
-        };
-        if theirs.comm_id != self.comm_id {
-            return Err(bad(format!(
-                "communicator {:#x}, not this one ({:#x})",
-                theirs.comm_id, self.comm_id
-            )));
-        }
-        if theirs.count.checked_mul(theirs.dtype.size() as u64)
-            != Some((data.len() - EAGER_HDR) as u64)
-        {
-            return Err(bad(format!("{theirs} does not match its length")));
-        }
         // A peer cannot have passed an operation of this rank's that needs its message: one for
         // an operation this rank has finished is a protocol error. (One for the operation it
         // runs through a schedule is a mismatch, which `eager_absorb` reports.) Send/recv
@@ -1251,6 +1329,12 @@ impl Engine {
             self.now_coarse = now;
             let since = *idle_since.get_or_insert(now);
             busy = now - since < self.opts.busy_spin;
+            if self.board && now - since >= IDLE_CREDIT_RETURN && now >= self.next_board_check {
+                // A peer that runs this operation eagerly posts on its board and sends
+                // nothing this rank's schedule waits for: look for such a posting now and then.
+                self.next_board_check = now + BOARD_CHECK_EVERY;
+                self.board_mismatch()?;
+            }
             if !credits_flushed && now - since >= IDLE_CREDIT_RETURN {
                 // Nothing moved for a while: a good moment to hand back every slot, in case the
                 // peer is the one waiting for them. (Steps return them in batches of half the
@@ -2036,6 +2120,44 @@ pub(crate) fn reduce_parts_rank_order(dt: DataType, op: ReduceOp, out: &mut [u8]
     if op == ReduceOp::Avg {
         gradsync_reduce::finalize_avg(dt, out, parts.len());
     }
+}
+
+/// The signature of an eager all-reduce message (or board posting) from `peer`, checked
+/// against this communicator and its own length.
+fn parse_eager(rank: usize, peer: usize, comm_id: u64, data: &[u8]) -> Result<Signature, Error> {
+    let u32_at = |i: usize| u32::from_le_bytes(data[i..i + 4].try_into().expect("4"));
+    let u64_at = |i: usize| u64::from_le_bytes(data[i..i + 8].try_into().expect("8"));
+    let bad = |what: String| Error::Protocol {
+        rank,
+        peer,
+        msg: format!("eager all-reduce message of {} bytes: {what}", data.len()),
+    };
+    if data.len() < EAGER_HDR {
+        return Err(bad("too short".into()));
+    }
+    let theirs = Signature {
+        comm_id: u64_at(8),
+        seq: u64_at(16),
+        coll: gradsync_core::Collective::from_code(data[1])
+            .map_err(|_| bad(format!("unknown collective {}", data[1])))?,
+        dtype: DataType::from_code(data[2])
+            .map_err(|_| bad(format!("unknown data type {}", data[2])))?,
+        op: ReduceOp::from_code(data[3])
+            .map_err(|_| bad(format!("unknown operator {}", data[3])))?,
+        count: u64_at(24),
+        root: u32_at(4),
+    };
+    if theirs.comm_id != comm_id {
+        return Err(bad(format!(
+            "communicator {:#x}, not this one ({:#x})",
+            theirs.comm_id, comm_id
+        )));
+    }
+    if theirs.count.checked_mul(theirs.dtype.size() as u64) != Some((data.len() - EAGER_HDR) as u64)
+    {
+        return Err(bad(format!("{theirs} does not match its length")));
+    }
+    Ok(theirs)
 }
 
 /// What to add to a mismatch between an eager operation and a scheduled one: when the two

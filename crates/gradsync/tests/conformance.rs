@@ -307,6 +307,14 @@ fn shm_suite(world: usize, tiny: bool) {
     tcp_suite_with(world, tiny, cfg);
 }
 
+/// Every pair over shared memory with the board off: eager all-reduces as ring messages.
+fn shm_no_board(world: usize, tiny: bool) {
+    let mut cfg = config(tiny);
+    cfg.transport = TransportMode::Shm;
+    cfg.shm_board = false;
+    tcp_suite_with(world, tiny, cfg);
+}
+
 /// `hosts` emulated hosts of `world / hosts` ranks each (`GRADSYNC_HOST_ID`), automatic
 /// transport choice: shared memory inside a host, TCP across, with the automatic algorithm
 /// choice and then with every all-reduce forced to `algo`.
@@ -454,6 +462,7 @@ fn tcp_suite_with(world: usize, tiny: bool, base: Config) {
                 }
             }
             let (transport, emulated) = (base.transport, base.host_id.is_some());
+            let shm_board = base.shm_board;
             std::thread::spawn(move || {
                 let c = Communicator::init(cfg).unwrap();
                 let want = match transport {
@@ -465,6 +474,10 @@ fn tcp_suite_with(world: usize, tiny: bool, base: Config) {
                 for p in (0..world).filter(|&p| p != rank && !want.is_empty()) {
                     assert_eq!(c.peer_transport(p), want, "rank {rank} -> {p}");
                 }
+                // Small all-reduces use the shared-memory board exactly when every rank is on
+                // this host's shared memory and the board is not turned off.
+                let board = world > 1 && transport == TransportMode::Shm && shm_board;
+                assert_eq!(c.eager_board(), board, "rank {rank}");
                 if emulated {
                     for p in (0..world).filter(|&p| p != rank) {
                         let same = c.host_of(p) == c.host_of(rank);
@@ -524,6 +537,8 @@ suite! {
     shm_w4_tiny: shm_suite(4, true);
     shm_w5: shm_suite(5, false);
     shm_w8: shm_suite(8, false);
+    shm_w3_no_board_tiny: shm_no_board(3, true);
+    shm_w4_no_board: shm_no_board(4, false);
     shm_direct_w2: shm_direct(2, true);
     shm_direct_w4: shm_direct(4, true);
     hosts_2x2: hosts_suite(4, 2, false, None);

@@ -4,10 +4,21 @@ use gradsync::{Communicator, Config, Error, ReduceOp};
 use gradsync_store::StoreServer;
 use std::time::{Duration, Instant};
 
-/// Runs `f(rank, comm)` on `world` TCP ranks in threads and returns their results.
+/// Runs `f(rank, comm)` on `world` ranks in threads (the default transport: shared memory)
+/// and returns their results.
 fn tcp_group<R: Send + 'static>(
     world: usize,
     timeout: Duration,
+    f: impl Fn(usize, &mut Communicator) -> R + Send + Sync + 'static,
+) -> Vec<R> {
+    group_with(world, timeout, |_| {}, f)
+}
+
+/// [`tcp_group`] with `adjust` applied to every rank's configuration.
+fn group_with<R: Send + 'static>(
+    world: usize,
+    timeout: Duration,
+    adjust: impl Fn(&mut Config),
     f: impl Fn(usize, &mut Communicator) -> R + Send + Sync + 'static,
 ) -> Vec<R> {
     let server = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
@@ -18,6 +29,7 @@ fn tcp_group<R: Send + 'static>(
             let mut cfg = Config::new(addr.clone(), rank, world);
             cfg.host_store = false;
             cfg.timeout = timeout;
+            adjust(&mut cfg);
             let f = f.clone();
             std::thread::spawn(move || {
                 let mut c = Communicator::init(cfg).unwrap();
@@ -69,25 +81,34 @@ fn count_mismatch_names_both_ranks_and_signatures() {
 
 #[test]
 fn eager_against_scheduled_all_reduce_is_a_mismatch_not_a_hang() {
-    // 100 floats go eagerly (one message to every peer), 100000 through a schedule: each side
-    // sees the other's first message for the same sequence number and names both calls.
-    let t0 = Instant::now();
-    let res = tcp_group(2, Duration::from_secs(20), |rank, c| {
-        let mut buf = vec![1.0f32; if rank == 0 { 100 } else { 100_000 }];
-        c.all_reduce(&mut buf, ReduceOp::Sum)
-            .map_err(|e| e.to_string())
-    });
-    assert!(
-        t0.elapsed() < Duration::from_secs(10),
-        "mismatch took {:?} to surface",
-        t0.elapsed()
-    );
-    let all = every_rank_failed(&res);
-    assert!(
-        all.contains("all_reduce seq 2 float sum count 100 ")
-            && all.contains("all_reduce seq 2 float sum count 100000"),
-        "{all}"
-    );
+    // 100 floats go eagerly (posted on the shared-memory board, or one message to every peer
+    // with the board off), 100000 through a schedule: each side sees the other's contribution
+    // for the same sequence number and names both calls.
+    for board in [true, false] {
+        let t0 = Instant::now();
+        let res = group_with(
+            2,
+            Duration::from_secs(20),
+            |cfg| cfg.shm_board = board,
+            move |rank, c| {
+                assert_eq!(c.eager_board(), board);
+                let mut buf = vec![1.0f32; if rank == 0 { 100 } else { 100_000 }];
+                c.all_reduce(&mut buf, ReduceOp::Sum)
+                    .map_err(|e| e.to_string())
+            },
+        );
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "mismatch took {:?} to surface (board {board})",
+            t0.elapsed()
+        );
+        let all = every_rank_failed(&res);
+        assert!(
+            all.contains("all_reduce seq 2 float sum count 100 ")
+                && all.contains("all_reduce seq 2 float sum count 100000"),
+            "board {board}: {all}"
+        );
+    }
 }
 
 #[test]
@@ -147,7 +168,7 @@ fn collective_mismatch_fails_every_rank() {
     // its reason.
     let t0 = Instant::now();
     let res = tcp_group(3, Duration::from_secs(2), |rank, c| {
-        let mut buf = vec![1i32; 4096];
+        let mut buf = vec![1i32; 65536];
         if rank == 2 {
             c.broadcast(&mut buf, 0).map_err(|e| e.to_string())
         } else {
@@ -162,8 +183,9 @@ fn collective_mismatch_fails_every_rank() {
     );
     let all = every_rank_failed(&res);
     assert!(all.contains("timed out after 2s waiting on rank"), "{all}");
-    // A small all-reduce goes eagerly to every peer, so the broadcasting rank gets rank 0's
-    // message and names the mismatch at once.
+    // A small all-reduce goes eagerly to every peer (here through the shared-memory board,
+    // which the broadcasting rank looks at while it waits), so the broadcasting rank sees rank
+    // 0's or rank 1's contribution and names the mismatch at once.
     let t0 = Instant::now();
     let res = tcp_group(3, Duration::from_secs(20), |rank, c| {
         let mut buf = vec![1i32; 64];

@@ -1,0 +1,379 @@
+//! The board of a shared-memory endpoint ([`Endpoint::board_post`](crate::Endpoint::board_post)
+//! and the calls after it): a small buffer at the end of every rank's segment that the other
+//! local ranks read through their mapping of the segment.
+//!
+//! # Layout
+//!
+//! ```text
+//! board_off(nlocal)   slot 0: seq (u64), len (u32), release mark of the poster (u64 at 16),
+//!                     data (BOARD_CAPACITY bytes from offset 24)
+//! + SLOT_BYTES        slot 1: the same
+//! + 2 * SLOT_BYTES    the poster's release mark (u64, own cache line)
+//! ```
+//!
+//! A posting under `seq` goes to slot `seq % 2`. The header, and up to 40 bytes of data, share
+//! one cache line: a small posting costs a reader one line.
+//!
+//! # Protocol
+//!
+//! - **Posting** is a seqlock write: `seq` is set to 0, then (release fence) length, the
+//!   poster's release mark and the data are written, then `seq` is stored with release
+//!   ordering. One sequentially consistent fence then orders the posting before the look at
+//!   each peer's `sleeping` flag, which pairs with the fence of a waiter (as for a ring record).
+//! - **Reading** is a seqlock read: `seq` (acquire), the bytes, an acquire fence and `seq`
+//!   again. A different value the second time means the poster rewrote the slot while it was
+//!   read, which the reuse rule excludes: a protocol error, never torn data. (A slot that holds
+//!   another number than the one asked for simply has no such posting: the poster may have run
+//!   that operation without the board.)
+//! - **Reuse.** A slot is rewritten only when every peer's release mark has reached the
+//!   sequence number it holds. A reader's mark travels with its own postings, so a rank that
+//!   keeps reading its peers' postings knows their marks without another cache line; only when
+//!   that knowledge is too old does the poster read the peer's mark line.
+//! - **Waiting.** [`Conn::board_ready`] tells [`Conn::block`] not to sleep while a watched
+//!   posting is there unread: together with the post's fence no wake-up is lost.
+
+use super::{Conn, Me, Segment, TransportError};
+use crate::Result;
+use std::ptr;
+use std::sync::atomic::{Ordering, fence};
+
+/// Largest posting, in bytes: 16 KiB and a 64-byte header of the caller's.
+pub const BOARD_CAPACITY: usize = 16 * 1024 + 64;
+
+/// Offsets inside a slot.
+const B_SEQ: usize = 0;
+const B_LEN: usize = 8;
+const B_MARK: usize = 16;
+const B_DATA: usize = 24;
+
+/// Bytes of one slot, a whole number of cache lines.
+const SLOT_BYTES: usize = (B_DATA + BOARD_CAPACITY).next_multiple_of(64);
+
+/// Offset of the release-mark line from the board's start.
+const MARK_LINE: usize = 2 * SLOT_BYTES;
+
+/// Bytes of a board.
+pub(super) const BOARD_BYTES: usize = MARK_LINE + 64;
+
+/// This rank's bookkeeping of the board.
+#[derive(Debug, Default)]
+pub(super) struct BoardState {
+    /// Offset of the board in every segment.
+    off: usize,
+    /// Sequence number last posted in each slot (0: none).
+    last: [u64; 2],
+    /// Per local position: the newest sequence number read from that peer.
+    seen: Vec<u64>,
+    /// Per local position: the newest release mark known of that peer.
+    marks: Vec<u64>,
+    /// This rank's release mark.
+    mark: u64,
+    /// The sequence number [`Conn::block`] watches (0: none).
+    watch: u64,
+}
+
+impl BoardState {
+    pub(super) fn new(off: usize, nlocal: usize) -> Self {
+        BoardState {
+            off,
+            seen: vec![0; nlocal],
+            marks: vec![0; nlocal],
+            ..BoardState::default()
+        }
+    }
+
+    fn slot(&self, seq: u64) -> usize {
+        self.off + (seq % 2) as usize * SLOT_BYTES
+    }
+}
+
+impl Segment {
+    /// `len` bytes at `off`, inside the mapping (asserted).
+    fn span(&self, off: usize, len: usize) -> *mut u8 {
+        assert!(off + len <= self.len, "segment span {off}+{len}");
+        // SAFETY: in range of the mapping (asserted).
+        unsafe { self.base.add(off) }
+    }
+}
+
+impl Conn {
+    pub(super) fn board_post(&mut self, me: Me, seq: u64, data: &[u8]) -> Result<bool> {
+        let invalid = |msg: String| TransportError::Invalid {
+            rank: me.rank,
+            op: "board_post",
+            msg,
+        };
+        if data.len() > BOARD_CAPACITY {
+            return Err(invalid(format!(
+                "{} bytes exceed the board's {BOARD_CAPACITY}",
+                data.len()
+            )));
+        }
+        let b = &mut self.board;
+        let newest = b.last[0].max(b.last[1]);
+        if seq <= newest {
+            return Err(invalid(format!(
+                "sequence number {seq} after {newest}: postings must increase"
+            )));
+        }
+        let prev = b.last[(seq % 2) as usize];
+        if prev > 0 {
+            for p in self.peers.iter().flatten() {
+                if p.down.is_some() || b.marks[p.pos] >= prev {
+                    continue;
+                }
+                let line = p.seg.a64(b.off + MARK_LINE).load(Ordering::Acquire);
+                b.marks[p.pos] = b.marks[p.pos].max(line);
+                if line < prev {
+                    return Ok(false);
+                }
+            }
+        }
+        let at = b.slot(seq);
+        let own = &self.own;
+        let seq_word = own.a64(at + B_SEQ);
+        seq_word.store(0, Ordering::Relaxed);
+        fence(Ordering::Release);
+        own.a32(at + B_LEN)
+            .store(data.len() as u32, Ordering::Relaxed);
+        own.a64(at + B_MARK).store(b.mark, Ordering::Relaxed);
+        // SAFETY: the span lies in this rank's own segment (checked by `span`), which only this
+        // rank writes; `data` is a separate buffer of this process.
+        unsafe {
+            ptr::copy_nonoverlapping(data.as_ptr(), own.span(at + B_DATA, data.len()), data.len())
+        };
+        seq_word.store(seq, Ordering::Release);
+        b.last[(seq % 2) as usize] = seq;
+        fence(Ordering::SeqCst);
+        for p in self.peers.iter().flatten() {
+            if p.down.is_none() {
+                p.seg.wake_if_sleeping();
+            }
+        }
+        Ok(true)
+    }
+
+    pub(super) fn board_read(
+        &mut self,
+        me: Me,
+        pos: usize,
+        seq: u64,
+        out: &mut Vec<u8>,
+    ) -> Result<bool> {
+        let b = &mut self.board;
+        let Some(p) = self.peers.get_mut(pos).and_then(Option::as_mut) else {
+            return Err(TransportError::Invalid {
+                rank: me.rank,
+                op: "board_read",
+                msg: format!("local position {pos} is not a peer"),
+            });
+        };
+        if p.broken {
+            return Err(TransportError::PeerClosed {
+                rank: me.rank,
+                peer: p.rank,
+                during: format!(
+                    "board_read: {}",
+                    p.down.as_deref().unwrap_or("protocol error")
+                ),
+            });
+        }
+        let at = b.slot(seq);
+        let seq_word = p.seg.a64(at + B_SEQ);
+        // Another number is an older posting, one being written, or a newer one in a slot
+        // whose posting under `seq` was never made (the peer ran that operation otherwise).
+        if seq_word.load(Ordering::Acquire) != seq {
+            return Ok(false);
+        }
+        let len = p.seg.a32(at + B_LEN).load(Ordering::Relaxed) as usize;
+        let mark = p.seg.a64(at + B_MARK).load(Ordering::Relaxed);
+        if len > BOARD_CAPACITY {
+            let msg = format!("board posting {seq} of {len} bytes (at most {BOARD_CAPACITY})");
+            return Err(p.protocol(me, msg));
+        }
+        out.clear();
+        out.reserve(len);
+        // SAFETY: the span lies in the peer's segment (checked by `span`); `out` has room for
+        // `len` bytes, which are initialised by the copy before the length is set. The peer
+        // may write the span concurrently only by breaking the protocol, which the second
+        // look at `seq` below detects (the bytes are then discarded).
+        unsafe {
+            ptr::copy_nonoverlapping(p.seg.span(at + B_DATA, len), out.as_mut_ptr(), len);
+            out.set_len(len);
+        }
+        fence(Ordering::Acquire);
+        if seq_word.load(Ordering::Relaxed) != seq {
+            out.clear();
+            let msg = format!("board posting {seq} was rewritten while this rank read it");
+            return Err(p.protocol(me, msg));
+        }
+        b.seen[pos] = b.seen[pos].max(seq);
+        b.marks[pos] = b.marks[pos].max(mark);
+        Ok(true)
+    }
+
+    pub(super) fn board_release(&mut self, seq: u64) {
+        let b = &mut self.board;
+        b.mark = b.mark.max(seq);
+        self.own
+            .a64(b.off + MARK_LINE)
+            .store(b.mark, Ordering::Release);
+    }
+
+    pub(super) fn board_watch(&mut self, seq: u64) {
+        self.board.watch = seq;
+    }
+
+    /// Whether a peer has posted under the watched sequence number what this rank has not
+    /// read.
+    pub(super) fn board_ready(&self) -> bool {
+        let b = &self.board;
+        b.watch > 0
+            && self.peers.iter().flatten().any(|p| {
+                !p.broken
+                    && b.seen[p.pos] < b.watch
+                    && p.seg.a64(b.slot(b.watch) + B_SEQ).load(Ordering::Acquire) == b.watch
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::fabric;
+    use super::*;
+    use crate::Endpoint;
+    use std::time::{Duration, Instant};
+
+    fn read(ep: &mut super::super::ShmEndpoint, peer: usize, seq: u64) -> Option<Vec<u8>> {
+        let mut out = vec![9; 3];
+        ep.board_read(peer, seq, &mut out).unwrap().then_some(out)
+    }
+
+    #[test]
+    fn postings_are_read_in_place_by_every_peer() {
+        let mut eps = fabric(3);
+        assert!(eps.iter().all(|e| e.board_capacity() == BOARD_CAPACITY));
+        assert_eq!(read(&mut eps[1], 0, 1), None, "nothing posted yet");
+        let big: Vec<u8> = (0..BOARD_CAPACITY).map(|i| (i % 251) as u8).collect();
+        assert!(eps[0].board_post(1, b"first").unwrap());
+        assert!(eps[0].board_post(2, &big).unwrap());
+        for r in [1, 2] {
+            assert_eq!(read(&mut eps[r], 0, 1).as_deref(), Some(&b"first"[..]));
+            assert_eq!(read(&mut eps[r], 0, 2), Some(big.clone()));
+            assert_eq!(read(&mut eps[r], 0, 4), None, "not posted");
+        }
+        // Too long, or not after the last posting: the caller's error.
+        let e = eps[0]
+            .board_post(3, &vec![0; BOARD_CAPACITY + 1])
+            .unwrap_err();
+        assert!(e.to_string().contains("exceed the board's"), "{e}");
+        let e = eps[0].board_post(2, b"again").unwrap_err();
+        assert!(e.to_string().contains("postings must increase"), "{e}");
+        let e = eps[1].board_read(1, 1, &mut Vec::new()).unwrap_err();
+        assert!(e.to_string().contains("not a local peer"), "{e}");
+    }
+
+    #[test]
+    fn a_slot_is_reused_only_after_every_peer_released_it() {
+        let mut eps = fabric(3);
+        assert!(eps[0].board_post(1, b"one").unwrap());
+        assert!(eps[0].board_post(2, b"two").unwrap());
+        // Posting 3 goes where posting 1 is, which nobody has released.
+        assert!(!eps[0].board_post(3, b"three").unwrap());
+        eps[1].board_release(1).unwrap();
+        assert!(
+            !eps[0].board_post(3, b"three").unwrap(),
+            "rank 2 still reads 1"
+        );
+        eps[2].board_release(2).unwrap();
+        assert!(eps[0].board_post(3, b"three").unwrap());
+        assert_eq!(read(&mut eps[1], 0, 3).as_deref(), Some(&b"three"[..]));
+        // A reader's mark also travels with its own postings: after reading rank 1's posting
+        // 5 (made once rank 1 released 3), rank 0 reuses slot 1 without reading rank 1's
+        // mark line, which still says 1 here.
+        eps[1].board_release(3).unwrap();
+        assert!(eps[1].board_post(5, b"from one").unwrap());
+        let c1 = eps[1].conn.as_ref().unwrap();
+        c1.own
+            .a64(c1.board.off + MARK_LINE)
+            .store(1, Ordering::Release);
+        eps[2].board_release(3).unwrap();
+        assert_eq!(read(&mut eps[0], 1, 5).as_deref(), Some(&b"from one"[..]));
+        assert!(eps[0].board_post(5, b"five").unwrap());
+    }
+
+    #[test]
+    fn a_posting_rewritten_while_read_is_never_torn_data() {
+        // Rank 0 breaks the reuse rule on purpose, rewriting slot 1 as fast as it can; rank 1
+        // reads whatever posting is there. Every read must give one posting's bytes whole, or
+        // fail naming the rewrite: never a mix of two postings.
+        let mut eps = fabric(2);
+        let mut e1 = eps.pop().unwrap();
+        let mut e0 = eps.pop().unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let writer = std::thread::spawn(move || {
+            let mut seq = 1;
+            while !stop2.load(Ordering::Relaxed) {
+                e0.conn.as_mut().unwrap().board.marks[1] = u64::MAX;
+                let data = vec![(seq % 251) as u8; BOARD_CAPACITY];
+                assert!(e0.board_post(seq, &data).unwrap());
+                seq += 2;
+            }
+            e0
+        });
+        let (mut whole, mut rewritten) = (0, false);
+        let mut out = Vec::new();
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_millis(300) {
+            let c = e1.conn.as_ref().unwrap();
+            let seq = c.peers[0]
+                .as_ref()
+                .unwrap()
+                .seg
+                .a64(c.board.slot(1) + B_SEQ)
+                .load(Ordering::Acquire);
+            match e1.board_read(0, seq, &mut out) {
+                Ok(true) => {
+                    let want = (seq % 251) as u8;
+                    assert!(out.iter().all(|&b| b == want), "torn posting {seq}");
+                    whole += 1;
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    assert!(
+                        e.to_string()
+                            .contains("was rewritten while this rank read it")
+                    );
+                    rewritten = true;
+                    break;
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        writer.join().unwrap();
+        // Within 300 ms the writer has posted: some read saw a posting whole or caught it.
+        assert!(whole > 0 || rewritten);
+    }
+
+    #[test]
+    fn a_posting_wakes_a_rank_that_waits_for_it() {
+        let mut eps = fabric(2);
+        let mut e1 = eps.pop().unwrap();
+        let mut e0 = eps.pop().unwrap();
+        e1.board_watch(1);
+        let t0 = Instant::now();
+        let waiter = std::thread::spawn(move || {
+            // Sleeps (the futex) unless the posting is there: it must come back long before
+            // the timeout.
+            while read(&mut e1, 0, 1).is_none() {
+                e1.wait(Duration::from_secs(20)).unwrap();
+            }
+            e1
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(e0.board_post(1, b"wake").unwrap());
+        let _e1 = waiter.join().unwrap();
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    }
+}
