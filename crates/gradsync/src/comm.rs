@@ -615,7 +615,7 @@ impl Communicator {
         }
         tracing::info!(
             target: "gradsync::init",
-            "gradsync {} rank {rank}/{world} interface {ifname} {ip} transport {} hosts {} local ranks {} {} chunk {} KiB x {} slots timeout {:?} (init {:.1} ms)",
+            "gradsync {} rank {rank}/{world} interface {ifname} {ip} transport {} hosts {} local ranks {} {} chunk {} KiB x {} slots eager up to {} bytes{} timeout {:?} (init {:.1} ms)",
             crate::VERSION,
             engine.ep.name(),
             topo.hosts(),
@@ -630,6 +630,8 @@ impl Communicator {
             },
             config.chunk_bytes / 1024,
             config.nslots,
+            engine.eager_limit(),
+            if engine.board() { " on the board" } else { "" },
             config.timeout,
             t0.elapsed().as_secs_f64() * 1e3
         );
