@@ -594,7 +594,7 @@ impl Communicator {
         )
         .map_err(st)?;
         let mut inboxes = Vec::with_capacity(world);
-        let mut boards = true;
+        let mut board = usize::MAX;
         for (r, v) in vals.iter().enumerate() {
             let (desc, theirs) = v.split_at(v.len().saturating_sub(SlotLayout::LEN));
             inboxes.push(
@@ -604,15 +604,13 @@ impl Communicator {
                         Error::Config(format!("rank {r} published a malformed inbox descriptor"))
                     })
                     .and_then(|(d, theirs)| {
-                        boards &= theirs.board > 0;
+                        board = board.min(theirs.board as usize);
                         slots.check(rank, r, &theirs).map(|()| d)
                     })?,
             );
         }
         engine.connect_peers(&inboxes);
-        if boards {
-            engine.enable_board();
-        }
+        engine.enable_board(board);
         tracing::info!(
             target: "gradsync::init",
             "gradsync {} rank {rank}/{world} interface {ifname} {ip} transport {} hosts {} local ranks {} {} chunk {} KiB x {} slots eager up to {} bytes{} timeout {:?} (init {:.1} ms)",

@@ -320,7 +320,9 @@ struct EagerRun {
 impl Running {
     fn is_done(&self) -> bool {
         match self.eager {
-            Some(e) => e.missing == 0,
+            // Every peer's part is here, and this rank's own has gone out (a board posting may
+            // still wait for its slot when the peers' parts are all in).
+            Some(e) => e.missing == 0 && !e.unsent,
             None => self.sched.is_done(),
         }
     }
@@ -884,11 +886,13 @@ impl Engine {
         Ok(())
     }
 
-    /// Lets eager all-reduces go through the transport's board. Every rank must make the same
-    /// call (the communicator enables it when every rank's transport has a board), since
-    /// [`eager_fits`](Self::eager_fits) depends on it.
-    pub(crate) fn enable_board(&mut self) {
-        self.board = self.ep.board_capacity() >= BOARD_EAGER_MAX + EAGER_HDR;
+    /// Lets eager all-reduces go through the transport's board when the smallest board of
+    /// all ranks, `smallest` bytes (0: some rank has none), holds the largest eager message.
+    /// Every rank must pass the same value, since [`eager_fits`](Self::eager_fits) depends on
+    /// the outcome.
+    pub(crate) fn enable_board(&mut self, smallest: usize) {
+        self.board = smallest >= BOARD_EAGER_MAX + EAGER_HDR
+            && self.ep.board_capacity() >= BOARD_EAGER_MAX + EAGER_HDR;
     }
 
     /// Whether eager all-reduces go through the transport's board.
@@ -1110,11 +1114,15 @@ impl Engine {
                 }
             }
         }
+        let unsent = r.eager.is_some_and(|e| e.unsent);
         if moved {
-            r.eager = Some(EagerRun {
-                missing,
-                unsent: r.eager.is_some_and(|e| e.unsent),
-            });
+            r.eager = Some(EagerRun { missing, unsent });
+        }
+        if moved && missing == 0 && unsent {
+            // Every peer posted, but this rank's posting still waits for its slot (a peer had
+            // not released the one two operations back when this round tried): the operation
+            // is not done until it is out, or that peer would wait for it in vain.
+            return Ok(moved);
         }
         if moved && missing == 0 && self.board {
             // Every posting of this operation has been copied out: peers may reuse its slots.

@@ -573,3 +573,52 @@ suite! {
     rdma_hosts_2x2: rdma_hosts(4, 2, false, None);
     rdma_hosts_2x2_hier: rdma_hosts(4, 2, true, Some(Algorithm::Hierarchical));
 }
+
+/// Board postings alternate between two slots, so a rank may reuse one only after every peer
+/// has read what it held. Rooted collectives let a rank run ahead of its peers; this mixes them
+/// with eager all-reduces of several sizes, on 4 ranks over shared memory, and checks every
+/// result.
+#[test]
+fn shm_board_slots_survive_ranks_that_run_ahead() {
+    let world = 4;
+    let server = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = server.local_addr().to_string();
+    let hs: Vec<_> = (0..world)
+        .map(|rank| {
+            let mut cfg = Config::new(addr.clone(), rank, world);
+            cfg.host_store = false;
+            cfg.transport = TransportMode::Shm;
+            cfg.timeout = Duration::from_secs(60);
+            std::thread::spawn(move || {
+                let mut c = Communicator::init(cfg).unwrap();
+                assert!(c.eager_board(), "rank {rank}");
+                for it in 0..300usize {
+                    let root = it % world;
+                    let n = [2, 100, 4096][it % 3];
+                    let mut a: Vec<f32> = (0..n).map(|i| (rank * n + i + it) as f32).collect();
+                    c.all_reduce(&mut a, ReduceOp::Sum).unwrap();
+                    for (i, x) in a.iter().enumerate() {
+                        let want: usize = (0..world).map(|r| r * n + i + it).sum();
+                        assert_eq!(*x, want as f32, "it {it} all_reduce element {i}");
+                    }
+                    let mut b = vec![if rank == root { it as i64 } else { -1 }; 16];
+                    c.broadcast(&mut b, root).unwrap();
+                    assert!(b.iter().all(|&v| v == it as i64), "it {it} broadcast");
+                    let mut red = if rank == root {
+                        vec![0i32; 64]
+                    } else {
+                        Vec::new()
+                    };
+                    c.reduce(&vec![rank as i32 + 1; 64], &mut red, ReduceOp::Sum, root)
+                        .unwrap();
+                    if rank == root {
+                        assert!(red.iter().all(|&v| v == 10), "it {it} reduce");
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().expect("rank thread panicked");
+    }
+}
