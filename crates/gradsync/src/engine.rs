@@ -865,15 +865,12 @@ impl Engine {
         if r.eager.is_some() || r.sig.coll == Collective::SendRecv {
             return Ok(());
         }
-        let ours = r.sig;
-        for p in (0..self.world).filter(|&p| p != self.rank) {
+        let (ours, rank) = (r.sig, self.rank);
+        for p in (0..self.world).filter(|&p| p != rank) {
             let buf = &mut self.board_bufs[p];
-            if self
-                .ep
-                .board_read(p, ours.seq, buf)
-                .map_err(|e| Error::transport(self.rank, "board read", e))?
+            if let Some(theirs) =
+                board_posting(self.ep.as_mut(), rank, self.comm_id, p, ours.seq, buf)?
             {
-                let theirs = parse_eager(self.rank, p, self.comm_id, buf)?;
                 return Err(Error::Mismatch {
                     rank: self.rank,
                     peer: p,
@@ -1050,9 +1047,18 @@ impl Engine {
             if missing & (1 << p) == 0 {
                 continue;
             }
+            // Its message, or its posting on the board.
             let q = &mut self.eager_in[p];
-            if let Some(i) = q.iter().position(|(s, _)| s.seq <= sig.seq) {
-                let (theirs, data) = q.remove(i).expect("found");
+            let found = match q.iter().position(|(s, _)| s.seq <= sig.seq) {
+                Some(i) => q.remove(i),
+                None if self.board => {
+                    let buf = &mut self.board_bufs[p];
+                    board_posting(self.ep.as_mut(), self.rank, self.comm_id, p, sig.seq, buf)?
+                        .map(|theirs| (theirs, std::mem::take(buf)))
+                }
+                None => None,
+            };
+            if let Some((theirs, data)) = found {
                 if theirs != sig || data.len() != EAGER_HDR + bytes {
                     return Err(Error::Mismatch {
                         rank: self.rank,
@@ -1066,29 +1072,6 @@ impl Engine {
                 missing &= !(1 << p);
                 moved = true;
                 continue;
-            }
-            if self.board {
-                let buf = &mut self.board_bufs[p];
-                if self
-                    .ep
-                    .board_read(p, sig.seq, buf)
-                    .map_err(|e| Error::transport(self.rank, "eager read", e))?
-                {
-                    let theirs = parse_eager(self.rank, p, self.comm_id, buf)?;
-                    if theirs != sig || buf.len() != EAGER_HDR + bytes {
-                        return Err(Error::Mismatch {
-                            rank: self.rank,
-                            peer: p,
-                            ours: sig,
-                            theirs,
-                            detail: String::new(),
-                        });
-                    }
-                    self.eager_parts[p] = Some(std::mem::take(buf));
-                    missing &= !(1 << p);
-                    moved = true;
-                    continue;
-                }
             }
             // The peer sent its part of this operation through slots: it runs it differently.
             let ps = &self.peers[p];
@@ -2145,6 +2128,25 @@ pub(crate) fn reduce_parts_rank_order(dt: DataType, op: ReduceOp, out: &mut [u8]
     if op == ReduceOp::Avg {
         gradsync_reduce::finalize_avg(dt, out, parts.len());
     }
+}
+
+/// Peer `p`'s board posting under `seq`, copied into `buf`: its signature, or `None` while it
+/// has not posted.
+fn board_posting(
+    ep: &mut dyn Endpoint,
+    rank: usize,
+    comm_id: u64,
+    p: usize,
+    seq: u64,
+    buf: &mut Vec<u8>,
+) -> Result<Option<Signature>, Error> {
+    if !ep
+        .board_read(p, seq, buf)
+        .map_err(|e| Error::transport(rank, "board read", e))?
+    {
+        return Ok(None);
+    }
+    parse_eager(rank, p, comm_id, buf).map(Some)
 }
 
 /// The signature of an eager all-reduce message (or board posting) from `peer`, checked
