@@ -1971,21 +1971,25 @@ impl ShmEndpoint {
     }
 
     /// The connection to `peer` for a post, with the region table.
+    /// The position of `peer` among the local ranks, or the error of a call `op` naming it when
+    /// it is not another rank of this host.
+    fn peer_pos(&self, peer: usize, op: &'static str) -> Result<usize> {
+        match self.local.binary_search(&peer) {
+            Ok(pos) if pos != self.pos => Ok(pos),
+            _ => Err(TransportError::Invalid {
+                rank: self.rank,
+                op,
+                msg: format!(
+                    "rank {peer} is not a local peer of this shm endpoint (local ranks {:?})",
+                    self.local
+                ),
+            }),
+        }
+    }
+
     fn target(&mut self, peer: usize, op: &'static str) -> Result<(&mut Peer, &LocalTable)> {
         let rank = self.rank;
-        let pos = match self.local.binary_search(&peer) {
-            Ok(pos) if pos != self.pos => pos,
-            _ => {
-                return Err(TransportError::Invalid {
-                    rank,
-                    op,
-                    msg: format!(
-                        "rank {peer} is not a local peer of this shm endpoint (local ranks {:?})",
-                        self.local
-                    ),
-                });
-            }
-        };
+        let pos = self.peer_pos(peer, op)?;
         let Some(p) = self.conn.as_mut().and_then(|c| c.peers[pos].as_mut()) else {
             return Err(TransportError::PeerClosed {
                 rank,
@@ -2258,19 +2262,7 @@ impl Endpoint for ShmEndpoint {
 
     fn board_read(&mut self, peer: usize, seq: u64, out: &mut Vec<u8>) -> Result<bool> {
         let me = self.me();
-        let pos = match self.local.binary_search(&peer) {
-            Ok(pos) if pos != self.pos => pos,
-            _ => {
-                return Err(TransportError::Invalid {
-                    rank: self.rank,
-                    op: "board_read",
-                    msg: format!(
-                        "rank {peer} is not a local peer of this shm endpoint (local ranks {:?})",
-                        self.local
-                    ),
-                });
-            }
-        };
+        let pos = self.peer_pos(peer, "board_read")?;
         self.live_conn("board_read")?.board_read(me, pos, seq, out)
     }
 

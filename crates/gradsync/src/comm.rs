@@ -1925,7 +1925,7 @@ impl Communicator {
             // that read the same span of `input` has ended.
             let out =
                 unsafe { std::slice::from_raw_parts_mut((output.addr + off * ds) as *mut u8, nb) };
-            crate::engine::reduce_rank_order(dtype, op, out, &scratch[..w * nb], w);
+            crate::engine::reduce_rank_order(dtype, op, out, w, |r| &scratch[r * nb..(r + 1) * nb]);
             off += n;
             if off >= count {
                 return Ok(());

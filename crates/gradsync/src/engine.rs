@@ -419,12 +419,11 @@ pub(crate) struct Engine {
     /// Eager messages received and not yet used, per peer, in arrival order (whole messages, as
     /// the transport delivered them: no copy on the way to the reduction).
     eager_in: Vec<VecDeque<(Signature, Vec<u8>)>>,
-    /// The messages of the running eager all-reduce taken so far, by sender rank.
-    eager_parts: Vec<Option<Vec<u8>>>,
+    /// Each peer's message (or copied board posting) for the running eager all-reduce, valid
+    /// for the peers its `missing` set no longer holds; board copies keep their allocation.
+    eager_parts: Vec<Vec<u8>>,
     /// Whether eager all-reduces go through the transport's board (every rank has one).
     board: bool,
-    /// A buffer per peer for board postings, kept for its allocation.
-    board_bufs: Vec<Vec<u8>>,
     /// When a waiting scheduled collective next looks for a mismatched board posting.
     next_board_check: Instant,
     /// The empty schedule that eager operations carry, between them.
@@ -587,9 +586,8 @@ impl Engine {
                 sched_cache: Vec::new(),
                 spare: Queues::default(),
                 eager_in: (0..world).map(|_| VecDeque::new()).collect(),
-                eager_parts: (0..world).map(|_| None).collect(),
+                eager_parts: (0..world).map(|_| Vec::new()).collect(),
                 board: false,
-                board_bufs: (0..world).map(|_| Vec::new()).collect(),
                 next_board_check: Instant::now(),
                 empty_sched: None,
                 eager_msg: Vec::new(),
@@ -867,7 +865,8 @@ impl Engine {
         }
         let (ours, rank) = (r.sig, self.rank);
         for p in (0..self.world).filter(|&p| p != rank) {
-            let buf = &mut self.board_bufs[p];
+            // No eager operation runs: its buffers are free.
+            let buf = &mut self.eager_parts[p];
             if let Some(theirs) =
                 board_posting(self.ep.as_mut(), rank, self.comm_id, p, ours.seq, buf)?
             {
@@ -888,8 +887,7 @@ impl Engine {
     /// Every rank must pass the same value, since [`eager_fits`](Self::eager_fits) depends on
     /// the outcome.
     pub(crate) fn enable_board(&mut self, smallest: usize) {
-        self.board = smallest >= BOARD_EAGER_MAX + EAGER_HDR
-            && self.ep.board_capacity() >= BOARD_EAGER_MAX + EAGER_HDR;
+        self.board = smallest >= BOARD_EAGER_MAX + EAGER_HDR;
     }
 
     /// Whether eager all-reduces go through the transport's board.
@@ -949,7 +947,6 @@ impl Engine {
             });
         }
         let w = self.world;
-        self.eager_parts.iter_mut().for_each(|p| *p = None);
         let mut m = std::mem::take(&mut self.eager_msg);
         m.clear();
         m.extend_from_slice(&[CTRL_EAGER, sig.coll as u8, sig.dtype as u8, sig.op as u8]);
@@ -1052,7 +1049,7 @@ impl Engine {
             let found = match q.iter().position(|(s, _)| s.seq <= sig.seq) {
                 Some(i) => q.remove(i),
                 None if self.board => {
-                    let buf = &mut self.board_bufs[p];
+                    let buf = &mut self.eager_parts[p];
                     board_posting(self.ep.as_mut(), self.rank, self.comm_id, p, sig.seq, buf)?
                         .map(|theirs| (theirs, std::mem::take(buf)))
                 }
@@ -1068,7 +1065,7 @@ impl Engine {
                         detail: String::new(),
                     });
                 }
-                self.eager_parts[p] = Some(data);
+                self.eager_parts[p] = data;
                 missing &= !(1 << p);
                 moved = true;
                 continue;
@@ -1118,21 +1115,11 @@ impl Engine {
             // SAFETY: the caller of `start` keeps `output` writable for its length, checked
             // >= bytes, and leaves it alone until the operation ends; the stage is separate.
             let out = unsafe { std::slice::from_raw_parts_mut(out.addr as *mut u8, bytes) };
-            let mut parts: [&[u8]; EAGER_WORLD_MAX] = [&[]; EAGER_WORLD_MAX];
-            for (p, part) in parts.iter_mut().enumerate().take(self.world) {
-                *part = match &self.eager_parts[p] {
-                    _ if p == self.rank => &self.eager_msg[EAGER_HDR..],
-                    Some(m) => &m[EAGER_HDR..],
-                    None => unreachable!("eager contribution of rank {p} missing"),
-                };
-            }
-            reduce_parts_rank_order(sig.dtype, sig.op, out, &parts[..self.world]);
-            for (p, part) in self.eager_parts.iter_mut().enumerate() {
-                match part.take() {
-                    Some(b) if self.board => self.board_bufs[p] = b,
-                    _ => {}
-                }
-            }
+            let (rank, own, parts) = (self.rank, &self.eager_msg, &self.eager_parts);
+            reduce_rank_order(sig.dtype, sig.op, out, self.world, |p| {
+                let m = if p == rank { own } else { &parts[p] };
+                &m[EAGER_HDR..]
+            });
         }
         Ok(moved)
     }
@@ -2092,41 +2079,33 @@ impl Drop for Engine {
     }
 }
 
-/// `out = ((b0 op b1) op b2) ...` over the `world` blocks of `out.len()` bytes at the start of
-/// `blocks`, then the division of an average: every element reduced in rank order, so the same
-/// inputs give the same bits however they were gathered (eager and deterministic all-reduces).
-pub(crate) fn reduce_rank_order(
+/// `out = ((p(0) op p(1)) op p(2)) ...` over the `world` contributions `part(r)` (each at least
+/// `out.len()` bytes, none of them `out`), then the division of an average: every element
+/// reduced in rank order, so the same inputs give the same bits however they were gathered
+/// (eager and deterministic all-reduces).
+pub(crate) fn reduce_rank_order<'a>(
     dt: DataType,
     op: ReduceOp,
     out: &mut [u8],
-    blocks: &[u8],
     world: usize,
+    part: impl Fn(usize) -> &'a [u8],
 ) {
-    let n = out.len();
-    let mut parts: Vec<&[u8]> = blocks.chunks_exact(n.max(1)).take(world).collect();
-    parts.resize(world, &[]);
-    reduce_parts_rank_order(dt, op, out, &parts);
-}
-
-/// [`reduce_rank_order`] over contributions that lie apart: `parts[r]` is rank `r`'s, each at
-/// least `out.len()` bytes. `out` may be none of them.
-pub(crate) fn reduce_parts_rank_order(dt: DataType, op: ReduceOp, out: &mut [u8], parts: &[&[u8]]) {
     let n = out.len();
     let fold = if op == ReduceOp::Avg {
         ReduceOp::Sum
     } else {
         op
     };
-    if parts.len() == 1 {
-        out.copy_from_slice(&parts[0][..n]);
+    if world == 1 {
+        out.copy_from_slice(&part(0)[..n]);
     } else {
-        gradsync_reduce::reduce_into(dt, fold, out, &parts[0][..n], &parts[1][..n]);
-        for p in &parts[2..] {
-            gradsync_reduce::reduce_in_place(dt, fold, out, &p[..n]);
+        gradsync_reduce::reduce_into(dt, fold, out, &part(0)[..n], &part(1)[..n]);
+        for r in 2..world {
+            gradsync_reduce::reduce_in_place(dt, fold, out, &part(r)[..n]);
         }
     }
     if op == ReduceOp::Avg {
-        gradsync_reduce::finalize_avg(dt, out, parts.len());
+        gradsync_reduce::finalize_avg(dt, out, world);
     }
 }
 
