@@ -344,14 +344,21 @@ pub fn to_f64(dtype: DataType, elem: &[u8]) -> f64 {
 
 /// Encodes `v` as one element (rounded to nearest for floats, saturating for integers).
 pub fn from_f64(dtype: DataType, v: f64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(dtype.size());
+    push_f64(dtype, v, &mut out);
+    out
+}
+
+/// Appends [`from_f64`]`(dtype, v)` to `out`.
+fn push_f64(dtype: DataType, v: f64, out: &mut Vec<u8>) {
     match dtype {
-        DataType::F32 => (v as f32).to_le_bytes().to_vec(),
-        DataType::F64 => v.to_le_bytes().to_vec(),
-        DataType::F16 => f32_to_f16(v as f32).to_le_bytes().to_vec(),
-        DataType::Bf16 => f32_to_bf16(v as f32).to_le_bytes().to_vec(),
-        DataType::I32 => (v as i32).to_le_bytes().to_vec(),
-        DataType::I64 => (v as i64).to_le_bytes().to_vec(),
-        DataType::U8 => vec![v as u8],
+        DataType::F32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
+        DataType::F64 => out.extend_from_slice(&v.to_le_bytes()),
+        DataType::F16 => out.extend_from_slice(&f32_to_f16(v as f32).to_le_bytes()),
+        DataType::Bf16 => out.extend_from_slice(&f32_to_bf16(v as f32).to_le_bytes()),
+        DataType::I32 => out.extend_from_slice(&(v as i32).to_le_bytes()),
+        DataType::I64 => out.extend_from_slice(&(v as i64).to_le_bytes()),
+        DataType::U8 => out.push(v as u8),
     }
 }
 
@@ -470,32 +477,30 @@ pub fn gen_input(
             continue;
         }
         let sign = if rng.one_in(2) { -1.0 } else { 1.0 };
-        let v: Vec<u8> = match (op, kind) {
+        let v: f64 = match (op, kind) {
             (ReduceOp::Min | ReduceOp::Max, _) => match rng.below(16) {
-                0 => odd_nan(dtype),
-                1 => from_f64(dtype, 0.0 * sign),
-                2 => from_f64(dtype, f64::INFINITY * sign),
+                0 => {
+                    out.extend_from_slice(&odd_nan(dtype));
+                    continue;
+                }
+                1 => 0.0 * sign,
+                2 => f64::INFINITY * sign,
                 3 => {
                     let mut t = tiny(dtype);
                     if sign < 0.0 {
                         *t.last_mut().expect("non-empty") |= 0x80;
                     }
-                    t
+                    out.extend_from_slice(&t);
+                    continue;
                 }
-                _ => from_f64(
-                    dtype,
-                    (rng.next_f64() * 8.0 - 4.0) * 1.5f64.powi(rng.below(9) as i32),
-                ),
+                _ => (rng.next_f64() * 8.0 - 4.0) * 1.5f64.powi(rng.below(9) as i32),
             },
-            (ReduceOp::Prod, InputKind::Exact) => {
-                let m = [0.5, 1.0, 1.0, 2.0][rng.below(4)];
-                from_f64(dtype, sign * m)
-            }
-            (ReduceOp::Prod, _) => from_f64(dtype, sign * (0.75 + 0.5 * rng.next_f64())),
-            (_, InputKind::Exact) => from_f64(dtype, rng.below(17) as f64 - 8.0),
-            _ => from_f64(dtype, rng.next_f64() * 2.0 - 1.0),
+            (ReduceOp::Prod, InputKind::Exact) => sign * [0.5, 1.0, 1.0, 2.0][rng.below(4)],
+            (ReduceOp::Prod, _) => sign * (0.75 + 0.5 * rng.next_f64()),
+            (_, InputKind::Exact) => rng.below(17) as f64 - 8.0,
+            _ => rng.next_f64() * 2.0 - 1.0,
         };
-        out.extend_from_slice(&v);
+        push_f64(dtype, v, &mut out);
     }
     out
 }

@@ -34,8 +34,9 @@
 //! directly or through others, from the `2^(k+1)` ranks before it, so after the last round from
 //! everyone: no rank leaves before all have entered.
 
-use super::plan::{Hazards, Params, alone, block_range, finalizes, segments};
-use super::{Buf, Loc, Op, OpId, Program};
+use super::common::{Hazards, alone, block_range, finalizes, segments};
+use super::params::Params;
+use super::program::{Buf, Loc, Op, OpId, Program};
 
 /// Recursive doubling all-reduce.
 pub(crate) fn all_reduce(p: &Params) -> Program {

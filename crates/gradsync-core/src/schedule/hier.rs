@@ -55,9 +55,10 @@
 //! With one host (`H = 1`) or one rank per host (`L = 1`) both levels collapse into one ring over
 //! all ranks in rank order, and the schedules are exactly the flat ring's.
 
-use super::plan::{Params, at, block_range, copy_segments, finalizes, host_shape, segments};
+use super::common::{at, block_range, copy_segments, finalizes, segments};
+use super::params::{Params, host_shape};
+use super::program::{Buf, Loc, OpId, Program};
 use super::ring::{AgLayout, RingPos, RsLayout, ag_phase, all_reduce_range, rs_phase, segmented};
-use super::{Buf, Loc, OpId, Program};
 
 /// Where a rank sits: local rank `l` of host `h`, in `hosts` hosts of `local` ranks.
 #[derive(Clone, Copy, Debug)]
@@ -251,7 +252,8 @@ pub(crate) fn all_gather(p: &Params) -> Program {
             first: &|_, off, _| (at(own_src, off), Vec::new()),
             recv_deps: &|_, _, _| Vec::new(),
         },
-    );
+    )
+    .recvs;
     let arrived = Cover::new(recvs.iter().flat_map(|(k, ids)| {
         inter_blocks[*k]
             .iter()

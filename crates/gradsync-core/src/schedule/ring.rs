@@ -25,7 +25,7 @@
 //! `2 (n - 1) / n * B` bytes over some rank's link (every rank must send its `B` bytes' worth of
 //! contributions out, less its own share, and receive as much of the result), so for large `B`
 //! the ring is optimal; this is the "bus bandwidth" factor of nccl-tests
-//! ([`super::plan::bus_bandwidth_factor`]). Its weakness is the `2 (n - 1) alpha` latency term,
+//! ([`super::params::bus_bandwidth_factor`]). Its weakness is the `2 (n - 1) alpha` latency term,
 //! which is why small messages use recursive doubling instead.
 //!
 //! # Pipelining and buffers
@@ -45,8 +45,9 @@
 
 use std::ops::Range;
 
-use super::plan::{Params, alone, at, block_range, copy_segments, finalizes, segments};
-use super::{Buf, Loc, Op, OpId, Program};
+use super::common::{alone, at, block_range, copy_segments, finalizes, segments};
+use super::params::Params;
+use super::program::{Buf, Loc, Op, OpId, Program};
 
 /// A ring of `n` ranks as one of them sees it. Position `pos` ends the reduce-scatter with block
 /// `pos`; `right` and `left` are the real ranks of the neighbours at `pos + 1` and `pos - 1`.
@@ -64,7 +65,7 @@ pub(crate) struct RingPos {
 
 impl RingPos {
     /// The ring of all ranks in rank order.
-    fn flat(p: &Params) -> Self {
+    pub(crate) fn flat(p: &Params) -> Self {
         let (n, r) = (p.world, p.rank);
         RingPos {
             n,
@@ -196,35 +197,45 @@ pub(crate) struct AgLayout<'a> {
     pub(crate) recv_deps: &'a dyn Fn(usize, usize, usize) -> Vec<OpId>,
 }
 
-/// The all-gather phase over `ring`: every rank's block `pos` reaches every other rank. Returns,
-/// per step, the block received and its receives per piece.
+/// Ops of the all-gather phase that later ops depend on.
+pub(crate) struct AgPhase {
+    /// Per step: the block sent and its sends per piece.
+    pub(crate) sends: Vec<(usize, Vec<OpId>)>,
+    /// Per step: the block received and its receives per piece.
+    pub(crate) recvs: Vec<(usize, Vec<OpId>)>,
+}
+
+/// The all-gather phase over `ring`: every rank's block `pos` reaches every other rank.
 pub(crate) fn ag_phase(
     prog: &mut Program,
     ring: RingPos,
     blocks: &Blocks,
     lay: &AgLayout<'_>,
-) -> Vec<(usize, Vec<OpId>)> {
+) -> AgPhase {
     let (n, r) = (ring.n, ring.pos);
     debug_assert!(n >= 2 && blocks.len() == n);
     let mut recvs: Vec<(usize, Vec<OpId>)> = Vec::with_capacity(n - 1);
+    let mut sends: Vec<(usize, Vec<OpId>)> = Vec::with_capacity(n - 1);
     for t in 0..n - 1 {
         let sb = (r + n - t) % n;
         let rb = (r + 2 * n - 1 - t) % n;
+        let mut ss = Vec::with_capacity(blocks[sb].len());
         for (j, &(off, len)) in blocks[sb].iter().enumerate() {
             let (src, deps) = if t == 0 {
                 (lay.first)(j, off, len)
             } else {
                 ((lay.loc)(sb, off), vec![recvs[t - 1].1[j]])
             };
-            prog.push(
+            ss.push(prog.push(
                 Op::Send {
                     peer: ring.right,
                     src,
                     len,
                 },
                 &deps,
-            );
+            ));
         }
+        sends.push((sb, ss));
         let mut cur = Vec::with_capacity(blocks[rb].len());
         for (j, &(off, len)) in blocks[rb].iter().enumerate() {
             let deps = (lay.recv_deps)(t, rb, j);
@@ -238,7 +249,7 @@ pub(crate) fn ag_phase(
         }
         recvs.push((rb, cur));
     }
-    recvs
+    AgPhase { sends, recvs }
 }
 
 /// The ring all-reduce of the elements `range` of `src` into the same range of `Output`, over
@@ -294,7 +305,8 @@ pub(crate) fn all_reduce_range(
             first: &first,
             recv_deps: &recv_deps,
         },
-    );
+    )
+    .recvs;
     let mut cover: Vec<(usize, usize, OpId)> = Vec::new();
     let mut add = |b: usize, ids: &[OpId]| {
         for (&(off, len), &id) in blocks[b].iter().zip(ids) {

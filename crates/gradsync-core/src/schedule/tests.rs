@@ -1,5 +1,7 @@
 use super::*;
 
+mod internal;
+
 #[test]
 fn deps_and_fifo_order() {
     let mut p = Program::new();
@@ -59,7 +61,7 @@ fn deps_and_fifo_order() {
 #[test]
 fn restart_replays_every_program() {
     use plan::{Algorithm, Params, build};
-    for algorithm in Algorithm::ALL {
+    for algorithm in Algorithm::EVERY {
         for (world, local_size) in [(4, 2), (3, 0), (6, 3)] {
             let params = Params {
                 coll: crate::Collective::AllReduce,
@@ -258,7 +260,7 @@ mod plan_tests {
     #[test]
     fn supports_agrees_with_build() {
         for coll in Collective::ALL {
-            for alg in Algorithm::ALL {
+            for alg in Algorithm::EVERY {
                 assert_eq!(
                     supports(coll, alg),
                     build(&p(coll, alg, 1, 3, 5)).is_ok(),
@@ -290,6 +292,23 @@ mod plan_tests {
         for alg in Algorithm::ALL {
             assert!(msg.contains(alg.name()), "{msg}");
         }
+        // The internal algorithms have names, but nobody can ask for them.
+        for alg in Algorithm::EVERY {
+            assert_eq!(alg.to_string(), alg.name());
+            assert_eq!(Algorithm::ALL.contains(&alg), !alg.is_internal(), "{alg}");
+            if alg.is_internal() {
+                assert!(Algorithm::parse(alg.name()).is_err(), "{alg}");
+                assert!(!msg.contains(alg.name()), "{msg}");
+                for coll in Collective::ALL {
+                    assert_eq!(supports(coll, alg), coll == Collective::AllReduce);
+                }
+            }
+        }
+        assert_eq!(Algorithm::Eager.name(), "eager");
+        assert_eq!(Algorithm::Deterministic.name(), "deterministic");
+        let mut every = Algorithm::EVERY.to_vec();
+        every.dedup();
+        assert_eq!(every.len(), 9);
     }
 
     #[test]
@@ -464,7 +483,7 @@ mod plan_tests {
     fn programs() -> impl Iterator<Item = (Params, Program)> {
         let mut out = Vec::new();
         for coll in PLANNED {
-            for alg in Algorithm::ALL {
+            for alg in Algorithm::EVERY {
                 if !supports(coll, alg) {
                     continue;
                 }
@@ -501,9 +520,10 @@ mod plan_tests {
 
     type Ranges = Vec<(Loc, usize)>;
 
-    fn locs(op: &Op) -> (Ranges, Ranges) {
+    /// What `op` reads and writes in a world of `world` ranks.
+    fn locs(op: &Op, world: usize) -> (Ranges, Ranges) {
         match *op {
-            Op::Send { src, len, .. } => (vec![(src, len)], vec![]),
+            Op::Send { src, len, .. } | Op::Post { src, len } => (vec![(src, len)], vec![]),
             Op::Recv {
                 dst,
                 reduce_with,
@@ -514,6 +534,7 @@ mod plan_tests {
                 vec![(dst, len)],
             ),
             Op::Copy { src, dst, len } => (vec![(src, len)], vec![(dst, len)]),
+            Op::ReduceParts { src, dst, len } => (vec![(src, world * len)], vec![(dst, len)]),
             Op::Finalize { loc, len } => (vec![(loc, len)], vec![(loc, len)]),
         }
     }
@@ -523,14 +544,15 @@ mod plan_tests {
         for (params, prog) in programs() {
             let ctx = format!("{params:?}");
             for (id, op) in prog.ops().iter().enumerate() {
+                // The eager all-reduce sends whole buffers, by design.
                 assert!(
-                    op.len() <= params.segment,
+                    op.len() <= params.segment || params.algorithm == Algorithm::Eager,
                     "{ctx}: op {id} longer than a segment"
                 );
                 if params.coll != Collective::Barrier {
                     assert!(!op.is_empty(), "{ctx}: op {id} is empty");
                 }
-                let (reads, writes) = locs(op);
+                let (reads, writes) = locs(op, params.world);
                 for &(l, len) in reads.iter().chain(&writes) {
                     let size = match l.buf {
                         Buf::Input => params.input_elems(),

@@ -4,7 +4,7 @@
 //! Ranks are renumbered relative to the root (`v = (rank - root) mod n`) and arranged in a
 //! tree; data flows down it for a broadcast and up it for a reduce, one segment at a time.
 //!
-//! # Binomial tree ([`Algorithm::Tree`](super::plan::Algorithm::Tree))
+//! # Binomial tree ([`Algorithm::Tree`](super::params::Algorithm::Tree))
 //!
 //! Rank `v`'s parent is `v` with its lowest set bit cleared; its children are `v + m` for every
 //! power of two `m` below `v`'s lowest set bit (every `m < n` for the root). In round `k` of an
@@ -13,13 +13,13 @@
 //! `n - 1`, the reason trees win for small messages and large worlds. The price is bandwidth: the
 //! root sends the whole buffer once per child, `log2 n` times.
 //!
-//! # Chain ([`Algorithm::Ring`](super::plan::Algorithm::Ring) for broadcast and reduce)
+//! # Chain ([`Algorithm::Ring`](super::params::Algorithm::Ring) for broadcast and reduce)
 //!
 //! Rank `v` receives from `v - 1` and sends to `v + 1`. Unsegmented that is `n - 1` latencies,
 //! but pipelined in `S` segments it takes `(n - 1 + S)` segment times: for large buffers
 //! (`S >> n`) every link carries the buffer exactly once, the bandwidth optimum.
 //!
-//! # Star ([`Algorithm::Central`](super::plan::Algorithm::Central) for all-reduce)
+//! # Star ([`Algorithm::Central`](super::params::Algorithm::Central) for all-reduce)
 //!
 //! Rank 0 is the parent of every other rank: the central aggregator, or parameter server. In the
 //! all-reduce every rank sends its whole buffer to rank 0, which folds the contributions in rank
@@ -44,8 +44,9 @@
 //! ends with the result anyway); a rank's receive of the broadcast then waits until its own
 //! contribution has left `Output` for its parent. For `Avg` only the root divides, once.
 
-use super::plan::{Params, alone, finalizes, segments};
-use super::{Buf, Loc, Op, OpId, Program};
+use super::common::{alone, finalizes, segments};
+use super::params::Params;
+use super::program::{Buf, Loc, Op, OpId, Program};
 
 /// Shape of the tree.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

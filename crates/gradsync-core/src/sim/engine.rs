@@ -1,14 +1,30 @@
 //! The execution engine of the simulator: ranks, channels, claims and the random scheduler.
+//!
+//! A `Post` puts one message into the channel of every other rank when it issues; the messages
+//! of a channel are matched with the receiver's receives from that rank in order. The engine
+//! checks the matching rule of the [schedule docs](crate::schedule) as messages are issued: the
+//! k-th message a rank issues to a peer must be its k-th `Send` or `Post` for that peer in
+//! program order, and the k-th receive it posts from a peer its k-th `Recv` from that peer.
 
 use std::collections::VecDeque;
 
-use super::{RankSetup, RawOutcome, SimError, SimOptions, SimStats};
+use super::types::{RankSetup, RawOutcome, SimError, SimOptions, SimStats};
 use crate::reference;
 use crate::rng::XorShift64;
 use crate::schedule::{Buf, Loc, Op, OpId, Schedule};
 use crate::{DataType, ReduceOp};
 
 const NONE: u32 = u32::MAX;
+
+/// `len` bytes of seeded garbage, eight per draw of `rng`.
+pub(super) fn garbage(rng: &mut XorShift64, len: usize) -> Vec<u8> {
+    let mut v = Vec::with_capacity(len + 8);
+    while v.len() < len {
+        v.extend_from_slice(&rng.next_u64().to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
 
 /// A set of small integers with O(1) insert, remove and uniform random choice.
 struct RandomSet {
@@ -96,6 +112,70 @@ struct Rank {
     claims: [Claims; 3],
     status: Vec<Status>,
     know: Vec<u64>,
+    /// Program order of the messages: see [`Order`].
+    order: Order,
+    /// For every op: messages of a post (sent with rendezvous) not yet matched by a receive.
+    post_left: Vec<u32>,
+}
+
+/// The program order of a rank's messages, to check that they are issued in it.
+struct Order {
+    /// Per op: for a send, its index among the messages to its peer; for a receive, its index
+    /// among the receives from its peer; for a post, the posts before it.
+    index: Vec<u32>,
+    /// Per peer, the sends to it in program order; kept only when the program has posts, whose
+    /// index differs from peer to peer.
+    sends: Vec<Vec<OpId>>,
+}
+
+impl Order {
+    fn new(ops: &[Op], world: usize) -> Self {
+        let mut sent = vec![0u32; world];
+        let mut received = vec![0u32; world];
+        let mut posts = 0;
+        let index = ops
+            .iter()
+            .map(|op| match *op {
+                Op::Send { peer, .. } => {
+                    sent[peer] += 1;
+                    sent[peer] - 1 + posts
+                }
+                Op::Recv { peer, .. } => {
+                    received[peer] += 1;
+                    received[peer] - 1
+                }
+                Op::Post { .. } => {
+                    posts += 1;
+                    posts - 1
+                }
+                _ => 0,
+            })
+            .collect();
+        let mut sends = Vec::new();
+        if posts > 0 {
+            sends = vec![Vec::new(); world];
+            for (id, op) in ops.iter().enumerate() {
+                if let Op::Send { peer, .. } = *op {
+                    sends[peer].push(id as OpId);
+                }
+            }
+        }
+        Order { index, sends }
+    }
+
+    /// Index of the message of op `id` (a send or a post) among the messages to `peer`.
+    fn message(&self, ops: &[Op], id: OpId, peer: usize) -> u64 {
+        let i = u64::from(self.index[id as usize]);
+        match ops[id as usize] {
+            Op::Post { .. } => i + self.sends[peer].partition_point(|&x| x < id) as u64,
+            _ => i,
+        }
+    }
+
+    /// Index of receive `id` among the receives from its peer.
+    fn receive(&self, id: OpId) -> u64 {
+        u64::from(self.index[id as usize])
+    }
 }
 
 fn buf_index(b: Buf) -> usize {
@@ -136,10 +216,11 @@ struct Access {
     write: bool,
 }
 
-/// The ranges an op claims, and the two operands that must not partially overlap.
-type Accesses = ([Option<Access>; 2], Option<(Loc, Loc, usize)>);
+/// The ranges an op claims, and the two operands (with their lengths) that must not overlap.
+type Accesses = ([Option<Access>; 2], Option<(Loc, usize, Loc, usize)>);
 
-fn accesses(op: &Op) -> Accesses {
+/// The accesses of `op` in a world of `world` ranks.
+fn accesses(op: &Op, world: usize) -> Accesses {
     let r = |loc, len| {
         Some(Access {
             loc,
@@ -155,7 +236,7 @@ fn accesses(op: &Op) -> Accesses {
         })
     };
     match *op {
-        Op::Send { src, len, .. } => ([r(src, len), None], None),
+        Op::Send { src, len, .. } | Op::Post { src, len } => ([r(src, len), None], None),
         Op::Recv {
             dst,
             reduce_with: Some(with),
@@ -167,14 +248,19 @@ fn accesses(op: &Op) -> Accesses {
             reduce_with: Some(with),
             len,
             ..
-        } => ([w(dst, len), r(with, len)], Some((dst, with, len))),
+        } => ([w(dst, len), r(with, len)], Some((dst, len, with, len))),
         Op::Recv {
             dst,
             reduce_with: None,
             len,
             ..
         } => ([w(dst, len), None], None),
-        Op::Copy { src, dst, len } => ([w(dst, len), r(src, len)], Some((dst, src, len))),
+        Op::Copy { src, dst, len } => ([w(dst, len), r(src, len)], Some((dst, len, src, len))),
+        Op::ReduceParts { src, dst, len } => {
+            // The parts span `world * len` elements; `validate` bounds `count * world`.
+            let all = len.saturating_mul(world);
+            ([w(dst, len), r(src, all)], Some((dst, len, src, all)))
+        }
         Op::Finalize { loc, len } => ([w(loc, len), None], None),
     }
 }
@@ -192,6 +278,8 @@ struct Sim<'a> {
     /// (rank, op) that may complete now.
     completable: Vec<(usize, OpId)>,
     stats: SimStats,
+    /// Buffers of delivered messages, reused for the next ones.
+    spare: Vec<Vec<u8>>,
 }
 
 /// Runs explicit programs, one per rank (`setups.len()` is the world size); the building block of
@@ -206,7 +294,7 @@ pub fn run_programs(
     let world = setups.len();
     let size = dtype.size();
     let words = world.div_ceil(64).max(1);
-    let mut garbage = XorShift64::new(opts.seed ^ 0x5c7a_7c4e);
+    let mut rng = XorShift64::new(opts.seed ^ 0x5c7a_7c4e);
     let mut ranks = Vec::with_capacity(world);
     for (r, s) in setups.into_iter().enumerate() {
         super::timing::check_peers(r, &s.program, world)?;
@@ -221,16 +309,17 @@ pub fn run_programs(
                 });
             }
         }
-        let scratch: Vec<u8> = (0..s.program.scratch_elems() * size)
-            .map(|_| garbage.next_u64() as u8)
-            .collect();
+        let scratch = garbage(&mut rng, s.program.scratch_elems() * size);
         let n = s.program.len();
         let claims = [
             Claims::new(s.input.len() / size),
             Claims::new(s.output.len() / size),
             Claims::new(scratch.len() / size),
         ];
+        let order = Order::new(s.program.ops(), world);
         ranks.push(Rank {
+            order,
+            post_left: vec![0; n],
             sched: Schedule::new(s.program, world),
             in_place: s.in_place,
             op: s.op,
@@ -252,6 +341,7 @@ pub fn run_programs(
         deliverable: RandomSet::new(world * world),
         completable: Vec::new(),
         stats: SimStats::default(),
+        spare: Vec::new(),
     };
     for r in 0..world {
         sim.pollable.insert(r);
@@ -348,14 +438,16 @@ impl Sim<'_> {
     }
 
     fn issue(&mut self, r: usize, id: OpId, op: Op) -> Result<(), SimError> {
-        let (acc, pair) = accesses(&op);
+        let (acc, pair) = accesses(&op, self.world);
         for a in acc.iter().flatten() {
             self.check_bounds(r, id, a)?;
         }
-        if let Some((x, y, len)) = pair
+        if let Some((x, xl, y, yl)) = pair
             && x.buf == y.buf
-            && x.start < y.start + len
-            && y.start < x.start + len
+            && xl > 0
+            && yl > 0
+            && x.start < y.start + yl
+            && y.start < x.start + xl
         {
             return Err(SimError::Overlap { rank: r, op: id });
         }
@@ -374,53 +466,126 @@ impl Sim<'_> {
         }
         match op {
             Op::Send { peer, src, len } => {
-                let bytes =
-                    &rank.bufs[buf_index(src.buf)][src.start * self.size..][..len * self.size];
-                let msg = Msg {
-                    data: bytes.to_vec(),
-                    len,
-                    send_op: id,
-                };
-                self.stats.messages += 1;
-                self.stats.bytes += (len * self.size) as u64;
-                let c = r * self.world + peer;
-                let ch = &mut self.chans[c];
-                let seq = ch.sent;
-                ch.sent += 1;
-                ch.msgs.push_back(msg);
-                if !self.opts.rendezvous || ch.posted_total > seq {
+                let left = self.send(r, id, peer, src, len)?;
+                if !left {
                     self.completable.push((r, id));
-                } else {
-                    ch.waiting.push_back((seq, id));
                 }
-                self.update_deliverable(c);
+            }
+            Op::Post { src, len } => {
+                let mut left = 0;
+                for k in 1..self.world {
+                    let peer = (r + k) % self.world;
+                    left += u32::from(self.send(r, id, peer, src, len)?);
+                }
+                self.ranks[r].post_left[id as usize] = left;
+                if left == 0 {
+                    self.completable.push((r, id));
+                }
             }
             Op::Recv { peer, .. } => {
                 let c = peer * self.world + r;
+                let want = rank.order.receive(id);
                 let ch = &mut self.chans[c];
+                if ch.posted_total != want {
+                    return Err(SimError::OutOfOrder {
+                        rank: r,
+                        op: id,
+                        peer,
+                        index: ch.posted_total,
+                        expected: want,
+                    });
+                }
                 ch.posted.push_back(id);
                 ch.posted_total += 1;
-                while ch
-                    .waiting
-                    .front()
-                    .is_some_and(|&(seq, _)| seq < ch.posted_total)
+                let posted = ch.posted_total;
+                while let Some(&(seq, send)) = self.chans[c].waiting.front()
+                    && seq < posted
                 {
-                    let (_, send) = ch.waiting.pop_front().expect("non-empty");
-                    self.completable.push((peer, send));
+                    self.chans[c].waiting.pop_front();
+                    self.matched(peer, send);
                 }
                 self.update_deliverable(c);
             }
-            Op::Copy { .. } | Op::Finalize { .. } => self.completable.push((r, id)),
+            Op::Copy { .. } | Op::ReduceParts { .. } | Op::Finalize { .. } => {
+                self.completable.push((r, id))
+            }
         }
         Ok(())
     }
 
+    /// Puts the message of send or post `id` of rank `r` to `peer` into their channel. Returns
+    /// whether it waits for its receive (rendezvous) before the op may complete.
+    fn send(
+        &mut self,
+        r: usize,
+        id: OpId,
+        peer: usize,
+        src: Loc,
+        len: usize,
+    ) -> Result<bool, SimError> {
+        let rank = &self.ranks[r];
+        let bytes = &rank.bufs[buf_index(src.buf)][src.start * self.size..][..len * self.size];
+        let mut data = self.spare.pop().unwrap_or_default();
+        data.clear();
+        data.extend_from_slice(bytes);
+        let msg = Msg {
+            data,
+            len,
+            send_op: id,
+        };
+        self.stats.messages += 1;
+        self.stats.bytes += (len * self.size) as u64;
+        let want = rank.order.message(rank.sched.program().ops(), id, peer);
+        let c = r * self.world + peer;
+        let ch = &mut self.chans[c];
+        let seq = ch.sent;
+        if seq != want {
+            return Err(SimError::OutOfOrder {
+                rank: r,
+                op: id,
+                peer,
+                index: seq,
+                expected: want,
+            });
+        }
+        ch.sent += 1;
+        ch.msgs.push_back(msg);
+        let waits = self.opts.rendezvous && ch.posted_total <= seq;
+        if waits {
+            ch.waiting.push_back((seq, id));
+        }
+        self.update_deliverable(c);
+        Ok(waits)
+    }
+
+    /// A rendezvous message of op `id` of rank `r` has met its receive: a send may complete
+    /// now, a post once all its messages have.
+    fn matched(&mut self, r: usize, id: OpId) {
+        let rank = &mut self.ranks[r];
+        if let Op::Post { .. } = rank.sched.program().ops()[id as usize] {
+            rank.post_left[id as usize] -= 1;
+            if rank.post_left[id as usize] > 0 {
+                return;
+            }
+        }
+        self.completable.push((r, id));
+    }
+
     fn claim(&mut self, r: usize, id: OpId, acc: &[Option<Access>; 2]) -> Result<(), SimError> {
         let rank = &mut self.ranks[r];
-        // Check everything first, so that a failed claim leaves no trace.
+        // Check everything first, so that a failed claim leaves no trace. The common case, no
+        // conflict, is a branch-free pass over the range; the conflict is then looked up.
         for a in acc.iter().flatten() {
             let cl = &rank.claims[buf_index(a.loc.buf)];
-            for i in a.loc.start..a.loc.start + a.len {
+            let range = a.loc.start..a.loc.start + a.len;
+            let free = cl.writer[range.clone()]
+                .iter()
+                .fold(true, |ok, &w| ok & (w == NONE));
+            let unread = !a.write || cl.readers[range.clone()].iter().fold(0, |n, &c| n | c) == 0;
+            if free && unread {
+                continue;
+            }
+            for i in range {
                 let other = if cl.writer[i] != NONE {
                     cl.writer[i]
                 } else if a.write && cl.readers[i] > 0 {
@@ -439,29 +604,27 @@ impl Sim<'_> {
         }
         for a in acc.iter().flatten() {
             let cl = &mut rank.claims[buf_index(a.loc.buf)];
-            for i in a.loc.start..a.loc.start + a.len {
-                if a.write {
-                    cl.writer[i] = id;
-                } else {
-                    cl.readers[i] += 1;
-                    cl.last_reader[i] = id;
-                }
+            let range = a.loc.start..a.loc.start + a.len;
+            if a.write {
+                cl.writer[range].fill(id);
+            } else {
+                cl.readers[range.clone()].iter_mut().for_each(|c| *c += 1);
+                cl.last_reader[range].fill(id);
             }
         }
         Ok(())
     }
 
     fn release(&mut self, r: usize, op: &Op) {
-        let (acc, _) = accesses(op);
+        let (acc, _) = accesses(op, self.world);
         let rank = &mut self.ranks[r];
         for a in acc.iter().flatten() {
             let cl = &mut rank.claims[buf_index(a.loc.buf)];
-            for i in a.loc.start..a.loc.start + a.len {
-                if a.write {
-                    cl.writer[i] = NONE;
-                } else {
-                    cl.readers[i] -= 1;
-                }
+            let range = a.loc.start..a.loc.start + a.len;
+            if a.write {
+                cl.writer[range].fill(NONE);
+            } else {
+                cl.readers[range].iter_mut().for_each(|c| *c -= 1);
             }
         }
     }
@@ -533,6 +696,7 @@ impl Sim<'_> {
                 *k |= v;
             }
         }
+        self.spare.push(msg.data);
         self.completable.push((dst, recv));
         Ok(())
     }
@@ -552,11 +716,26 @@ impl Sim<'_> {
                 );
                 out.copy_from_slice(from);
             }
+            Op::ReduceParts { src, dst, len } => {
+                let b = len * s;
+                let (out, parts) = split(
+                    &mut rank.bufs,
+                    (dst.buf, dst.start * s..dst.start * s + b),
+                    (src.buf, src.start * s..src.start * s + world * b),
+                );
+                if b > 0 {
+                    // Left to right, as the definition says: ((p0 op p1) op p2) ...
+                    out.copy_from_slice(&parts[..b]);
+                    for part in parts.chunks_exact(b).skip(1) {
+                        reference::reduce_assign(self.dtype, rank.op, out, part);
+                    }
+                }
+            }
             Op::Finalize { loc, len } => {
                 let buf = &mut rank.bufs[buf_index(loc.buf)][loc.start * s..][..len * s];
                 reference::finalize_avg(self.dtype, buf, world);
             }
-            Op::Send { .. } | Op::Recv { .. } => {}
+            Op::Send { .. } | Op::Post { .. } | Op::Recv { .. } => {}
         }
         self.release(r, &op);
         let rank = &mut self.ranks[r];
@@ -593,7 +772,9 @@ impl Sim<'_> {
                 let what = match prog.ops()[id] {
                     Op::Send { peer, len, .. } => format!("send of {len} to rank {peer}"),
                     Op::Recv { peer, len, .. } => format!("recv of {len} from rank {peer}"),
+                    Op::Post { len, .. } => format!("post of {len}"),
                     Op::Copy { len, .. } => format!("copy of {len}"),
+                    Op::ReduceParts { len, .. } => format!("rank-order reduction of {len}"),
                     Op::Finalize { len, .. } => format!("finalize of {len}"),
                 };
                 format!("op {id} {what}")

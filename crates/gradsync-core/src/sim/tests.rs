@@ -1,12 +1,13 @@
 //! Simulator self-tests and the conformance sweep of every schedule.
 
 use super::*;
-use crate::Collective;
 use crate::reference::{InputKind, check, default_tolerance, gen_input};
-use crate::schedule::plan::{Algorithm, supports};
-use crate::schedule::{Loc, Op};
+use crate::schedule::plan::{self, Algorithm, Params, PlanError, supports};
+use crate::schedule::{Buf, Loc, Op, OpId, Program};
+use crate::{Collective, DataType, ReduceOp};
 
 mod conformance;
+mod rank_order;
 
 fn loc(buf: Buf, start: usize) -> Loc {
     Loc::new(buf, start)

@@ -10,7 +10,7 @@
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, VecDeque};
 
-use super::SimError;
+use super::types::SimError;
 use crate::DataType;
 use crate::rng::XorShift64;
 use crate::schedule::plan::{self, Params};
@@ -129,7 +129,10 @@ pub struct Prediction {
 /// bytes occupies it for `alpha + b * beta` and arrives at the end of that interval, when the
 /// send also completes. Incoming traffic is not limited (a rank receives from several peers at
 /// once, as with full-duplex links into a switch). A receive completes when both its message has
-/// arrived and it has been posted. Local ops (copies, the division of an average) and the
+/// arrived and it has been posted. A post ([`Op::Post`]) costs what a send to every other rank
+/// costs: when it becomes ready, one message per peer joins the link to that peer, in the order
+/// `r + 1, r + 2, ..., r - 1` (mod n), and the post completes when the last has arrived. Local
+/// ops (copies, the rank-order reduction of parts, the division of an average) and the
 /// reductions on arrival take no time. This is the textbook model behind the ring's
 /// `2 (n - 1) (alpha + B / n * beta)`; it ignores contention in the network, CPU cost of
 /// reductions and eager-versus-rendezvous protocol effects.
@@ -165,7 +168,7 @@ pub fn predict_on(
     for (r, p) in params_per_rank.iter().enumerate() {
         let prog = plan::build(p).map_err(|source| SimError::Plan { rank: r, source })?;
         check_peers(r, &prog, world)?;
-        ranks.push(Rank::new(&prog));
+        ranks.push(Rank::new(&prog, world));
     }
     Timer::new(ranks, dtype.size(), topo, None).run(world)
 }
@@ -277,7 +280,7 @@ pub fn predict_symmetric(
     check_peers(0, &p0, world)?;
     let topo = Topology::flat(*link);
     let tm = Timer::new(
-        vec![Rank::new(&p0)],
+        vec![Rank::new(&p0, world)],
         dtype.size(),
         &topo,
         Some((sym, world)),
@@ -313,7 +316,9 @@ fn images(sym: Symmetry, p0: &Program, pr: &Program, r: usize, world: usize) -> 
                         peer: q, len: m, ..
                     },
                 ) => l == m && q == sym.map(r, p, world),
-                (Op::Copy { len: l, .. }, Op::Copy { len: m, .. })
+                (Op::Post { len: l, .. }, Op::Post { len: m, .. })
+                | (Op::Copy { len: l, .. }, Op::Copy { len: m, .. })
+                | (Op::ReduceParts { len: l, .. }, Op::ReduceParts { len: m, .. })
                 | (Op::Finalize { len: l, .. }, Op::Finalize { len: m, .. }) => l == m,
                 _ => false,
             };
@@ -413,6 +418,7 @@ enum State {
 enum What {
     Send,
     Recv,
+    Post,
     Local,
 }
 
@@ -421,18 +427,35 @@ enum What {
 struct Slot {
     /// Elements.
     len: usize,
-    /// Peer of a send or receive.
+    /// Peer of a send or receive; for a post, its index in [`Rank::posts`].
     peer: usize,
     /// Dependencies not yet complete.
     pending: u32,
     /// Where its dependents start in [`Rank::rev`]; they end where the next op's start.
     rev_start: u32,
-    /// Index of its (peer, direction) queue in [`Rank::queues`]; [`NONE`] for local ops.
+    /// Index of its (peer, direction) queue in [`Rank::queues`]; [`NONE`] for local ops, [`POST`]
+    /// for posts, which are in every send queue.
     queue: u32,
-    /// The next op of the same queue; [`NONE`] for the last.
+    /// The next op of the same queue; [`NONE`] for the last (for a post: see [`Post::next`]).
     next_in_queue: u32,
     what: What,
     state: State,
+}
+
+/// The queue of a post: it is in every send queue.
+const POST: u32 = u32::MAX - 1;
+
+/// A post: in the send queue of every peer, which the sends of the program do not all have, so
+/// its links to the next op of each queue are kept here rather than in its [`Slot`].
+#[derive(Clone, Debug)]
+struct Post {
+    /// Per send queue (the first [`Rank::send_queues`] of [`Rank::queues`]): the next op after
+    /// the post.
+    next: Vec<u32>,
+    /// Send queues in which an op before the post has not been issued yet.
+    blocked: u32,
+    /// Messages not yet arrived.
+    left: u32,
 }
 
 /// The ops to or from one peer, a list through [`Slot::next_in_queue`] in program order.
@@ -463,38 +486,53 @@ struct Rank {
     /// The ops and a last entry that only ends the dependents of the last op.
     slots: Vec<Slot>,
     rev: Vec<u32>,
-    /// Sorted by (direction, peer).
+    /// Sorted by (direction, peer): the send queues first. A program with posts has a send queue
+    /// for every rank of the world.
     queues: Vec<Queue>,
+    /// How many of `queues` are send queues.
+    send_queues: usize,
+    /// The posts, in program order.
+    posts: Vec<Post>,
     ready: BinaryHeap<Reverse<u32>>,
     completed: usize,
-    /// Link 0 leads into the rank's host, link 1 out of it: whether it is sending, and the sends
-    /// waiting for it.
+    /// Link 0 leads into the rank's host, link 1 out of it: whether it is sending, and the
+    /// messages (op, peer) waiting for it.
     busy: [bool; 2],
-    waiting: [VecDeque<u32>; 2],
+    waiting: [VecDeque<(u32, usize)>; 2],
     /// When the rank's last op completed so far.
     finish: f64,
 }
 
 impl Rank {
-    fn new(prog: &Program) -> Rank {
+    /// The compact form of `prog`, a program of a world of `world` ranks.
+    fn new(prog: &Program, world: usize) -> Rank {
         let ops = prog.ops();
         let n = ops.len();
         // (direction, peer) of every send and receive, to number the queues in sorted order.
         let mut keys: Vec<(bool, usize)> = Vec::new();
         let mut last: Option<(bool, usize)> = None;
+        let mut has_posts = false;
         for op in ops {
             let key = match *op {
                 Op::Send { peer, .. } => (false, peer),
                 Op::Recv { peer, .. } => (true, peer),
-                Op::Copy { .. } | Op::Finalize { .. } => continue,
+                Op::Post { .. } => {
+                    has_posts = true;
+                    continue;
+                }
+                Op::Copy { .. } | Op::ReduceParts { .. } | Op::Finalize { .. } => continue,
             };
             if last != Some(key) {
                 keys.push(key);
                 last = Some(key);
             }
         }
+        if has_posts {
+            keys.extend((0..world).map(|p| (false, p)));
+        }
         keys.sort_unstable();
         keys.dedup();
+        let send_queues = keys.partition_point(|k| !k.0);
         let mut queues: Vec<Queue> = keys
             .iter()
             .map(|&(recv, peer)| Queue {
@@ -508,32 +546,56 @@ impl Rank {
             .collect();
         let mut tail = vec![NONE; queues.len()];
         let mut slots: Vec<Slot> = Vec::with_capacity(n + 1);
+        let mut posts: Vec<Post> = Vec::new();
         let mut rev_count = vec![0u32; n + 1];
         let mut last: Option<((bool, usize), u32)> = None;
+        // Appends op `id` to queue `qi`.
+        let mut link = |slots: &mut Vec<Slot>, posts: &mut Vec<Post>, qi: usize, id: usize| {
+            match tail[qi] {
+                NONE => {
+                    queues[qi].issue = id as u32;
+                    queues[qi].matched = id as u32;
+                }
+                t if slots[t as usize].what == What::Post => {
+                    posts[slots[t as usize].peer].next[qi] = id as u32
+                }
+                t => slots[t as usize].next_in_queue = id as u32,
+            }
+            std::mem::replace(&mut tail[qi], id as u32) != NONE
+        };
         for (id, op) in ops.iter().enumerate() {
             let (what, key) = match *op {
                 Op::Send { peer, .. } => (What::Send, Some((false, peer))),
                 Op::Recv { peer, .. } => (What::Recv, Some((true, peer))),
-                Op::Copy { .. } | Op::Finalize { .. } => (What::Local, None),
+                Op::Post { .. } => (What::Post, None),
+                Op::Copy { .. } | Op::ReduceParts { .. } | Op::Finalize { .. } => {
+                    (What::Local, None)
+                }
             };
-            let queue = match key {
-                None => NONE,
+            let (queue, peer) = match key {
+                None if what == What::Post => {
+                    posts.push(Post {
+                        next: vec![NONE; send_queues],
+                        blocked: 0,
+                        left: 0,
+                    });
+                    let mut blocked = 0;
+                    for qi in 0..send_queues {
+                        blocked += u32::from(link(&mut slots, &mut posts, qi, id));
+                    }
+                    let p = posts.len() - 1;
+                    posts[p].blocked = blocked;
+                    (POST, p)
+                }
+                None => (NONE, 0),
                 Some(key) => {
                     let q = match last {
                         Some((k, q)) if k == key => q,
                         _ => keys.binary_search(&key).expect("every key was collected") as u32,
                     };
                     last = Some((key, q));
-                    let qi = q as usize;
-                    match tail[qi] {
-                        NONE => {
-                            queues[qi].issue = id as u32;
-                            queues[qi].matched = id as u32;
-                        }
-                        t => slots[t as usize].next_in_queue = id as u32,
-                    }
-                    tail[qi] = id as u32;
-                    q
+                    link(&mut slots, &mut posts, q as usize, id);
+                    (q, key.1)
                 }
             };
             let deps = prog.deps(id as OpId);
@@ -542,7 +604,7 @@ impl Rank {
             }
             slots.push(Slot {
                 len: op.len(),
-                peer: key.map_or(0, |k| k.1),
+                peer,
                 pending: deps.len() as u32,
                 rev_start: 0,
                 queue,
@@ -581,6 +643,8 @@ impl Rank {
             slots,
             rev,
             queues,
+            send_queues,
+            posts,
             ready: BinaryHeap::new(),
             completed: 0,
             busy: [false; 2],
@@ -603,7 +667,28 @@ impl Rank {
     fn deps_done(&mut self, id: u32) {
         let s = &mut self.slots[id as usize];
         s.state = State::DepsDone;
-        if s.queue == NONE || self.queues[s.queue as usize].issue == id {
+        let head = match s.queue {
+            NONE => true,
+            POST => self.posts[s.peer].blocked == 0,
+            q => self.queues[q as usize].issue == id,
+        };
+        if head {
+            self.ready.push(Reverse(id));
+        }
+    }
+
+    /// Op `id` has become the head of one of its queues: it is ready if it heads all of them and
+    /// its dependencies are done.
+    fn head(&mut self, id: u32) {
+        let s = &self.slots[id as usize];
+        if s.queue == POST {
+            let p = &mut self.posts[s.peer];
+            p.blocked -= 1;
+            if p.blocked > 0 {
+                return;
+            }
+        }
+        if s.state == State::DepsDone {
             self.ready.push(Reverse(id));
         }
     }
@@ -615,9 +700,20 @@ impl Rank {
         let s = &mut self.slots[id as usize];
         debug_assert_eq!(s.state, State::DepsDone);
         s.state = State::Issued;
-        let (qi, next) = (s.queue, s.next_in_queue);
+        let (qi, next, post) = (s.queue, s.next_in_queue, s.peer);
         let mut arrived = false;
-        if qi != NONE {
+        if qi == POST {
+            for qi in 0..self.send_queues {
+                let next = self.posts[post].next[qi];
+                let q = &mut self.queues[qi];
+                debug_assert_eq!(q.issue, id);
+                q.issue = next;
+                q.issued += 1;
+                if next != NONE {
+                    self.head(next);
+                }
+            }
+        } else if qi != NONE {
             let q = &mut self.queues[qi as usize];
             q.issue = next;
             q.issued += 1;
@@ -626,8 +722,8 @@ impl Rank {
                 q.matched = next;
                 arrived = true;
             }
-            if next != NONE && self.slots[next as usize].state == State::DepsDone {
-                self.ready.push(Reverse(next));
+            if next != NONE {
+                self.head(next);
             }
         }
         Some((id, arrived))
@@ -676,6 +772,8 @@ struct Timer<'a> {
     /// The ranks that run: all of them, or rank 0 alone under a symmetry of `world` ranks.
     ranks: Vec<Rank>,
     mirror: Option<(Symmetry, usize)>,
+    /// Ranks of the world the prediction is for.
+    world: usize,
     /// Events of later instants, and those of the instant being handled in the order they were
     /// pushed (most events complete at once; they never need the heap).
     events: BinaryHeap<Reverse<Event>>,
@@ -693,11 +791,13 @@ impl<'a> Timer<'a> {
         topo: &'a Topology,
         mirror: Option<(Symmetry, usize)>,
     ) -> Self {
+        let world = mirror.map_or(ranks.len(), |m| m.1);
         Timer {
             topo,
             elem,
             ranks,
             mirror,
+            world,
             events: BinaryHeap::new(),
             now: VecDeque::new(),
             now_t: 0.0,
@@ -750,7 +850,19 @@ impl<'a> Timer<'a> {
             match s.what {
                 What::Send => {
                     let k = self.link_of(r, s.peer);
-                    self.ranks[r].waiting[k].push_back(id);
+                    self.ranks[r].waiting[k].push_back((id, s.peer));
+                }
+                What::Post => {
+                    // One message to every other rank, nearest first in rank order.
+                    let n = self.world;
+                    self.ranks[r].posts[s.peer].left = (n - 1) as u32;
+                    for peer in (1..n).map(|k| (r + k) % n) {
+                        let k = self.link_of(r, peer);
+                        self.ranks[r].waiting[k].push_back((id, peer));
+                    }
+                    if n == 1 {
+                        self.push(t, Kind::Complete { rank: r, op: id });
+                    }
                 }
                 What::Recv => {
                     if arrived {
@@ -770,21 +882,13 @@ impl<'a> Timer<'a> {
         if rank.busy[k] {
             return;
         }
-        if let Some(op) = rank.waiting[k].pop_front() {
+        if let Some((op, peer)) = rank.waiting[k].pop_front() {
             rank.busy[k] = true;
-            let s = rank.slots[op as usize];
-            let bytes = s.len * self.elem;
+            let bytes = rank.slots[op as usize].len * self.elem;
             self.messages += 1;
             self.bytes += bytes as u64;
-            let dt = self.topo.link(r, s.peer).message_s(bytes);
-            self.push(
-                t + dt,
-                Kind::Sent {
-                    rank: r,
-                    op,
-                    peer: s.peer,
-                },
-            );
+            let dt = self.topo.link(r, peer).message_s(bytes);
+            self.push(t + dt, Kind::Sent { rank: r, op, peer });
         }
     }
 
@@ -816,6 +920,16 @@ impl<'a> Timer<'a> {
                                 op: recv,
                             },
                         );
+                    }
+                    let s = self.ranks[rank].slots[op as usize];
+                    if s.what == What::Post {
+                        // A post completes with its last message.
+                        let p = &mut self.ranks[rank].posts[s.peer];
+                        p.left -= 1;
+                        if p.left > 0 {
+                            self.start_link(rank, k, ev.t);
+                            continue;
+                        }
                     }
                     self.complete(rank, op, ev.t);
                 }
@@ -869,7 +983,7 @@ pub fn predict_programs_on(
     for (r, p) in programs.iter().enumerate() {
         check_peers(r, p, world)?;
     }
-    let ranks = programs.iter().map(Rank::new).collect();
+    let ranks = programs.iter().map(|p| Rank::new(p, world)).collect();
     Timer::new(ranks, elem_size, topo, None).run(world)
 }
 

@@ -7,7 +7,9 @@
 //! with the dtype x op pairs in rotation (segment 1 on fewer worlds for 10007).
 //!
 //! The hierarchical schedules run the same sweep over two-level topologies (hosts x ranks per
-//! host in [`TOPOLOGIES`]) instead of flat worlds.
+//! host in [`TOPOLOGIES`]) instead of flat worlds. The internal all-reduces (eager and
+//! deterministic) run it too (see [`internal`] for where they run less), and in addition every
+//! world from 9 to 16 ([`internal_every_world`]).
 
 use super::*;
 
@@ -202,13 +204,26 @@ fn large(
     seg1_worlds: &[usize],
     per_config: usize,
 ) -> usize {
+    let keep = |world: usize, segment: usize| segment != 1 || seg1_worlds.contains(&world);
+    large_where(coll, algorithm, shapes, count, per_config, &keep)
+}
+
+/// [`large`] with the (world, segment) configurations that `keep` accepts.
+fn large_where(
+    coll: Collective,
+    algorithm: Algorithm,
+    shapes: &[Shape],
+    count: usize,
+    per_config: usize,
+    keep: &dyn Fn(usize, usize) -> bool,
+) -> usize {
     let pairs = dtype_ops(coll);
     let mut cases = Vec::new();
     let mut i = 0usize;
     for &(world, local_size) in shapes {
         for segment in SEGMENTS {
             for in_place in [false, true] {
-                if segment == 1 && !seg1_worlds.contains(&world) {
+                if !keep(world, segment) {
                     continue;
                 }
                 for _ in 0..per_config {
@@ -303,6 +318,85 @@ conformance! {
     reduce_tree: Reduce Tree;
     reduce_chain: Reduce Ring;
     all_reduce_central: AllReduce Central;
+}
+
+/// The sweep of an internal all-reduce. Both move `world - 1` whole buffers out of every rank
+/// (the deterministic one as an all-gather in messages of at most `segment` elements, `world / 2`
+/// times the ring's messages), so they sweep in full where that is cheap: the small counts on
+/// worlds 1 to 8 (worlds 9 to 16 run in [`internal_every_world`]); 1000 on every world, with
+/// segment 1 on worlds 2, 3 and 5; 10007 on every world, with segment 7 up to world 4 and
+/// segment 1 on world 2.
+macro_rules! internal {
+    ($($name:ident: $alg:ident;)*) => {
+        mod internal {
+            use super::*;
+            $(mod $name {
+                use super::*;
+                const ALG: Algorithm = Algorithm::$alg;
+                #[test] fn small_counts() {
+                    assert!(supports(Collective::AllReduce, ALG));
+                    let worlds: Vec<Shape> = (1..=8).map(|w| (w, 0)).collect();
+                    small(Collective::AllReduce, ALG, &worlds);
+                }
+                #[test] fn count_1000() {
+                    large(Collective::AllReduce, ALG, &flat_worlds(), 1000, &[2, 3, 5], 2);
+                }
+                #[test] fn count_10007() {
+                    let keep = |w: usize, s: usize| match s {
+                        1 => w == 2,
+                        7 => w <= 4,
+                        _ => true,
+                    };
+                    large_where(Collective::AllReduce, ALG, &flat_worlds(), 10007, 1, &keep);
+                }
+            })*
+        }
+    };
+}
+
+internal! {
+    eager: Eager;
+    deterministic: Deterministic;
+}
+
+/// The internal all-reduces over worlds 9 to 16, with the dtype x op pairs in rotation: the small
+/// counts with every segment, in place and out of place; 1000 with segment 7 out of place and
+/// unlimited; 10007 unlimited.
+#[test]
+fn internal_every_world() {
+    let pairs = dtype_ops(Collective::AllReduce);
+    let mut cases = Vec::new();
+    let mut i = 0usize;
+    for algorithm in [Algorithm::Eager, Algorithm::Deterministic] {
+        for world in 9..=16 {
+            for count in [0, 1, 3, world - 1, 1000, 10007] {
+                for segment in SEGMENTS {
+                    for in_place in [false, true] {
+                        let large = count >= 1000 && segment != usize::MAX;
+                        if large && (count > 1000 || segment == 1 || in_place) {
+                            continue;
+                        }
+                        i += 1;
+                        let (dtype, op) = pairs[(i * 11) % pairs.len()];
+                        cases.push(Case {
+                            coll: Collective::AllReduce,
+                            algorithm,
+                            world,
+                            local_size: 0,
+                            count,
+                            root: 0,
+                            dtype,
+                            op,
+                            segment,
+                            in_place,
+                            seed: i % SEEDS,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    sweep(cases);
 }
 
 #[test]

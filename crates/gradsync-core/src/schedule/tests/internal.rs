@@ -1,0 +1,209 @@
+//! The post's place in the send queues, and the shape of the eager and deterministic programs.
+
+use super::*;
+use crate::{Collective, ReduceOp};
+
+fn params(world: usize, count: usize, algorithm: Algorithm) -> Params {
+    Params {
+        coll: Collective::AllReduce,
+        rank: 0,
+        world,
+        count,
+        root: 0,
+        op: ReduceOp::Sum,
+        segment: usize::MAX,
+        in_place: false,
+        algorithm,
+        local_size: 0,
+    }
+}
+
+/// Every combination of the parameters the shape tests run: `(params, program)` for every rank.
+fn cases(algorithm: Algorithm) -> Vec<(Params, Program)> {
+    let mut out = Vec::new();
+    for world in 1..=16 {
+        for count in [0, 1, 3, world - 1, 37, 1000] {
+            for segment in [1, 7, 64, usize::MAX] {
+                if segment == 1 && count == 1000 && world > 4 {
+                    continue;
+                }
+                for in_place in [false, true] {
+                    for op in [ReduceOp::Sum, ReduceOp::Avg] {
+                        for rank in 0..world {
+                            let p = Params {
+                                rank,
+                                segment,
+                                in_place,
+                                op,
+                                ..params(world, count, algorithm)
+                            };
+                            out.push((p, build(&p).unwrap()));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn count(prog: &Program, f: impl Fn(&Op) -> bool) -> usize {
+    prog.ops().iter().filter(|o| f(o)).count()
+}
+
+#[test]
+fn a_post_joins_the_send_queue_of_every_peer() {
+    let l = |s| Loc::new(Buf::Output, s);
+    let send = |peer, s| Op::Send {
+        peer,
+        src: l(s),
+        len: 1,
+    };
+    let mut p = Program::new();
+    let r0 = p.push(
+        Op::Recv {
+            peer: 1,
+            dst: l(0),
+            reduce_with: None,
+            len: 1,
+        },
+        &[],
+    );
+    let s0 = p.push(send(1, 0), &[r0]);
+    let post = p.push(Op::Post { src: l(1), len: 1 }, &[]);
+    let s1 = p.push(send(2, 2), &[]);
+    let s2 = p.push(send(1, 3), &[]);
+    let c = p.push(
+        Op::Copy {
+            src: l(4),
+            dst: l(5),
+            len: 1,
+        },
+        &[],
+    );
+    let mut s = Schedule::new(p, 3);
+    let mut order = Vec::new();
+    let drain = |s: &mut Schedule, order: &mut Vec<OpId>| {
+        while let Some((id, _)) = s.poll_action() {
+            order.push(id);
+        }
+    };
+    for round in 0..2 {
+        order.clear();
+        // The post waits behind the send to peer 1 (which waits for the receive); the sends after
+        // it wait for it, whichever peer they go to; local ops wait for nothing.
+        drain(&mut s, &mut order);
+        assert_eq!(order, [r0, c], "round {round}");
+        s.handle_complete(r0);
+        drain(&mut s, &mut order);
+        assert_eq!(order, [r0, c, s0, post, s1, s2], "round {round}");
+        for id in [c, s2, s1, post, s0] {
+            s.handle_complete(id);
+        }
+        assert!(s.is_done());
+        s.restart();
+    }
+}
+
+#[test]
+fn eager_programs() {
+    for (p, prog) in cases(Algorithm::Eager) {
+        let (n, r) = (p.world, p.rank);
+        let ctx = format!("{p:?}");
+        if n == 1 || p.count == 0 {
+            let copies = if n == 1 && !p.in_place && p.count > 0 {
+                p.count.div_ceil(p.segment)
+            } else {
+                0
+            };
+            assert_eq!(prog.len(), copies, "{ctx}");
+            continue;
+        }
+        assert_eq!(prog.scratch_elems(), n * p.count, "{ctx}");
+        assert_eq!(count(&prog, |o| matches!(o, Op::Send { .. })), 0, "{ctx}");
+        assert_eq!(count(&prog, |o| matches!(o, Op::Post { .. })), 1, "{ctx}");
+        assert_eq!(count(&prog, |o| matches!(o, Op::Copy { .. })), 1, "{ctx}");
+        let fin = usize::from(p.op == ReduceOp::Avg);
+        assert_eq!(count(&prog, |o| matches!(o, Op::Finalize { .. })), fin);
+        // One whole-buffer message from every peer, into its part, whatever the segment.
+        let mut peers: Vec<usize> = Vec::new();
+        for op in prog.ops() {
+            if let Op::Recv {
+                peer,
+                dst,
+                reduce_with,
+                len,
+            } = *op
+            {
+                assert_eq!(
+                    (dst, reduce_with, len),
+                    (Loc::new(Buf::Scratch, peer * p.count), None, p.count)
+                );
+                peers.push(peer);
+            }
+        }
+        let want: Vec<usize> = (1..n).map(|k| (r + k) % n).collect();
+        assert_eq!(peers, want, "{ctx}");
+        // The reduction waits for every part, and reads them all.
+        let (id, reduce) = prog
+            .ops()
+            .iter()
+            .enumerate()
+            .find(|(_, o)| matches!(o, Op::ReduceParts { .. }))
+            .expect("one reduction");
+        assert_eq!(
+            *reduce,
+            Op::ReduceParts {
+                src: Loc::new(Buf::Scratch, 0),
+                dst: Loc::new(Buf::Output, 0),
+                len: p.count
+            }
+        );
+        assert_eq!(prog.deps(id as OpId).len(), n, "{ctx}");
+    }
+}
+
+#[test]
+fn deterministic_programs() {
+    use super::super::deterministic::{piece_elems, scratch_elems};
+    for (p, prog) in cases(Algorithm::Deterministic) {
+        let (n, r) = (p.world, p.rank);
+        let ctx = format!("{p:?}");
+        if n == 1 || p.count == 0 {
+            assert_eq!(prog.scratch_elems(), 0, "{ctx}");
+            continue;
+        }
+        let piece = piece_elems(&p);
+        let pieces = p.count.div_ceil(piece);
+        assert_eq!(piece, p.count.min(p.segment));
+        assert_eq!(prog.scratch_elems(), scratch_elems(&p), "{ctx}");
+        assert_eq!(prog.scratch_elems(), pieces.min(2) * n * piece, "{ctx}");
+        let (right, left) = ((r + 1) % n, (r + n - 1) % n);
+        let mut reductions = Vec::new();
+        for op in prog.ops() {
+            assert!(op.len() <= p.segment, "{ctx}: {op:?}");
+            match *op {
+                Op::Send { peer, .. } => assert_eq!(peer, right, "{ctx}"),
+                Op::Recv {
+                    peer, reduce_with, ..
+                } => assert_eq!((peer, reduce_with), (left, None), "{ctx}"),
+                Op::ReduceParts { src, dst, len } => reductions.push((src, dst, len)),
+                Op::Post { .. } => panic!("{ctx}: a post"),
+                _ => {}
+            }
+        }
+        assert_eq!(
+            count(&prog, |o| matches!(o, Op::Send { .. })),
+            pieces * (n - 1)
+        );
+        let fin = if p.op == ReduceOp::Avg { pieces } else { 0 };
+        assert_eq!(count(&prog, |o| matches!(o, Op::Finalize { .. })), fin);
+        // Piece after piece, alternating between the two halves of scratch.
+        assert_eq!(reductions.len(), pieces, "{ctx}");
+        for (k, &(src, dst, len)) in reductions.iter().enumerate() {
+            let half = Loc::new(Buf::Scratch, (k % 2) * n * piece);
+            let out = Loc::new(Buf::Output, k * piece);
+            assert_eq!((src, dst, len), (half, out, piece.min(p.count - k * piece)));
+        }
+    }
+}
