@@ -13,6 +13,7 @@
 //!   checks the result bit for bit against a naive reference.
 #![forbid(unsafe_code)]
 
+pub mod proto;
 pub mod reference;
 pub mod rng;
 pub mod schedule;

@@ -1,0 +1,121 @@
+//! One direction pair with one peer: credits and window, slot choice, message counters,
+//! arrivals, clear-to-send offers, and when the peer was last heard from.
+
+use crate::wire::{Cts, DataHeaderRepr};
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::time::Instant;
+
+/// Immediate-value flag of a write that went straight to the receiver's destination; the other
+/// 31 bits carry the message index. A slot write's immediate is its message counter's low 31
+/// bits.
+pub const IMM_DIRECT: u32 = 1 << 31;
+
+/// Clear-to-send offers a peer may have outstanding.
+pub(crate) const MAX_OFFERS: usize = 1 << 16;
+
+/// Hashes an id that is already well spread in its low bits as itself.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.0 = (self.0 ^ u64::from(v)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// A map keyed by ids, hashed as themselves.
+pub(crate) type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
+
+/// The protocol state of this rank with one peer.
+#[derive(Debug)]
+pub(crate) struct Link {
+    /// Slots of the pair's part of an inbox in use, at most the inbox's slots per peer:
+    /// message k goes to slot `k % window`, and as many may be in flight. Both ranks of the
+    /// pair use the same window.
+    pub(crate) window: usize,
+    /// Slots of the peer's inbox this rank may write now.
+    pub(crate) credits: usize,
+    /// Messages sent through slots (all operations).
+    pub(crate) tx_ctr: u64,
+    /// Messages received through slots and consumed.
+    pub(crate) rx_ctr: u64,
+    /// The header of the message that landed in each slot and was not consumed yet.
+    pub(crate) arrived: Vec<Option<DataHeaderRepr>>,
+    /// Whether the header staged for each slot is still in flight (until its write is done).
+    pub(crate) hdr_busy: Vec<bool>,
+    /// Slots consumed and not yet returned to the peer.
+    pub(crate) unreturned: u32,
+    /// When the peer was last heard from, and the sequence number then.
+    pub(crate) last_heard: Option<(Instant, u64)>,
+    /// Clear-to-send offers from the peer, by (sequence number, message index).
+    pub(crate) offers: IdMap<(u64, u32), Cts>,
+    /// Copy-receives from the peer of at least this many bytes are direct writes.
+    pub(crate) direct_min: usize,
+}
+
+impl Link {
+    pub(crate) fn new(nslots: usize, direct_min: usize) -> Self {
+        Link {
+            window: nslots,
+            credits: nslots,
+            tx_ctr: 0,
+            rx_ctr: 0,
+            arrived: vec![None; nslots],
+            hdr_busy: vec![false; nslots],
+            unreturned: 0,
+            last_heard: None,
+            offers: IdMap::default(),
+            direct_min,
+        }
+    }
+
+    /// The slot message `ctr` of the pair uses.
+    pub(crate) fn slot(&self, ctr: u64) -> usize {
+        (ctr % self.window as u64) as usize
+    }
+
+    /// The slot the next send would use, if a credit and its header staging are free.
+    pub(crate) fn send_slot(&self) -> Option<usize> {
+        let k = self.slot(self.tx_ctr);
+        (self.credits > 0 && !self.hdr_busy[k]).then_some(k)
+    }
+
+    /// Where a slot write with immediate `imm` lands, if it is one of the next `window`
+    /// messages and its slot is free. The immediate carries the counter's low 31 bits; its
+    /// distance from the next expected counter gives the full counter (and so the slot,
+    /// whatever the window) once it is known to lie within the window.
+    pub(crate) fn arrival_slot(&self, imm: u32) -> Option<usize> {
+        let expect_lo = self.rx_ctr as u32 & !IMM_DIRECT;
+        let ahead = (imm.wrapping_sub(expect_lo) & !IMM_DIRECT) as usize;
+        let k = self.slot(self.rx_ctr + ahead as u64);
+        (ahead < self.window && self.arrived[k].is_none()).then_some(k)
+    }
+
+    /// Low bits of the next counter expected (for error reports).
+    pub(crate) fn expected_imm(&self) -> u32 {
+        self.rx_ctr as u32 & !IMM_DIRECT
+    }
+
+    /// Whether it is time to return the consumed slots: all of them with `all`, else once
+    /// half the window waits (so a sender always keeps at least one).
+    pub(crate) fn credits_due(&self, all: bool) -> Option<u32> {
+        let n = self.unreturned;
+        (n > 0 && (all || n as usize >= self.window.div_ceil(2))).then_some(n)
+    }
+
+    pub(crate) fn heard(&mut self, now: Instant, seq: u64) {
+        self.last_heard = Some((now, seq));
+    }
+}

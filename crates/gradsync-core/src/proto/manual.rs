@@ -1,0 +1,123 @@
+//! The protocol, end to end: how a rank's messages reach its peers.
+//!
+//! This page is documentation only. The rules it describes live in [`Protocol`] (and its
+//! modules), the bytes in [`crate::wire`], the transports' side in `gradsync-transport`.
+//!
+//! # Layers
+//!
+//! A collective call becomes a [`Program`] (see [`crate::schedule`]): sends, receives, posts
+//! and local ops with dependencies. The [`Schedule`] hands out the ops that may start. The
+//! protocol machine turns the sends and receives into traffic, in one of two modes
+//! ([`Mode`]): through *slots* (every algorithm) or *eagerly* (the small all-reduce). A driver
+//! carries the machine's [`Action`]s out with a transport that speaks a subset of RDMA verbs:
+//! one-sided writes with an immediate value, small two-sided messages, completions, and on
+//! shared memory a *board*.
+//!
+//! # The inbox and its slots
+//!
+//! Every rank registers one *inbox* region at init and publishes its descriptor (key, length,
+//! address) with its slot settings ([`crate::wire::settings`]) through the rendezvous store;
+//! all ranks must have the same settings. The inbox holds, for every sender, `nslots` slots of
+//! [`Config::stride`] bytes: a 64-byte [`DataHeader`] and up to `slot_bytes` of payload. Rank
+//! `s`'s slot `k` in a receiver's inbox lies at `(s * nslots + k) * stride`.
+//!
+//! A message is one write with immediate into a slot: a gather list of the header (staged by
+//! the sender, one staging area per peer and slot) and the payload straight from the caller's
+//! buffer. No other copy is made on the sender; over TCP the receiver's transport reads the
+//! payload straight into the slot, over shared memory the sender copies it into a mapping of
+//! the receiver's inbox, over RDMA the adapter writes it there.
+//!
+//! # Credits, window, counters
+//!
+//! A pair uses `window` of its `nslots` slots (fewer over TCP, where fewer messages in flight
+//! keep the socket queues short); both ranks of the pair use the same window. The sender holds
+//! `window` *credits* for the pair: a slot write spends one, and it writes only while it has a
+//! credit and the slot's staged header is free again (its previous write done). Message `k` of
+//! the pair — counted over every operation — goes to slot `k % window`; the write's immediate
+//! is `k`'s low 31 bits (the top bit marks a direct write, below).
+//!
+//! The receiver learns of an arrival from the write's completion. The immediate's distance
+//! from the next counter it expects gives the full counter, once it lies within the window:
+//! a notification outside it, for a slot still full, or longer than a slot, is a
+//! [`Violation::UnknownSlot`]. Arrivals are consumed in counter order, whatever stream or
+//! queue pair they came on, so the k-th send to a peer meets the peer's k-th receive, as the
+//! schedules require. The receiver parses the header as the message lands and checks it
+//! against the receive that takes it: the call's full signature, the message index within the
+//! call, the payload length and the sender; any difference is a mismatch naming both calls.
+//! With checksums on (`GRADSYNC_CHECKSUM=1`) the header carries the payload's CRC32C and the
+//! driver verifies it before anything is copied or reduced.
+//!
+//! Consuming a slot (copying or reducing its payload into place) frees it. The receiver hands
+//! freed slots back in one *credit* message once half the window is free, so the sender
+//! always keeps one; and after [`IDLE_CREDIT_RETURN`] without progress it returns all of them,
+//! in case the peer is the one waiting. Credits beyond the window are a
+//! [`Violation::TooManyCredits`].
+//!
+//! # Clear-to-send: writing straight into place
+//!
+//! A receive that copies (no reduction) at least `direct_min` bytes — set per peer from what
+//! the transport can do: shared memory from a threshold, TCP at its own threshold, never over
+//! RDMA, whose caller buffers are not pinned — sends a *clear-to-send* as it is issued: the
+//! region's key, the offset and the length, with the receiver's signature. The sender checks
+//! the signature and length, and writes that message straight into the receiver's buffer with
+//! the immediate's top bit set and the message index in the rest: no slot, credit or copy out.
+//! A sender without the offer (it sent already) uses a slot, which the receiver accepts for a
+//! direct receive too. A direct write nobody offered is a [`Violation::UnsolicitedDirect`]. With
+//! checksums on there are no direct writes (they carry no header).
+//!
+//! # Eager all-reduces and the board
+//!
+//! An all-reduce of a few KiB (at most [`crate::schedule::Algorithm::Eager`]'s limit in the
+//! engine, and at most 16 ranks) runs the *eager* program: every rank makes its whole buffer
+//! available to every peer, receives every peer's, and reduces all of them in rank order
+//! (`ReduceParts`), so all ranks compute the same bits in one message latency. Its messages
+//! are whole two-sided messages — a data header and the payload — with no slot, credit or
+//! clear-to-send. A rank may receive a peer's eager message before it reaches the call: a few
+//! ([`EAGER_AHEAD_MAX`]) are kept; one for a call this rank has finished is
+//! [`Violation::Late`].
+//!
+//! When every rank's transport has a *board* (all ranks on one host's shared memory, every
+//! board large enough), a post is one posting on the poster's own board under the call's
+//! sequence number instead of a message per peer, and every peer reads it from its mapping of
+//! that memory: one copy in, one copy out per reader, no record, completion or wake-up per
+//! peer. Postings alternate between two slots; a slot is rewritten only when every peer has
+//! *released* the posting in it (the transport refuses the post until then, and the machine
+//! tries again next round). A reader releases a call's postings when the call is done. A
+//! waiting rank's transport watches the call's postings, so a posting wakes a sleeping reader.
+//!
+//! Every rank must choose eager or scheduled alike. A rank that runs a call eagerly and finds
+//! a slot message of the same call from a peer, or that runs it through slots and finds an
+//! eager message or (looked for every [`BOARD_CHECK_EVERY`] while it waits) a board posting
+//! of it, reports a mismatch that names the settings to align.
+//!
+//! # Timeouts, probes, aborts
+//!
+//! Every operation has a deadline. When it passes, the rank asks every live peer where it is
+//! (a *probe*); each answers with the sequence number it runs or ran last and whether it is
+//! inside it. The [`Verdict`] names the peers that did not answer (stopped, hung, or not
+//! calling the library), the lost ones and the ones behind; since every rank that times out
+//! asks everyone, all of them name the same culprit. A rank that fails sends an *abort* with
+//! its error to every peer, which fails their operations with it.
+//!
+//! # The simulator
+//!
+//! [`super::sim`] runs the machines of up to 64 ranks over a simulated transport with seeded
+//! reordering, slow peers and one-slot windows, and checks what a real transport cannot: a
+//! write into a slot not yet consumed, a write with another operation's key, deadlock, and
+//! results against the reference bit for bit.
+//!
+//! [`Protocol`]: super::Protocol
+//! [`Program`]: crate::schedule::Program
+//! [`Schedule`]: crate::schedule::Schedule
+//! [`Mode`]: super::Mode
+//! [`Action`]: super::Action
+//! [`Config::stride`]: super::Config::stride
+//! [`DataHeader`]: crate::wire::DataHeader
+//! [`Violation::UnknownSlot`]: super::Violation::UnknownSlot
+//! [`Violation::TooManyCredits`]: super::Violation::TooManyCredits
+//! [`Violation::UnsolicitedDirect`]: super::Violation::UnsolicitedDirect
+//! [`Violation::Late`]: super::Violation::Late
+//! [`IDLE_CREDIT_RETURN`]: super::IDLE_CREDIT_RETURN
+//! [`BOARD_CHECK_EVERY`]: super::BOARD_CHECK_EVERY
+//! [`EAGER_AHEAD_MAX`]: super::EAGER_AHEAD_MAX
+//! [`Verdict`]: super::Verdict

@@ -1,0 +1,179 @@
+//! Protocol simulations: every algorithm over the real machines, reordering, slow peers,
+//! credit starvation, worlds 1 to 64.
+
+use super::*;
+
+fn call(coll: Collective, algorithm: Algorithm, count: usize) -> CallSpec {
+    CallSpec {
+        coll,
+        algorithm,
+        dtype: DataType::F32,
+        op: ReduceOp::Sum,
+        count,
+        root: 0,
+        in_place: false,
+    }
+}
+
+/// A mix of every collective and algorithm, eager and deterministic all-reduces among them,
+/// in place and out of place, with a root that moves.
+fn mix(world: usize) -> Vec<CallSpec> {
+    use Algorithm::*;
+    use Collective::*;
+    let mut v = vec![
+        call(AllReduce, Ring, 1000),
+        call(AllReduce, Eager, 7),
+        CallSpec {
+            in_place: true,
+            op: ReduceOp::Avg,
+            ..call(AllReduce, Eager, 33)
+        },
+        call(AllReduce, RecursiveDoubling, 300),
+        call(AllReduce, Eager, 1),
+        CallSpec {
+            dtype: DataType::I32,
+            op: ReduceOp::Max,
+            ..call(AllReduce, Tree, 513)
+        },
+        call(AllReduce, Rabenseifner, 257),
+        call(AllReduce, DoubleTree, 700),
+        CallSpec {
+            in_place: true,
+            ..call(AllReduce, Deterministic, 500)
+        },
+        call(ReduceScatter, Ring, 70),
+        call(AllGather, Ring, 65),
+        CallSpec {
+            root: world - 1,
+            ..call(Broadcast, Tree, 300)
+        },
+        CallSpec {
+            root: world / 2,
+            dtype: DataType::U8,
+            op: ReduceOp::Min,
+            ..call(Reduce, Ring, 301)
+        },
+        call(Barrier, Ring, 0),
+        call(AllReduce, Eager, 64),
+        CallSpec {
+            dtype: DataType::F64,
+            op: ReduceOp::Prod,
+            in_place: true,
+            ..call(AllReduce, Ring, 999)
+        },
+    ];
+    if world > 1 {
+        v.push(call(AllReduce, Central, 100));
+    }
+    v
+}
+
+fn check(cfg: &SimConfig, world: usize, calls: &[CallSpec]) -> SimStats {
+    run(cfg, world, calls)
+        .unwrap_or_else(|e| panic!("world {world} seed {} {cfg:?}: {e}", cfg.seed))
+}
+
+#[test]
+fn ring_all_reduce_on_two_ranks() {
+    let calls = [call(Collective::AllReduce, Algorithm::Ring, 1000)];
+    for seed in 0..20 {
+        let s = check(&SimConfig::new(seed), 2, &calls);
+        assert!(s.writes > 0, "{s:?}");
+    }
+}
+
+#[test]
+fn every_collective_in_sequence_worlds_1_to_9() {
+    for world in 1..=9 {
+        for seed in 0..6 {
+            let mut cfg = SimConfig::new(seed * 31 + world as u64);
+            cfg.board = seed % 2 == 1;
+            cfg.fifo = seed % 3 == 2;
+            check(&cfg, world, &mix(world));
+        }
+    }
+}
+
+#[test]
+fn credit_starvation_one_slot_per_pair() {
+    for world in [2, 3, 5] {
+        for seed in 0..8 {
+            let mut cfg = SimConfig::new(seed);
+            cfg.nslots = 2;
+            cfg.window = Some(1);
+            cfg.slot_bytes = 64;
+            cfg.direct_min = usize::MAX;
+            check(&cfg, world, &mix(world));
+        }
+    }
+}
+
+#[test]
+fn a_slow_peer() {
+    for world in [2, 4, 7] {
+        for seed in 0..4 {
+            let mut cfg = SimConfig::new(seed + 100);
+            cfg.slow = Some((world / 2, 20));
+            cfg.board = seed % 2 == 0;
+            check(&cfg, world, &mix(world));
+        }
+    }
+}
+
+#[test]
+fn checksums_on_every_path() {
+    for world in [2, 3, 4] {
+        let mut cfg = SimConfig::new(world as u64);
+        cfg.checksum = true;
+        cfg.board = true;
+        check(&cfg, world, &mix(world));
+        cfg.board = false;
+        check(&cfg, world, &mix(world));
+    }
+}
+
+#[test]
+fn worlds_up_to_64() {
+    use Algorithm::*;
+    use Collective::*;
+    for world in [16, 31, 64] {
+        let calls = [
+            call(AllReduce, Ring, 2 * world + 3),
+            call(AllReduce, Eager, 5),
+            call(AllReduce, RecursiveDoubling, 40),
+            call(AllReduce, DoubleTree, 300),
+            call(AllGather, Ring, 3),
+            call(Barrier, Ring, 0),
+        ];
+        for seed in 0..2 {
+            let mut cfg = SimConfig::new(seed + world as u64);
+            cfg.board = seed == 1;
+            cfg.slot_bytes = 128;
+            check(&cfg, world, &calls);
+        }
+    }
+}
+
+/// Sender and receiver stay on the same slot, with a window that divides no power of two,
+/// when the message counters pass 2^31 and 2^32 (the immediate carries only their low 31 bits;
+/// the top bit marks direct writes).
+#[test]
+fn slots_stay_in_step_across_the_counters_wrap() {
+    use Algorithm::*;
+    use Collective::*;
+    for from in [(1u64 << 31) - 8, (1 << 32) - 8] {
+        for seed in 0..4 {
+            let mut cfg = SimConfig::new(seed);
+            cfg.nslots = 8;
+            cfg.window = Some(3);
+            cfg.slot_bytes = 64;
+            cfg.counters_from = from;
+            let calls = [
+                call(AllReduce, Ring, 300),
+                call(AllReduce, Tree, 200),
+                call(AllGather, Ring, 40),
+            ];
+            check(&cfg, 3, &calls);
+        }
+    }
+}

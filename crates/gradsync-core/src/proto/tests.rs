@@ -1,0 +1,557 @@
+//! Unit tests of the protocol machine: each rule, fed events by hand.
+
+use super::*;
+use crate::schedule::{Buf, Loc, Op, Program, Schedule};
+use crate::wire::{DATA_HEADER_LEN, DataHeader, DataHeaderRepr, Signature};
+use crate::{Collective, DataType, ReduceOp};
+use std::time::{Duration, Instant};
+
+fn cfg(rank: usize, world: usize) -> Config {
+    Config {
+        rank,
+        world,
+        nslots: 2,
+        slot_bytes: 64,
+        direct_min: usize::MAX,
+        checksum: false,
+    }
+}
+
+fn sig(seq: u64, count: u64) -> Signature {
+    Signature {
+        comm_id: 7,
+        seq,
+        coll: Collective::AllReduce,
+        dtype: DataType::F32,
+        op: ReduceOp::Sum,
+        count,
+        root: 0,
+    }
+}
+
+/// A program of `sends` sends of `len` elements to `peer`.
+fn sends(peer: usize, sends: usize, len: usize, world: usize) -> Box<Schedule> {
+    let mut p = Program::new();
+    for i in 0..sends {
+        p.push(
+            Op::Send {
+                peer,
+                src: Loc::new(Buf::Input, i * len),
+                len,
+            },
+            &[],
+        );
+    }
+    Box::new(Schedule::new(p, world))
+}
+
+/// A program of `n` receives of `len` elements from `peer`.
+fn recvs(peer: usize, n: usize, len: usize, world: usize) -> Box<Schedule> {
+    let mut p = Program::new();
+    for i in 0..n {
+        p.push(
+            Op::Recv {
+                peer,
+                dst: Loc::new(Buf::Output, i * len),
+                reduce_with: None,
+                len,
+            },
+            &[],
+        );
+    }
+    Box::new(Schedule::new(p, world))
+}
+
+fn actions(p: &mut Protocol) -> Vec<Action> {
+    let mut v = Vec::new();
+    while let Some(a) = p.poll_action().unwrap() {
+        v.push(a);
+    }
+    v
+}
+
+fn header_bytes(h: &DataHeaderRepr) -> [u8; DATA_HEADER_LEN] {
+    let mut b = [0u8; DATA_HEADER_LEN];
+    h.emit(&mut DataHeader::new_unchecked(&mut b[..]));
+    b
+}
+
+#[test]
+fn sends_wait_for_credits_and_go_in_slot_order() {
+    let now = Instant::now();
+    let mut p = Protocol::new(cfg(0, 2), now);
+    p.set_window(1, 2);
+    p.start(sig(1, 12), sends(1, 3, 4, 2), Mode::Slots, [0; 3], now);
+    let a = actions(&mut p);
+    // Two slots, so two writes; the third waits for a credit.
+    let writes: Vec<_> = a
+        .iter()
+        .filter_map(|a| match a {
+            Action::Write {
+                wr,
+                to: Target::Slot { slot, offset, .. },
+                imm,
+                ..
+            } => Some((*wr, *slot, *offset, *imm)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(writes.len(), 2, "{a:?}");
+    assert_eq!((writes[0].1, writes[0].3), (0, 0));
+    assert_eq!((writes[1].1, writes[1].3), (1, 1));
+    // Rank 0's part of the peer's inbox starts at 0; slot 1 one stride further.
+    assert_eq!(writes[1].2 as usize, cfg(0, 2).stride());
+    assert!(actions(&mut p).is_empty());
+    for (wr, ..) in &writes {
+        p.handle_write_done(*wr);
+    }
+    assert!(actions(&mut p).is_empty(), "no credit yet");
+    p.handle_message(1, ControlReprExt::credit(1), now).unwrap();
+    let a = actions(&mut p);
+    assert!(
+        matches!(
+            a[..],
+            [Action::Write {
+                imm: 2,
+                to: Target::Slot { slot: 0, .. },
+                ..
+            }]
+        ),
+        "{a:?}"
+    );
+    // More credits than the window is a violation naming the peer.
+    let e = p
+        .handle_message(1, ControlReprExt::credit(3), now)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ProtoError::Violation {
+                peer: 1,
+                violation: Violation::TooManyCredits { returned: 3, .. }
+            }
+        ),
+        "{e}"
+    );
+}
+
+/// Builds control messages for the tests.
+struct ControlReprExt;
+
+impl ControlReprExt {
+    fn credit(count: u32) -> Vec<u8> {
+        crate::wire::ControlRepr::Credit { count }.to_vec()
+    }
+}
+
+#[test]
+fn arrivals_are_consumed_in_order_and_credits_go_back_in_batches() {
+    let now = Instant::now();
+    let mut p = Protocol::new(cfg(1, 2), now);
+    p.start(sig(1, 8), recvs(0, 2, 4, 2), Mode::Slots, [0; 3], now);
+    assert!(actions(&mut p).is_empty());
+    let h = |msg| DataHeaderRepr {
+        sig: sig(1, 8),
+        msg,
+        payload_len: 16,
+        sender: 0,
+        crc32c: None,
+    };
+    // Message 1 lands first (another stream): it waits for message 0.
+    let b1 = header_bytes(&h(1));
+    p.handle_write_imm(0, 1, 80, now, |k| {
+        assert_eq!(k, 1);
+        &b1[..]
+    })
+    .unwrap();
+    assert!(actions(&mut p).is_empty());
+    let b0 = header_bytes(&h(0));
+    p.handle_write_imm(0, 0, 80, now, |_| &b0[..]).unwrap();
+    let a = actions(&mut p);
+    let delivered: Vec<u32> = a
+        .iter()
+        .filter_map(|a| match a {
+            Action::Deliver { msg, .. } => Some(*msg),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(delivered, [0, 1]);
+    // Both slots consumed: half the window (1) is due at once, so credits went back.
+    assert!(
+        a.iter().any(|a| matches!(
+            a,
+            Action::Control {
+                peer: 0,
+                msg: crate::wire::ControlRepr::Credit { .. },
+                ..
+            }
+        )),
+        "{a:?}"
+    );
+    assert!(p.is_done());
+}
+
+#[test]
+fn writes_outside_the_window_or_unasked_are_violations() {
+    let now = Instant::now();
+    let mut p = Protocol::new(cfg(1, 2), now);
+    p.start(sig(1, 8), recvs(0, 2, 4, 2), Mode::Slots, [0; 3], now);
+    let e = p.handle_write_imm(0, 5, 80, now, |_| &[]).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ProtoError::Violation {
+                peer: 0,
+                violation: Violation::UnknownSlot { imm: 5, .. }
+            }
+        ),
+        "{e}"
+    );
+    let e = p
+        .handle_write_imm(0, IMM_DIRECT | 3, 16, now, |_| &[])
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ProtoError::Violation {
+                peer: 0,
+                violation: Violation::UnsolicitedDirect { msg: 3, len: 16 }
+            }
+        ),
+        "{e}"
+    );
+    // A slot longer than a slot.
+    let e = p.handle_write_imm(0, 0, 4096, now, |_| &[]).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ProtoError::Violation {
+                violation: Violation::UnknownSlot { .. },
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_header_of_another_call_is_a_mismatch_and_a_missing_checksum_is_refused() {
+    let now = Instant::now();
+    let mut p = Protocol::new(cfg(1, 2), now);
+    p.start(sig(1, 8), recvs(0, 1, 4, 2), Mode::Slots, [0; 3], now);
+    let mut other = sig(1, 8);
+    other.op = ReduceOp::Max;
+    let b = header_bytes(&DataHeaderRepr {
+        sig: other,
+        msg: 0,
+        payload_len: 16,
+        sender: 0,
+        crc32c: None,
+    });
+    p.handle_write_imm(0, 0, 80, now, |_| &b[..]).unwrap();
+    let e = p.poll_action().unwrap_err();
+    assert!(matches!(e, ProtoError::Mismatch { peer: 0, .. }), "{e}");
+
+    let mut c = cfg(1, 2);
+    c.checksum = true;
+    let mut p = Protocol::new(c, now);
+    p.start(sig(1, 8), recvs(0, 1, 4, 2), Mode::Slots, [0; 3], now);
+    let b = header_bytes(&DataHeaderRepr {
+        sig: sig(1, 8),
+        msg: 0,
+        payload_len: 16,
+        sender: 0,
+        crc32c: None,
+    });
+    p.handle_write_imm(0, 0, 80, now, |_| &b[..]).unwrap();
+    let e = p.poll_action().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ProtoError::Violation {
+                violation: Violation::MissingChecksum { msg: 0, .. },
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+fn eager_message(seq: u64, sender: u32, payload: &[u8]) -> Vec<u8> {
+    let mut m = header_bytes(&DataHeaderRepr {
+        sig: sig(seq, payload.len() as u64 / 4),
+        msg: 0,
+        payload_len: payload.len() as u32,
+        sender,
+        crc32c: None,
+    })
+    .to_vec();
+    m.extend_from_slice(payload);
+    m
+}
+
+#[test]
+fn eager_messages_are_kept_until_their_call_and_never_late() {
+    let now = Instant::now();
+    let mut p = Protocol::new(cfg(1, 2), now);
+    // Messages for calls 1 to 4 arrive before this rank starts any; a fifth is too many.
+    for seq in 1..=4 {
+        p.handle_message(0, eager_message(seq, 0, &[seq as u8; 4]), now)
+            .unwrap();
+    }
+    let e = p
+        .handle_message(0, eager_message(5, 0, &[0; 4]), now)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ProtoError::Violation {
+                violation: Violation::TooFarAhead { max: 4 },
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // Call 1 runs eagerly: its receive takes message 1.
+    p.start(sig(1, 1), recvs(0, 1, 1, 2), Mode::Eager, [0; 3], now);
+    let a = actions(&mut p);
+    assert!(
+        matches!(
+            a[..],
+            [Action::DeliverEager {
+                peer: 0,
+                len: 1,
+                ..
+            }]
+        ),
+        "{a:?}"
+    );
+    assert_eq!(p.eager_payload(0), &[1u8; 4]);
+    assert!(p.is_done());
+    p.finish();
+    // A message for call 1 again is late.
+    let e = p
+        .handle_message(0, eager_message(1, 0, &[0; 4]), now)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ProtoError::Violation {
+                violation: Violation::Late { done: 1, .. },
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // One whose header names another sender, or does not match its length.
+    let e = p
+        .handle_message(0, eager_message(6, 1, &[0; 4]), now)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ProtoError::Violation {
+                violation: Violation::BadFraming { .. },
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // Call 2 runs through slots here: the peer's eager message for it is a mismatch.
+    p.start(sig(2, 1), recvs(0, 1, 1, 2), Mode::Slots, [0; 3], now);
+    let e = p.poll_action().unwrap_err();
+    assert!(
+        matches!(e, ProtoError::Mismatch { peer: 0, ref detail, .. } if detail.contains("eagerly")),
+        "{e}"
+    );
+}
+
+#[test]
+fn board_postings_retry_until_accepted_and_are_released() {
+    let now = Instant::now();
+    let mut p = Protocol::new(cfg(0, 2), now);
+    p.enable_board(true);
+    let mut prog = Program::new();
+    let post = prog.push(
+        Op::Post {
+            src: Loc::new(Buf::Input, 0),
+            len: 1,
+        },
+        &[],
+    );
+    prog.push(
+        Op::Recv {
+            peer: 1,
+            dst: Loc::new(Buf::Scratch, 1),
+            reduce_with: None,
+            len: 1,
+        },
+        &[],
+    );
+    let _ = post;
+    p.start(
+        sig(3, 1),
+        Box::new(Schedule::new(prog, 2)),
+        Mode::Eager,
+        [0; 3],
+        now,
+    );
+    let a = actions(&mut p);
+    assert!(matches!(a[0], Action::BoardWatch { seq: 3 }), "{a:?}");
+    assert!(
+        a.iter()
+            .any(|a| matches!(a, Action::Post { board: true, .. })),
+        "{a:?}"
+    );
+    assert!(
+        a.iter()
+            .any(|a| matches!(a, Action::BoardRead { peer: 1, seq: 3 })),
+        "{a:?}"
+    );
+    p.handle_posted(false);
+    p.handle_board_read(1, false).unwrap();
+    // Nothing again in the same round.
+    assert!(actions(&mut p).is_empty());
+    p.handle_round(now, true);
+    let a = actions(&mut p);
+    assert!(a.iter().any(|a| matches!(a, Action::Post { .. })), "{a:?}");
+    p.handle_posted(true);
+    p.board_buf(1).clear();
+    p.board_buf(1)
+        .extend_from_slice(&eager_message(3, 1, &[9; 4]));
+    p.handle_board_read(1, true).unwrap();
+    let a = actions(&mut p);
+    assert!(
+        matches!(
+            a[..],
+            [
+                Action::DeliverEager { peer: 1, .. },
+                Action::BoardRelease { seq: 3 }
+            ]
+        ),
+        "{a:?}"
+    );
+    assert!(p.is_done());
+}
+
+#[test]
+fn probes_are_answered_and_judged() {
+    let now = Instant::now();
+    let mut p = Protocol::new(cfg(0, 4), now);
+    p.start(sig(5, 1), recvs(1, 1, 1, 4), Mode::Slots, [0; 3], now);
+    p.handle_message(2, crate::wire::ControlRepr::Probe.to_vec(), now)
+        .unwrap();
+    let a = actions(&mut p);
+    assert!(
+        a.iter().any(|a| matches!(
+            a,
+            Action::Control {
+                peer: 2,
+                msg: crate::wire::ControlRepr::ProbeReply {
+                    seq: 5,
+                    inside: true
+                },
+                ..
+            }
+        )),
+        "{a:?}"
+    );
+    let alive = |p: usize| p != 3;
+    p.begin_probe(alive);
+    let probes = actions(&mut p)
+        .iter()
+        .filter(|a| {
+            matches!(
+                a,
+                Action::Control {
+                    msg: crate::wire::ControlRepr::Probe,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(probes, 2, "ranks 1 and 2; rank 3 is gone");
+    assert!(!p.probe_settled(alive));
+    let reply = |seq, inside| crate::wire::ControlRepr::ProbeReply { seq, inside }.to_vec();
+    p.handle_message(2, reply(4, true), now).unwrap();
+    let v = p.verdict(alive);
+    assert_eq!(v.silent, [1]);
+    assert_eq!(v.lost, [3]);
+    assert_eq!(v.behind, [(2, 4, true)]);
+    let text = VerdictWithin {
+        verdict: &v,
+        window: Duration::from_millis(100),
+    }
+    .to_string();
+    assert!(
+        text.contains("rank 1 did not answer") && text.contains("rank 2 (at seq 4)"),
+        "{text}"
+    );
+    // An abort names its sender and reason; garbage is a violation.
+    let e = p
+        .handle_message(
+            1,
+            crate::wire::ControlRepr::Abort {
+                reason: "oom".into(),
+            }
+            .to_vec(),
+            now,
+        )
+        .unwrap_err();
+    assert_eq!(
+        e,
+        ProtoError::PeerAborted {
+            peer: 1,
+            reason: "oom".into()
+        }
+    );
+    let e = p.handle_message(1, vec![77, 1, 2], now).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ProtoError::Violation {
+                peer: 1,
+                violation: Violation::BadControl { len: 3, .. }
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn idle_rounds_return_every_credit() {
+    let now = Instant::now();
+    let mut c = cfg(1, 2);
+    c.nslots = 4;
+    let mut p = Protocol::new(c, now);
+    p.start(sig(1, 4), recvs(0, 1, 4, 2), Mode::Slots, [0; 3], now);
+    let b = header_bytes(&DataHeaderRepr {
+        sig: sig(1, 4),
+        msg: 0,
+        payload_len: 16,
+        sender: 0,
+        crc32c: None,
+    });
+    p.handle_write_imm(0, 0, 80, now, |_| &b[..]).unwrap();
+    let a = actions(&mut p);
+    // One of four slots consumed: below the batch of two, no credit yet.
+    assert!(
+        !a.iter().any(|a| matches!(a, Action::Control { .. })),
+        "{a:?}"
+    );
+    p.handle_round(now, true);
+    assert!(actions(&mut p).is_empty(), "not idle long enough");
+    p.handle_round(now + IDLE_CREDIT_RETURN, true);
+    let a = actions(&mut p);
+    assert!(
+        matches!(
+            a[..],
+            [Action::Control {
+                peer: 0,
+                msg: crate::wire::ControlRepr::Credit { count: 1 },
+                ..
+            }]
+        ),
+        "{a:?}"
+    );
+}
