@@ -61,9 +61,9 @@ pub struct Config {
     /// All-reduces of at most this many bytes run eagerly (`GRADSYNC_EAGER_MAX`, `0` or `off`:
     /// never; only with no forced algorithm and at most 16 ranks): each rank hands its whole
     /// buffer to every peer at once and reduces all contributions in rank order, one message
-    /// latency in all. The default, `usize::MAX`, leaves each path its own limit: 4064 bytes
+    /// latency in all. The default, `usize::MAX`, leaves each path its own limit: 4032 bytes
     /// as messages, 16 KiB on a shared-memory board (see [`shm_board`](Self::shm_board)); a
-    /// smaller value lowers both (at most 16416 is accepted). Set it alike on every rank.
+    /// smaller value lowers both (at most 16384 is accepted). Set it alike on every rank.
     pub eager_max: usize,
     /// Whether eager all-reduces of a job whose ranks all share one host go through the
     /// shared-memory board (`GRADSYNC_SHM_BOARD`, `1` default, `0`: as messages through the
@@ -941,7 +941,7 @@ mod tests {
         let c = from(&[base[0], base[1], ("GRADSYNC_EAGER_MAX", "off")]).unwrap();
         assert_eq!(c.eager_max, 0);
         let e = from(&[base[0], base[1], ("GRADSYNC_EAGER_MAX", "17K")]).unwrap_err();
-        assert!(e.to_string().contains("at most 16416 bytes"), "{e}");
+        assert!(e.to_string().contains("at most 16384 bytes"), "{e}");
         let c = from(&[base[0], base[1], ("GRADSYNC_SHM_BOARD", "0")]).unwrap();
         assert!(!c.shm_board);
         let e = from(&[base[0], base[1], ("GRADSYNC_SHM_BOARD", "no")]).unwrap_err();

@@ -55,15 +55,15 @@ pub enum Error {
         /// Further detail when the signatures agree but the messages do not.
         detail: String,
     },
-    /// A peer broke the engine's protocol.
-    #[error("rank {rank}: protocol error from rank {peer}: {msg}")]
+    /// A peer broke the protocol.
+    #[error("rank {rank}: protocol error from rank {peer}: {violation}")]
     Protocol {
         /// This rank.
         rank: usize,
         /// The peer.
         peer: usize,
-        /// What was wrong.
-        msg: String,
+        /// What it did.
+        violation: gradsync_core::proto::Violation,
     },
     /// A message failed its checksum (`GRADSYNC_CHECKSUM=1`): its payload was damaged between
     /// the sender's buffer and this rank's inbox. The payload was not reduced or copied.

@@ -84,7 +84,7 @@ fn deterministic_results_do_not_depend_on_algorithm_chunking_or_size() {
                 .collect();
             for (k, algo) in algos.into_iter().enumerate() {
                 let (chunk, eager) = if k % 2 == 0 {
-                    (256, 4064)
+                    (256, 4032)
                 } else {
                     (64 << 10, 0)
                 };

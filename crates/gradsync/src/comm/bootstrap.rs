@@ -1,0 +1,856 @@
+//! How a communicator comes to be: init from the environment or a [`Config`], the interface
+//! and addresses of the data connections, the rendezvous exchange through the store, the
+//! shared-memory and RDMA backends, the settings every rank's inbox must agree on
+//! ([`SlotLayout`]), in-process groups over given endpoints, and shrink.
+
+use super::Communicator;
+use super::choice::no_choices;
+use crate::Result;
+use crate::config::{Config, TransportMode};
+use crate::engine::{Engine, EngineOptions};
+use crate::error::Error;
+use crate::topology::{self, Topology};
+use gradsync_core::schedule::plan::Algorithm;
+use gradsync_store::{StoreClient, StoreServer};
+use gradsync_transport::hybrid::{HybridEndpoint, Route};
+use gradsync_transport::shm::{ShmEndpoint, ShmInfo, ShmSetup};
+use gradsync_transport::tcp::{self, TcpEndpoint, TcpOptions};
+use gradsync_transport::{Endpoint, RemoteRegion};
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
+use std::time::{Duration, Instant, SystemTime};
+
+/// How long a waiting rank polls without yielding when every local rank has a core.
+const BUSY_SPIN: Duration = Duration::from_micros(50);
+
+/// What init learned about the placement of ranks.
+#[derive(Clone, Debug)]
+pub(super) struct Layout {
+    /// Host index of every rank.
+    pub(super) host_of: Vec<usize>,
+    /// Host identity string of every rank.
+    pub(super) host_ids: Vec<String>,
+    /// Ranks per host when hosts are uniform contiguous blocks, else 0.
+    pub(super) local_size: usize,
+    /// Transport name to every rank (`self` for this rank).
+    pub(super) routes: Vec<&'static str>,
+    /// Network interface of the data connections (empty in process).
+    pub(super) ifname: String,
+    /// Listening address of every rank (empty in process).
+    pub(super) addrs: Vec<SocketAddr>,
+    /// Where init placed this rank on the NUMA nodes.
+    pub(super) placement: topology::Placement,
+}
+
+impl Layout {
+    fn single_host(world: usize, rank: usize, transport: &'static str) -> Self {
+        Layout {
+            host_of: vec![0; world],
+            host_ids: vec![String::new(); world],
+            local_size: world,
+            routes: (0..world)
+                .map(|p| if p == rank { "self" } else { transport })
+                .collect(),
+            ifname: String::new(),
+            addrs: Vec::new(),
+            placement: topology::Placement::SingleNode,
+        }
+    }
+}
+
+/// The settings that shape every rank's inbox and its use, which must be alike on all ranks,
+/// and the size of the rank's board (eager all-reduces use boards when every rank has one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct SlotLayout {
+    chunk: u64,
+    nslots: u32,
+    tcp_nslots: u32,
+    /// Bytes of the rank's transport board, 0 without one (or with `GRADSYNC_SHM_BOARD=0`).
+    board: u32,
+}
+
+impl SlotLayout {
+    /// Length of [`to_bytes`](Self::to_bytes), which follows the inbox descriptor.
+    const LEN: usize = 20;
+
+    fn of(c: &Config, board: usize) -> Self {
+        SlotLayout {
+            chunk: c.chunk_bytes as u64,
+            nslots: c.nslots as u32,
+            tcp_nslots: c.tcp_nslots as u32,
+            board: if c.shm_board {
+                u32::try_from(board).unwrap_or(u32::MAX)
+            } else {
+                0
+            },
+        }
+    }
+
+    fn to_bytes(self) -> [u8; Self::LEN] {
+        let mut b = [0u8; Self::LEN];
+        b[..8].copy_from_slice(&self.chunk.to_le_bytes());
+        b[8..12].copy_from_slice(&self.nslots.to_le_bytes());
+        b[12..16].copy_from_slice(&self.tcp_nslots.to_le_bytes());
+        b[16..].copy_from_slice(&self.board.to_le_bytes());
+        b
+    }
+
+    fn from_bytes(b: &[u8]) -> Option<Self> {
+        (b.len() == Self::LEN).then(|| SlotLayout {
+            chunk: u64::from_le_bytes(b[..8].try_into().expect("8")),
+            nslots: u32::from_le_bytes(b[8..12].try_into().expect("4")),
+            tcp_nslots: u32::from_le_bytes(b[12..16].try_into().expect("4")),
+            board: u32::from_le_bytes(b[16..].try_into().expect("4")),
+        })
+    }
+
+    /// An error naming both ranks and every setting that differs (the board may differ).
+    fn check(&self, rank: usize, peer: usize, theirs: &SlotLayout) -> Result<(), Error> {
+        let settings = |l: &SlotLayout| (l.chunk, l.nslots, l.tcp_nslots);
+        if settings(self) == settings(theirs) {
+            return Ok(());
+        }
+        let mut diff = Vec::new();
+        for (name, a, b) in [
+            ("GRADSYNC_CHUNK_SIZE", self.chunk, theirs.chunk),
+            ("GRADSYNC_NSLOTS", self.nslots.into(), theirs.nslots.into()),
+            (
+                "GRADSYNC_TCP_NSLOTS",
+                self.tcp_nslots.into(),
+                theirs.tcp_nslots.into(),
+            ),
+        ] {
+            if a != b {
+                diff.push(format!(
+                    "{name} is {a} on rank {rank} but {b} on rank {peer}"
+                ));
+            }
+        }
+        Err(Error::Config(format!(
+            "rank {rank}: {}; set them alike on every rank",
+            diff.join(", ")
+        )))
+    }
+}
+
+fn new_comm_id() -> u64 {
+    let t = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let mut x = (t as u64) ^ ((std::process::id() as u64) << 32) ^ 0x9e37_79b9_7f4a_7c15;
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x | 1
+}
+
+fn resolve(addr: &str) -> Result<SocketAddr> {
+    addr.to_socket_addrs()
+        .map_err(|e| Error::Config(format!("cannot resolve store address {addr:?}: {e}")))?
+        .next()
+        .ok_or_else(|| Error::Config(format!("store address {addr:?} resolves to nothing")))
+}
+
+/// The local address the kernel would use to reach `to` (no packet is sent).
+fn route_to(to: SocketAddr) -> Option<IpAddr> {
+    if to.ip().is_loopback() {
+        return Some(to.ip());
+    }
+    let any: SocketAddr = if to.is_ipv4() {
+        "0.0.0.0:0".parse().ok()?
+    } else {
+        "[::]:0".parse().ok()?
+    };
+    let s = UdpSocket::bind(any).ok()?;
+    s.connect(to).ok()?;
+    s.local_addr().ok().map(|a| a.ip())
+}
+
+/// Publishes this rank's `value` under `{prefix}/{what}/{rank}` and waits until every rank of
+/// `ranks` has published its own; returns their values in the order of `ranks`.
+pub(super) fn exchange(
+    store: &mut StoreClient,
+    prefix: &str,
+    what: &str,
+    rank: usize,
+    ranks: impl Iterator<Item = usize>,
+    value: &[u8],
+    timeout: Duration,
+) -> std::result::Result<Vec<Vec<u8>>, gradsync_store::StoreError> {
+    store.set(&format!("{prefix}/{what}/{rank}"), value)?;
+    let keys: Vec<String> = ranks.map(|r| format!("{prefix}/{what}/{r}")).collect();
+    let krefs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    store.wait(&krefs, timeout)
+}
+
+impl Communicator {
+    /// Builds a communicator from the launcher's environment (torchrun / `gradsync launch`,
+    /// Slurm, Open MPI) and the `GRADSYNC_*` variables. See [`Config::from_env`].
+    pub fn from_env() -> Result<Self> {
+        crate::logging::init_from_env();
+        Self::init(Config::from_env()?)
+    }
+
+    /// Builds a communicator over TCP: rendezvous through the store at `config.store_addr`
+    /// (started by rank 0 when `config.host_store`), exchange of listening addresses and inbox
+    /// keys, then one connection of `config.nsocks` streams to every peer. Bounded by
+    /// `config.timeout`.
+    pub fn init(config: Config) -> Result<Self> {
+        let rank = config.rank;
+        let world = config.world;
+        if world == 0 || rank >= world {
+            return Err(Error::Config(format!(
+                "rank {rank} is not within world size {world}"
+            )));
+        }
+        crate::logging::set_rank(rank);
+        // `kill -USR1 <pid>` writes every communicator's flight recorder (GRADSYNC_FLIGHT_DIR).
+        crate::recorder::install_sigusr1_dump();
+        let t0 = Instant::now();
+        let store_sa = resolve(&config.store_addr)?;
+        let token = config.token.as_deref().map(str::as_bytes);
+        if token.is_none() {
+            static NO_TOKEN: std::sync::Once = std::sync::Once::new();
+            NO_TOKEN.call_once(|| {
+                tracing::warn!(
+                    target: "gradsync::init",
+                    "running without GRADSYNC_TOKEN: connections are not authenticated"
+                );
+            });
+        }
+        let server = if config.host_store && rank == 0 {
+            let mut server_config = gradsync_store::ServerConfig::default();
+            server_config.token = token.map(<[u8]>::to_vec);
+            Some(
+                StoreServer::bind_with_config(store_sa, server_config)
+                    .map_err(|source| Error::Store { rank, source })?,
+            )
+        } else {
+            None
+        };
+        let mut store =
+            StoreClient::connect_with_token(&config.store_addr, config.timeout, token, rank)
+                .map_err(|source| Error::Store { rank, source })?;
+        let st = |source| Error::Store { rank, source };
+        // A fresh id per communicator; every key of this communicator lives under it.
+        let comm_id = if rank == 0 {
+            let id = new_comm_id();
+            store
+                .set("gradsync/comm_id", &id.to_le_bytes())
+                .map_err(st)?;
+            id
+        } else {
+            let v = store
+                .wait(&["gradsync/comm_id"], config.timeout)
+                .map_err(st)?;
+            u64::from_le_bytes(
+                v[0].as_slice()
+                    .try_into()
+                    .map_err(|_| Error::Config("malformed communicator id in the store".into()))?,
+            )
+        };
+        Self::join(store, server, comm_id, rank, world, config, t0)
+    }
+
+    /// The part of init after the communicator id is agreed: addresses and inbox keys through
+    /// the store, connections, then a barrier.
+    fn join(
+        mut store: StoreClient,
+        server: Option<StoreServer>,
+        comm_id: u64,
+        rank: usize,
+        world: usize,
+        config: Config,
+        t0: Instant,
+    ) -> Result<Self> {
+        let st = |source| Error::Store { rank, source };
+        let token = config.token.as_deref().map(str::as_bytes);
+        let store_sa = resolve(&config.store_addr)?;
+        let (ip, ifname) = match &config.socket_ifname {
+            Some(name) => (
+                tcp::interface_addr(name)
+                    .map_err(|e| Error::Config(format!("GRADSYNC_SOCKET_IFNAME: {e}")))?,
+                name.clone(),
+            ),
+            None => {
+                let ip = route_to(store_sa).ok_or_else(|| {
+                    Error::Config(format!(
+                        "no local route to the store at {store_sa}; set GRADSYNC_SOCKET_IFNAME"
+                    ))
+                })?;
+                let name = tcp::interfaces()
+                    .ok()
+                    .and_then(|l| l.into_iter().find(|(_, a)| *a == ip).map(|(n, _)| n))
+                    .unwrap_or_else(|| "?".into());
+                (ip, name)
+            }
+        };
+        let placement = topology::numa_placement(&ifname, config.numa_bind);
+        tracing::info!(target: "gradsync::init", "rank {rank}: interface {ifname}: {placement}");
+        let listener =
+            tcp::listen(ip).map_err(|e| Error::Config(format!("cannot listen on {ip}: {e}")))?;
+        let my_addr = listener
+            .local_addr()
+            .map_err(|e| Error::Config(format!("listener address: {e}")))?;
+        let prefix = format!("gradsync/{comm_id:016x}");
+        let host_id = config
+            .host_id
+            .clone()
+            .unwrap_or_else(topology::host_identity);
+        store
+            .set(
+                &format!("{prefix}/addr/{rank}"),
+                my_addr.to_string().as_bytes(),
+            )
+            .map_err(st)?;
+        store
+            .set(&format!("{prefix}/host/{rank}"), host_id.as_bytes())
+            .map_err(st)?;
+        let my_cpus = topology::allowed_cpus();
+        let cpu_list = my_cpus
+            .iter()
+            .map(usize::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        store
+            .set(&format!("{prefix}/cpus/{rank}"), cpu_list.as_bytes())
+            .map_err(st)?;
+        let keys: Vec<String> = (0..world)
+            .map(|r| format!("{prefix}/addr/{r}"))
+            .chain((0..world).map(|r| format!("{prefix}/host/{r}")))
+            .chain((0..world).map(|r| format!("{prefix}/cpus/{r}")))
+            .collect();
+        let krefs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let vals = store.wait(&krefs, config.timeout).map_err(st)?;
+        let mut addrs = Vec::with_capacity(world);
+        for (r, v) in vals[..world].iter().enumerate() {
+            let s = String::from_utf8_lossy(v);
+            addrs.push(s.parse::<SocketAddr>().map_err(|_| {
+                Error::Config(format!("rank {r} published a malformed address {s:?}"))
+            })?);
+        }
+        let host_ids: Vec<String> = vals[world..2 * world]
+            .iter()
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .collect();
+        let topo = Topology::from_identities(&host_ids);
+        let local = topo.local_ranks(rank);
+        // The CPUs the ranks of this host may use together: when they number at least the
+        // ranks, every rank can have a core of its own (bound by a launcher, or free to move).
+        let local_cpus: std::collections::BTreeSet<usize> = local
+            .iter()
+            .flat_map(|&r| {
+                topology::parse_cpu_list(&String::from_utf8_lossy(&vals[2 * world + r]))
+                    .unwrap_or_default()
+            })
+            .collect();
+        if config.transport == TransportMode::Shm
+            && let Some(p) = (0..world).find(|p| !local.contains(p))
+        {
+            return Err(Error::Config(format!(
+                "GRADSYNC_TRANSPORT=shm: rank {rank} (host {}) and rank {p} (host {}) are on different hosts",
+                topology::host_label(&host_ids[rank]),
+                topology::host_label(&host_ids[p])
+            )));
+        }
+        let net: Box<dyn Endpoint> =
+            match Self::setup_rdma(&mut store, &prefix, rank, world, &local, &config)? {
+                Some(ep) => ep,
+                None => {
+                    let topts = TcpOptions {
+                        nsocks: config.nsocks,
+                        sock_buf: config.socket_bufsize,
+                        timeout: config.timeout.saturating_sub(t0.elapsed()),
+                        token: token.map(<[u8]>::to_vec),
+                    };
+                    Box::new(
+                        TcpEndpoint::establish(rank, &addrs, listener, comm_id, &topts)
+                            .map_err(|e| Error::transport(rank, "connect", e))?,
+                    )
+                }
+            };
+        let net_name = net.name();
+        let shm = if matches!(config.transport, TransportMode::Auto | TransportMode::Shm)
+            && local.len() > 1
+        {
+            match Self::setup_shm(&mut store, &prefix, rank, world, &local, &config) {
+                Ok(shm) => Some(shm),
+                Err(why) if config.transport == TransportMode::Shm => {
+                    return Err(Error::Config(format!(
+                        "GRADSYNC_TRANSPORT=shm: rank {rank}: {why}"
+                    )));
+                }
+                Err(why) => {
+                    tracing::warn!(target: "gradsync::init", "rank {rank}: shared memory unavailable, ranks on this host use tcp: {why}");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let (ep, routes): (Box<dyn Endpoint>, Vec<&'static str>) = match shm {
+            Some(shm) => {
+                let h = HybridEndpoint::new(net, shm)
+                    .map_err(|e| Error::transport(rank, "connect", e))?;
+                let routes = h.routes().iter().map(|r| r.name(net_name)).collect();
+                (Box::new(h), routes)
+            }
+            None => (
+                net,
+                (0..world)
+                    .map(|p| {
+                        if p == rank {
+                            Route::Own.name(net_name)
+                        } else {
+                            net_name
+                        }
+                    })
+                    .collect(),
+            ),
+        };
+        for (p, t) in routes.iter().enumerate().filter(|(p, _)| *p != rank) {
+            tracing::info!(
+                target: "gradsync::init",
+                "rank {rank} -> rank {p}: {t} ({} host {}, {})",
+                if topo.host_of[p] == topo.host_of[rank] { "same" } else { "other" },
+                topology::host_label(&host_ids[p]),
+                addrs[p]
+            );
+        }
+        let layout = Layout {
+            host_of: topo.host_of.clone(),
+            host_ids,
+            local_size: topo.uniform_local_size(),
+            routes,
+            ifname: ifname.clone(),
+            addrs,
+            placement,
+        };
+        let mut eopts = engine_options(&config);
+        // Poll without yielding for a while when every rank of this host has a core: a peer's
+        // shared-memory write then lands within the spin (sub-microsecond latency).
+        if local.len() <= local_cpus.len() {
+            eopts.busy_spin = BUSY_SPIN.min(config.spin);
+        }
+        let (mut engine, inbox) = Engine::new(ep, comm_id, eopts)?;
+        let tcp_window = config.tcp_nslots.min(config.nslots);
+        for (p, t) in layout.routes.iter().enumerate() {
+            match *t {
+                "shm" => engine.set_direct_min(p, config.shm_direct_min),
+                // RDMA writes only into the peer's inbox (registered for the communicator's
+                // life); caller buffers are never pinned, so no clear-to-send names one.
+                "rdma" => engine.set_direct_min(p, usize::MAX),
+                "tcp" => engine.set_window(p, tcp_window),
+                _ => {}
+            }
+        }
+        // Every rank lays out its inbox and picks slots from these three settings, so they
+        // travel with the inbox descriptor and must agree.
+        let slots = SlotLayout::of(&config, engine.ep.board_capacity());
+        let mut mine = inbox.to_bytes().to_vec();
+        mine.extend_from_slice(&slots.to_bytes());
+        let vals = exchange(
+            &mut store,
+            &prefix,
+            "inbox",
+            rank,
+            0..world,
+            &mine,
+            config.timeout,
+        )
+        .map_err(st)?;
+        let mut inboxes = Vec::with_capacity(world);
+        let mut board = usize::MAX;
+        for (r, v) in vals.iter().enumerate() {
+            let (desc, theirs) = v.split_at(v.len().saturating_sub(SlotLayout::LEN));
+            inboxes.push(
+                RemoteRegion::from_bytes(desc)
+                    .zip(SlotLayout::from_bytes(theirs))
+                    .ok_or_else(|| {
+                        Error::Config(format!("rank {r} published a malformed inbox descriptor"))
+                    })
+                    .and_then(|(d, theirs)| {
+                        board = board.min(theirs.board as usize);
+                        slots.check(rank, r, &theirs).map(|()| d)
+                    })?,
+            );
+        }
+        engine.connect_peers(&inboxes);
+        engine.enable_board(board);
+        tracing::info!(
+            target: "gradsync::init",
+            "gradsync {} rank {rank}/{world} interface {ifname} {ip} transport {} hosts {} local ranks {} {} chunk {} KiB x {} slots eager up to {} bytes{} timeout {:?} (init {:.1} ms)",
+            crate::VERSION,
+            engine.ep.name(),
+            topo.hosts(),
+            local.len(),
+            if net_name == "rdma" {
+                format!("rdma queue pairs/peer {}", config.ib.qps_per_conn)
+            } else {
+                format!(
+                    "tcp streams/peer {} slots/peer {}",
+                    config.nsocks, tcp_window
+                )
+            },
+            config.chunk_bytes / 1024,
+            config.nslots,
+            engine.eager_limit(),
+            if engine.board() { " on the board" } else { "" },
+            config.timeout,
+            t0.elapsed().as_secs_f64() * 1e3
+        );
+        // Everyone is connected before anyone may leave (rank 0 keeps the store up until then).
+        let mut c = Communicator::assemble(engine, rank, world, config.algorithm, server);
+        c.coll_algorithms = config.collective_algorithms.clone();
+        c.layout = layout;
+        c.store = Some(store);
+        c.config = Some(config);
+        c.barrier()?;
+        c.settle_costs(&prefix)?;
+        Ok(c)
+    }
+
+    /// The RDMA network backend, when `GRADSYNC_TRANSPORT=rdma` asks for it (an error if it
+    /// cannot be had) or the automatic choice can use it: the `rdma` feature is built in, some
+    /// peer is on another host, `GRADSYNC_IB_DISABLE` is not set and every rank opened an
+    /// active port. Every rank publishes its queue pair descriptor (empty when it has none), so
+    /// all ranks make the same choice; then every queue pair goes to RTS and the ranks agree
+    /// that they are ready before any traffic.
+    fn setup_rdma(
+        store: &mut StoreClient,
+        prefix: &str,
+        rank: usize,
+        world: usize,
+        local: &[usize],
+        config: &Config,
+    ) -> Result<Option<Box<dyn Endpoint>>> {
+        let forced = config.transport == TransportMode::Rdma;
+        let wanted = forced
+            || (config.transport == TransportMode::Auto
+                && cfg!(feature = "rdma")
+                && !config.ib.disable
+                && local.len() < world);
+        if !wanted {
+            return Ok(None);
+        }
+        #[cfg(not(feature = "rdma"))]
+        {
+            let _ = (store, prefix, rank);
+            Err(Error::Config(
+                "GRADSYNC_TRANSPORT=rdma: this gradsync was built without the rdma feature (cargo build --features rdma)".into(),
+            ))
+        }
+        #[cfg(feature = "rdma")]
+        {
+            use gradsync_transport::rdma::{RdmaOptions, RdmaSetup};
+            let st = |source| Error::Store { rank, source };
+            let opts = RdmaOptions {
+                hca: config.ib.hca.clone(),
+                gid_index: config.ib.gid_index,
+                qps_per_peer: config.ib.qps_per_conn,
+                ib_timeout: config.ib.timeout,
+                retry_cnt: config.ib.retry_cnt,
+                // Room for several slot writes (header + chunk) in flight at any chunk size.
+                staging_bytes: gradsync_transport::rdma::DEFAULT_STAGING
+                    .max(4 * (config.chunk_bytes + 4096)),
+                ..RdmaOptions::default()
+            };
+            let made = RdmaSetup::new(rank, world, &opts);
+            let mine = match &made {
+                Ok(s) => s.info(),
+                Err(e) => {
+                    if !forced {
+                        tracing::info!(target: "gradsync::init", "rank {rank}: no RDMA, using tcp: {e}");
+                    }
+                    Vec::new()
+                }
+            };
+            let vals = exchange(
+                store,
+                prefix,
+                "rdma/info",
+                rank,
+                0..world,
+                &mine,
+                config.timeout,
+            )
+            .map_err(st)?;
+            let setup = match made {
+                Ok(s) => s,
+                Err(e) if forced => {
+                    return Err(Error::transport(rank, "GRADSYNC_TRANSPORT=rdma", e));
+                }
+                Err(_) => return Ok(None),
+            };
+            if let Some(p) = vals.iter().position(Vec::is_empty) {
+                if forced {
+                    return Err(Error::Config(format!(
+                        "GRADSYNC_TRANSPORT=rdma: rank {p} has no usable RDMA port (see its log)"
+                    )));
+                }
+                tracing::info!(target: "gradsync::init", "rank {rank}: rank {p} has no RDMA port, using tcp");
+                return Ok(None);
+            }
+            let device = setup.device();
+            // Every rank says whether its queue pairs reached RTS, so a rank whose transition
+            // failed does not leave the others waiting for it until the deadline.
+            let connected = setup.connect(&vals);
+            let ok: &[u8] = if connected.is_ok() { b"1" } else { b"0" };
+            let ready = exchange(
+                store,
+                prefix,
+                "rdma/ready",
+                rank,
+                0..world,
+                ok,
+                config.timeout,
+            )
+            .map_err(st)?;
+            let ep = connected.map_err(|e| Error::transport(rank, "rdma connect", e))?;
+            if let Some(p) = ready.iter().position(|v| v.as_slice() != b"1") {
+                return Err(Error::Config(format!(
+                    "rank {p} could not connect its RDMA queue pairs (see its log); rank {rank} stops too"
+                )));
+            }
+            tracing::info!(
+                target: "gradsync::init",
+                "rank {rank}: rdma device {device}, {} queue pairs per peer",
+                config.ib.qps_per_conn
+            );
+            Ok(Some(Box::new(ep)))
+        }
+    }
+
+    /// Connects the shared-memory backend to the other ranks of this host. Every local rank
+    /// publishes its segment (or an empty value when it could not make one), then whether it
+    /// could map every peer's; shared memory is used only when all of them succeeded, so the
+    /// ranks of a host always agree on the transport of each pair.
+    fn setup_shm(
+        store: &mut StoreClient,
+        prefix: &str,
+        rank: usize,
+        world: usize,
+        local: &[usize],
+        config: &Config,
+    ) -> std::result::Result<ShmEndpoint, String> {
+        let st = |e: gradsync_store::StoreError| format!("store: {e}");
+        let made = ShmSetup::new(rank, world, local);
+        let mine = match &made {
+            Ok((_, info)) => info.to_bytes().to_vec(),
+            Err(_) => Vec::new(),
+        };
+        let vals = exchange(
+            store,
+            prefix,
+            "shm/info",
+            rank,
+            local.iter().copied(),
+            &mine,
+            config.timeout,
+        )
+        .map_err(st)?;
+        let (setup, _) = made.map_err(|e| e.to_string())?;
+        let mut infos = Vec::with_capacity(local.len());
+        for (i, v) in vals.iter().enumerate() {
+            match ShmInfo::from_bytes(v) {
+                Some(info) => infos.push(info),
+                None => {
+                    return Err(format!(
+                        "rank {} could not create its shared-memory segment",
+                        local[i]
+                    ));
+                }
+            }
+        }
+        let connected = setup.connect(&infos, config.timeout);
+        let ok: &[u8] = if connected.is_ok() { b"1" } else { b"0" };
+        let vals = exchange(
+            store,
+            prefix,
+            "shm/ok",
+            rank,
+            local.iter().copied(),
+            ok,
+            config.timeout,
+        )
+        .map_err(st)?;
+        let shm = connected.map_err(|e| e.to_string())?;
+        if let Some(i) = vals.iter().position(|v| v.as_slice() != b"1") {
+            return Err(format!(
+                "rank {} could not map the shared-memory segments of this host",
+                local[i]
+            ));
+        }
+        Ok(shm)
+    }
+
+    /// In-process communicators for `world` ranks joined by the in-memory transport: one per
+    /// rank, to be moved into one thread each. Tunables come from `config` (its rank, world and
+    /// store fields are ignored).
+    pub fn mem_group(world: usize, config: &Config) -> Result<Vec<Communicator>> {
+        let eps = gradsync_transport::mem::fabric(world)
+            .into_iter()
+            .map(|ep| Box::new(ep) as Box<dyn Endpoint>)
+            .collect();
+        Self::from_endpoints(eps, config)
+    }
+
+    /// In-process communicators over endpoints that are already connected to each other, one
+    /// per rank in rank order (for example an in-memory fabric wrapped in
+    /// [`FaultyEndpoint`](gradsync_transport::fault::FaultyEndpoint)s). The inbox descriptors
+    /// are exchanged in process, so every returned communicator must be driven by its own
+    /// thread. Tunables come from `config` (its rank, world and store fields are ignored).
+    pub fn from_endpoints(
+        endpoints: Vec<Box<dyn Endpoint>>,
+        config: &Config,
+    ) -> Result<Vec<Communicator>> {
+        let world = endpoints.len();
+        for (i, ep) in endpoints.iter().enumerate() {
+            if ep.rank() != i || ep.world() != world {
+                return Err(Error::Config(format!(
+                    "endpoint {i} of {world} is rank {} of a world of {}; pass one endpoint per rank, in rank order",
+                    ep.rank(),
+                    ep.world()
+                )));
+            }
+        }
+        let comm_id = new_comm_id();
+        let mut engines = Vec::with_capacity(world);
+        let mut inboxes = Vec::with_capacity(world);
+        for ep in endpoints {
+            let (e, inbox) = Engine::new(ep, comm_id, engine_options(config))?;
+            engines.push(e);
+            inboxes.push(inbox);
+        }
+        Ok(engines
+            .into_iter()
+            .enumerate()
+            .map(|(rank, mut engine)| {
+                engine.connect_peers(&inboxes);
+                let mut c = Communicator::assemble(engine, rank, world, config.algorithm, None);
+                c.coll_algorithms = config.collective_algorithms.clone();
+                c
+            })
+            .collect())
+    }
+
+    fn assemble(
+        engine: Engine,
+        rank: usize,
+        world: usize,
+        algorithm: Option<Algorithm>,
+        store: Option<StoreServer>,
+    ) -> Self {
+        let engine_name = engine.ep.name();
+        let layout = Layout::single_host(world, rank, engine_name);
+        Communicator {
+            engine,
+            rank,
+            world,
+            seq: 0,
+            p2p_seq: vec![0; world],
+            algorithm,
+            coll_algorithms: Vec::new(),
+            queue: VecDeque::new(),
+            store: None,
+            config: None,
+            generation: 0,
+            closed: false,
+            current: None,
+            finished: HashMap::new(),
+            next_work: 1,
+            layout,
+            _store: store,
+            explained: 0,
+            costs: crate::cost::LinkCosts::uncalibrated(engine_name, engine_name),
+            cost_from: "uncalibrated".to_string(),
+            cost_path: None,
+            choices: no_choices(),
+        }
+    }
+
+    /// The peers whose connection is gone (process exited or killed), after giving the
+    /// transport `wait` to notice. Use it after a failure to decide what to
+    /// [`shrink`](Self::shrink) away.
+    pub fn failed_ranks(&mut self, wait: Duration) -> Vec<usize> {
+        self.engine.dead_peers(wait)
+    }
+
+    /// Builds a new communicator of the ranks not in `exclude` (typically
+    /// [`failed_ranks`](Self::failed_ranks)), as `ncclCommShrink` does: every surviving rank
+    /// calls it with the same `exclude`; ranks are renumbered in order (the new rank of a
+    /// survivor is the number of survivors below it). It meets through the same rendezvous
+    /// store, so rank 0's process (which hosts the store unless it is external) must be among
+    /// the survivors. This communicator stays unusable after a failure; drop it.
+    pub fn shrink(&mut self, exclude: &[usize]) -> Result<Communicator> {
+        let t0 = Instant::now();
+        let (Some(config), Some(_)) = (self.config.clone(), self.store.as_ref()) else {
+            return Err(self.invalid(
+                "shrink",
+                "this communicator was not built through a rendezvous store".into(),
+            ));
+        };
+        if exclude.contains(&self.rank) {
+            return Err(self.invalid(
+                "shrink",
+                format!("rank {} cannot exclude itself", self.rank),
+            ));
+        }
+        if let Some(bad) = exclude.iter().find(|&&r| r >= self.world) {
+            return Err(self.invalid(
+                "shrink",
+                format!("rank {bad} is not a rank of a world of {}", self.world),
+            ));
+        }
+        let survivors: Vec<usize> = (0..self.world).filter(|r| !exclude.contains(r)).collect();
+        let new_rank = survivors
+            .iter()
+            .position(|&r| r == self.rank)
+            .expect("self survives");
+        let new_world = survivors.len();
+        self.generation += 1;
+        let key = format!(
+            "gradsync/{:016x}/shrink/{}/comm_id",
+            self.engine.comm_id, self.generation
+        );
+        let rank = self.rank;
+        let st = |source| Error::Store { rank, source };
+        let token = config.token.as_deref().map(str::as_bytes);
+        let mut store =
+            StoreClient::connect_with_token(&config.store_addr, config.timeout, token, new_rank)
+                .map_err(st)?;
+        let comm_id = if new_rank == 0 {
+            let id = new_comm_id();
+            store.set(&key, &id.to_le_bytes()).map_err(st)?;
+            id
+        } else {
+            let v = store.wait(&[key.as_str()], config.timeout).map_err(st)?;
+            u64::from_le_bytes(
+                v[0].as_slice()
+                    .try_into()
+                    .map_err(|_| Error::Config("malformed communicator id in the store".into()))?,
+            )
+        };
+        tracing::info!(target: "gradsync::init", "rank {rank}: shrinking to {new_world} ranks without {exclude:?}; new rank {new_rank}");
+        let mut cfg = config;
+        cfg.rank = new_rank;
+        cfg.world = new_world;
+        crate::logging::set_rank(new_rank);
+        Self::join(store, None, comm_id, new_rank, new_world, cfg, t0)
+    }
+}
+
+fn engine_options(c: &Config) -> EngineOptions {
+    EngineOptions {
+        slot_bytes: c.chunk_bytes,
+        nslots: c.nslots,
+        timeout: c.timeout,
+        spin: c.spin,
+        busy_spin: Duration::ZERO,
+        direct_min: c.direct_min,
+        checksum: c.checksum,
+        eager_max: c.eager_max,
+        deterministic: c.deterministic,
+    }
+}

@@ -1,0 +1,338 @@
+//! The cost model settled at init: taken from `GRADSYNC_COST_FILE` or the per-host cache, or
+//! measured on the real links (a ring of all-gathers on one host, ping-pongs across hosts),
+//! then published by rank 0 so that every rank chooses alike.
+
+use super::Communicator;
+use super::bootstrap::exchange;
+use crate::Result;
+use crate::error::Error;
+use std::time::{Duration, Instant};
+
+/// The cost model as rank 0 publishes it to the other ranks at init.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct PublishedCosts {
+    links: crate::cost::LinkCosts,
+    from: String,
+    path: Option<std::path::PathBuf>,
+}
+
+/// Largest bulk message of the calibration at init.
+const CALIBRATION_MAX_BULK: usize = 8 << 20;
+
+impl Communicator {
+    /// Settles the cost model of the automatic choice at init (see [`crate::cost`]). Rank 0
+    /// takes it from `GRADSYNC_COST_FILE` or from the per-host cache, or has it measured, and
+    /// publishes it in the store; every rank reads it from there, so all ranks choose alike.
+    ///
+    /// A measurement loads the links as a collective does. On a single host every rank joins
+    /// ring all-gathers (see [`calibration_ring`](Self::calibration_ring)); across hosts rank 0
+    /// ping-pongs with the first other rank of its host and the first rank of another host.
+    /// Afterwards the ranks agree through the store that all of them are done, then put their
+    /// sequence numbers and flight recorders back as they were: the calibration never shows in
+    /// the numbering of the caller's operations.
+    pub(super) fn settle_costs(&mut self, prefix: &str) -> Result<()> {
+        use crate::cost::LinkCosts;
+        let rank = self.rank;
+        let st = |source| Error::Store { rank, source };
+        let Some(config) = self.config.clone() else {
+            return Ok(());
+        };
+        let host0 = self.host_of(0);
+        let intra_peer = (1..self.world).find(|&r| self.host_of(r) == host0);
+        let inter_peer = (1..self.world).find(|&r| self.host_of(r) != host0);
+        let timeout = self.timeout();
+        let intra_t = intra_peer.map_or("shm", |p| self.peer_transport(p));
+        let inter_t = inter_peer.map_or(intra_t, |p| self.peer_transport(p));
+        // Rank 0 decides: a model it already has, or a measurement (plan byte 1).
+        let mut decided: Option<(LinkCosts, String, Option<std::path::PathBuf>)> = None;
+        if rank == 0 {
+            let cache = crate::cost::cache_path(self.host_name(0), intra_t, inter_t);
+            if let Some(f) = config.cost_file.as_ref().filter(|f| f.exists()) {
+                let links = LinkCosts::load(f)
+                    .map_err(|e| Error::Config(format!("GRADSYNC_COST_FILE: {e}")))?;
+                decided = Some((links, format!("pinned in {}", f.display()), Some(f.clone())));
+            } else if config.cost_file.is_none()
+                && config.calibrate != crate::Calibrate::Always
+                && let Some(c) = cache.as_ref().filter(|c| c.exists())
+            {
+                match LinkCosts::load(c) {
+                    Ok(links) => {
+                        decided =
+                            Some((links, format!("cached in {}", c.display()), Some(c.clone())))
+                    }
+                    Err(e) => {
+                        tracing::warn!(target: "gradsync::init", "rank 0: {e}; measuring again")
+                    }
+                }
+            }
+            if decided.is_none() && (config.calibrate == crate::Calibrate::Off || self.world < 2) {
+                decided = Some((
+                    LinkCosts::uncalibrated(intra_t, inter_t),
+                    "uncalibrated".to_string(),
+                    None,
+                ));
+            }
+            let plan = [u8::from(decided.is_none())];
+            let store = self.store.as_mut().expect("init keeps its store");
+            store
+                .set(&format!("{prefix}/cost/plan"), &plan)
+                .map_err(st)?;
+        }
+        let store = self.store.as_mut().expect("init keeps its store");
+        let plan = store
+            .wait(&[&format!("{prefix}/cost/plan")], timeout)
+            .map_err(st)?;
+        if plan[0].first() == Some(&1) {
+            let t0 = Instant::now();
+            let (seq, p2p_seq) = (self.seq, self.p2p_seq.clone());
+            let measured = if let Some(far) = inter_peer.filter(|_| rank == 0) {
+                let budget = crate::cost::CALIBRATION_BUDGET / 2;
+                let intra = match intra_peer {
+                    Some(p) => self.calibration_lead(p, budget)?,
+                    None => crate::cost::CostModel::uncalibrated(intra_t),
+                };
+                let inter = self.calibration_lead(far, budget)?;
+                Some((intra, inter))
+            } else if inter_peer.is_none() {
+                self.calibration_ring()?.map(|m| (m.clone(), m))
+            } else {
+                if Some(rank) == intra_peer || Some(rank) == inter_peer {
+                    self.calibration_follow(0)?;
+                }
+                None
+            };
+            let store = self.store.as_mut().expect("init keeps its store");
+            exchange(
+                store,
+                prefix,
+                "cost/done",
+                rank,
+                0..self.world,
+                &[1],
+                timeout,
+            )
+            .map_err(st)?;
+            // Every rank has finished every calibration operation: none of their messages is
+            // still on its way, so the numbering can start again where init left it.
+            (self.seq, self.p2p_seq) = (seq, p2p_seq);
+            self.engine.recorder.clear();
+            if let Some((intra, inter)) = measured {
+                let mut links = LinkCosts {
+                    intra,
+                    inter,
+                    measured: Vec::new(),
+                };
+                let mut from = format!(
+                    "measured at init in {:.0} ms",
+                    t0.elapsed().as_secs_f64() * 1e3
+                );
+                let cache = crate::cost::cache_path(self.host_name(0), intra_t, inter_t);
+                let mut saved = None;
+                if let Some(path) = config.cost_file.as_ref().or(cache.as_ref()) {
+                    // Algorithms timed on this host stay valid when its links are measured
+                    // again: keep them.
+                    if let Ok(old) = LinkCosts::load(path) {
+                        links.measured = old.measured;
+                    }
+                    match links.save(path) {
+                        Ok(()) => {
+                            from += &format!(", saved to {}", path.display());
+                            saved = Some(path.clone());
+                        }
+                        Err(e) => tracing::warn!(
+                            target: "gradsync::init",
+                            "rank 0: cannot save the cost model to {}: {e}",
+                            path.display()
+                        ),
+                    }
+                }
+                decided = Some((links, from, saved));
+            }
+        }
+        let model_key = format!("{prefix}/cost/model");
+        if let Some((links, from, path)) = decided {
+            tracing::info!(
+                target: "gradsync::init",
+                "rank 0: cost model ({from}): inside a host {} alpha {:.2} us {:.3} GB/s, across hosts {} alpha {:.2} us {:.3} GB/s",
+                links.intra.transport, links.intra.alpha_us, links.intra.gbytes_per_s,
+                links.inter.transport, links.inter.alpha_us, links.inter.gbytes_per_s
+            );
+            let published = PublishedCosts { links, from, path };
+            let text = serde_json::to_vec(&published)
+                .map_err(|e| Error::Config(format!("cannot encode the cost model: {e}")))?;
+            let store = self.store.as_mut().expect("init keeps its store");
+            store.set(&model_key, &text).map_err(st)?;
+            self.set_costs(published.links, published.from, published.path);
+        } else {
+            let store = self.store.as_mut().expect("init keeps its store");
+            let v = store.wait(&[&model_key], timeout).map_err(st)?;
+            let p: PublishedCosts = serde_json::from_slice(&v[0]).map_err(|e| {
+                Error::Config(format!("rank 0 published a malformed cost model: {e}"))
+            })?;
+            self.set_costs(p.links, p.from, p.path);
+        }
+        Ok(())
+    }
+
+    /// The calibration of a single host, on every rank at once: ring all-gathers, which keep
+    /// every rank sending and receiving as an all-reduce does, so that ranks sharing cores or
+    /// memory bandwidth are measured sharing them. The median of 10 all-gathers of 8 bytes per
+    /// rank gives the latency of a step, `t / (n - 1)`; then rank 0 announces (by broadcast) blocks of 64 KiB
+    /// per rank and up, doubling while a round takes under a sixteenth of the budget (up to
+    /// 16 MiB gathered), three rounds at the last size or until the budget is spent, and the
+    /// fastest round there gives the bandwidth of a link,
+    /// `(n - 1) * (block - 8) / (t_block - t_8)`. Returns the model on rank 0.
+    fn calibration_ring(&mut self) -> Result<Option<crate::cost::CostModel>> {
+        let n = self.world;
+        let lead = self.rank == 0;
+        let budget = crate::cost::CALIBRATION_BUDGET;
+        let start = Instant::now();
+        let mut input = vec![0u8; 8];
+        let mut out = vec![0u8; 8 * n];
+        let mut smalls = Vec::new();
+        for i in 0..13 {
+            let t = Instant::now();
+            self.all_gather(&input, &mut out)?;
+            if i >= 3 {
+                smalls.push(t.elapsed().as_secs_f64());
+            }
+        }
+        smalls.sort_by(f64::total_cmp);
+        let small = smalls[smalls.len() / 2];
+        let max_block = (16usize << 20) / n;
+        let mut block = (64usize << 10).min(max_block).max(16);
+        let (mut best, mut at_size) = (f64::INFINITY, 0);
+        loop {
+            let mut ann = [0i64];
+            if lead {
+                ann[0] = block as i64;
+            }
+            self.broadcast(&mut ann, 0)?;
+            let b = usize::try_from(ann[0]).unwrap_or(0);
+            if b == 0 {
+                break;
+            }
+            if b > max_block.max(16) {
+                return Err(self.invalid(
+                    "calibrate",
+                    format!("rank 0 announced blocks of {b} bytes, above {max_block}"),
+                ));
+            }
+            input.resize(b, 0);
+            out.resize(b * n, 0);
+            let t = Instant::now();
+            self.all_gather(&input, &mut out)?;
+            let secs = t.elapsed().as_secs_f64();
+            if !lead {
+                continue;
+            }
+            at_size += 1;
+            best = best.min(secs);
+            if start.elapsed() >= budget || at_size >= 3 {
+                block = 0;
+            } else if secs < budget.as_secs_f64() / 16.0 && block * 2 <= max_block {
+                block *= 2;
+                (best, at_size) = (f64::INFINITY, 0);
+            }
+            if block == 0 {
+                // Announce the end; the last measured size stays in `input`.
+                let mut stop = [0i64];
+                self.broadcast(&mut stop, 0)?;
+                break;
+            }
+        }
+        if !lead {
+            return Ok(None);
+        }
+        let steps = (n - 1) as f64;
+        let b = input.len() as f64;
+        let per_step = (best - small).max(best / 2.0) / steps;
+        Ok(Some(crate::cost::CostModel {
+            transport: self.peer_transport(1).to_string(),
+            alpha_us: small / steps * 1e6,
+            gbytes_per_s: (b - 8.0) / per_step / 1e9,
+        }))
+    }
+
+    /// Rank 0's side of the calibration of its link to `peer`: the latency from the median
+    /// round trip of small ping-pongs, the bandwidth from bulk messages that double in size
+    /// (64 KiB up to [`CALIBRATION_MAX_BULK`]) while a round takes under a sixteenth of
+    /// `budget`, three rounds at the last size, the whole within about `budget`.
+    fn calibration_lead(
+        &mut self,
+        peer: usize,
+        budget: Duration,
+    ) -> Result<crate::cost::CostModel> {
+        let start = Instant::now();
+        let mut ctl = [0i64; 2];
+        let mut rtts = Vec::new();
+        for i in 0..40 {
+            let t = Instant::now();
+            self.send(&[1i64, 0], peer)?;
+            self.recv(&mut ctl, peer)?;
+            if i >= 3 {
+                rtts.push(t.elapsed().as_secs_f64());
+            }
+            if rtts.len() >= 5 && start.elapsed() > budget / 4 {
+                break;
+            }
+        }
+        rtts.sort_by(f64::total_cmp);
+        let rtt = rtts[rtts.len() / 2];
+        let mut size = 64usize << 10;
+        let mut bulk = Vec::new();
+        let (mut best, mut at_size) = (0f64, 0);
+        loop {
+            bulk.resize(size, 0u8);
+            let t = Instant::now();
+            self.send(&[2i64, size as i64], peer)?;
+            self.send(&bulk, peer)?;
+            self.recv(&mut ctl, peer)?;
+            let secs = t.elapsed().as_secs_f64();
+            let bw = size as f64 / (secs - rtt).max(secs / 2.0);
+            at_size += 1;
+            best = if at_size == 1 { bw } else { best.max(bw) };
+            if start.elapsed() >= budget || at_size >= 3 {
+                break;
+            }
+            if secs < budget.as_secs_f64() / 16.0 && size < CALIBRATION_MAX_BULK {
+                size *= 2;
+                at_size = 0;
+            }
+        }
+        self.send(&[0i64, 0], peer)?;
+        Ok(crate::cost::CostModel {
+            transport: self.peer_transport(peer).to_string(),
+            alpha_us: rtt / 2.0 * 1e6,
+            gbytes_per_s: best / 1e9,
+        })
+    }
+
+    /// The other side of [`calibration_lead`](Self::calibration_lead): answers pings and bulk
+    /// messages from `lead` until it says stop.
+    fn calibration_follow(&mut self, lead: usize) -> Result<()> {
+        let mut ctl = [0i64; 2];
+        let mut bulk = Vec::new();
+        loop {
+            self.recv(&mut ctl, lead)?;
+            match ctl[0] {
+                0 => return Ok(()),
+                1 => self.send(&ctl, lead)?,
+                _ => {
+                    let n = usize::try_from(ctl[1])
+                        .ok()
+                        .filter(|&n| n <= CALIBRATION_MAX_BULK)
+                        .ok_or_else(|| {
+                            self.invalid(
+                                "calibrate",
+                                format!("rank {lead} announced a bulk message of {} bytes", ctl[1]),
+                            )
+                        })?;
+                    bulk.resize(n, 0u8);
+                    self.recv(&mut bulk, lead)?;
+                    self.send(&ctl, lead)?;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,423 @@
+//! The collective calls (all-reduce, reduce-scatter, all-gather, broadcast, reduce, barrier)
+//! and point-to-point send/receive, with the planning that numbers each call and fixes its
+//! signature.
+
+use super::Communicator;
+use super::queue::{Pending, raw};
+use crate::Element;
+use crate::Result;
+use crate::engine::{Planned, RawBuf};
+use gradsync_core::schedule::{Algorithm, Params};
+use gradsync_core::schedule::{Buf, Loc, Op, Program};
+use gradsync_core::wire::Signature;
+use gradsync_core::{Collective, ReduceOp};
+
+impl Communicator {
+    /// All-reduce in place: every rank ends with `op` over all ranks' `buf`, bitwise identical on
+    /// every rank.
+    pub fn all_reduce<T: Element>(&mut self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        self.all_reduce_async(buf, op)?.wait()
+    }
+
+    /// All-reduce out of place: `output` gets `op` over all ranks' `input`.
+    pub fn all_reduce_into<T: Element>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
+        if input.len() != output.len() {
+            return Err(self.invalid(
+                "all_reduce",
+                format!(
+                    "input has {} elements but output has {}",
+                    input.len(),
+                    output.len()
+                ),
+            ));
+        }
+        // SAFETY: both borrows outlive the call, which runs the operation to its end.
+        unsafe {
+            self.run(
+                Collective::AllReduce,
+                T::DTYPE,
+                op,
+                0,
+                input.len(),
+                raw(input),
+                raw(output),
+                false,
+            )
+        }
+    }
+
+    /// Starts an in-place all-reduce; the returned handle holds `buf` until it is waited for.
+    pub fn all_reduce_async<'a, T: Element>(
+        &'a mut self,
+        buf: &'a mut [T],
+        op: ReduceOp,
+    ) -> Result<Pending<'a>> {
+        let b = raw(buf);
+        // SAFETY: `buf` stays mutably borrowed by the returned Pending until it completes (its
+        // wait or drop); a leaked Pending poisons the communicator and its buffer is never
+        // touched again (no progress happens outside calls made through the handle).
+        unsafe {
+            self.start(
+                Collective::AllReduce,
+                T::DTYPE,
+                op,
+                0,
+                buf.len(),
+                b,
+                b,
+                true,
+            )?
+        };
+        Ok(Pending::new(self, false))
+    }
+
+    /// Reduce-scatter: `input` holds `world * n` elements, `output` gets slice `rank` (n
+    /// elements) of `op` over all ranks' inputs.
+    pub fn reduce_scatter<T: Element>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.check_world_multiple(
+            "reduce_scatter",
+            ("input", input.len()),
+            ("output", output.len()),
+        )?;
+        // SAFETY: both borrows outlive the call, which runs the operation to its end.
+        unsafe {
+            self.run(
+                Collective::ReduceScatter,
+                T::DTYPE,
+                op,
+                0,
+                output.len(),
+                raw(input),
+                raw(output),
+                false,
+            )
+        }
+    }
+
+    /// All-gather: `output` (`world * input.len()` elements) gets every rank's `input`, rank r's
+    /// at `r * input.len()`.
+    pub fn all_gather<T: Element>(&mut self, input: &[T], output: &mut [T]) -> Result<()> {
+        self.check_world_multiple(
+            "all_gather",
+            ("output", output.len()),
+            ("input", input.len()),
+        )?;
+        // SAFETY: both borrows outlive the call, which runs the operation to its end.
+        unsafe {
+            self.run(
+                Collective::AllGather,
+                T::DTYPE,
+                ReduceOp::Sum,
+                0,
+                input.len(),
+                raw(input),
+                raw(output),
+                false,
+            )
+        }
+    }
+
+    /// Broadcast in place: every rank's `buf` gets the root's.
+    pub fn broadcast<T: Element>(&mut self, buf: &mut [T], root: usize) -> Result<()> {
+        self.check_root("broadcast", root)?;
+        let b = raw(buf);
+        // SAFETY: `buf` is borrowed for the whole call, which runs the operation to its end.
+        unsafe {
+            self.run(
+                Collective::Broadcast,
+                T::DTYPE,
+                ReduceOp::Sum,
+                root,
+                buf.len(),
+                b,
+                b,
+                true,
+            )
+        }
+    }
+
+    /// Reduce: the root's `output` gets `op` over all ranks' `input`. Other ranks' `output` is
+    /// not touched and may be empty.
+    pub fn reduce<T: Element>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        self.check_root("reduce", root)?;
+        if output.len() != input.len() && (self.rank == root || !output.is_empty()) {
+            return Err(self.invalid("reduce", format!("input has {} elements but output has {} (the root's output must match; others may pass an empty one)", input.len(), output.len())));
+        }
+        let out = if self.rank == root {
+            raw(output)
+        } else {
+            RawBuf::default()
+        };
+        // SAFETY: both borrows outlive the call, which runs the operation to its end.
+        unsafe {
+            self.run(
+                Collective::Reduce,
+                T::DTYPE,
+                op,
+                root,
+                input.len(),
+                raw(input),
+                out,
+                false,
+            )
+        }
+    }
+
+    /// Barrier: returns once every rank has entered it.
+    pub fn barrier(&mut self) -> Result<()> {
+        // SAFETY: a barrier touches no caller memory.
+        unsafe {
+            self.run(
+                Collective::Barrier,
+                gradsync_core::DataType::U8,
+                ReduceOp::Sum,
+                0,
+                0,
+                RawBuf::default(),
+                RawBuf::default(),
+                false,
+            )
+        }
+    }
+
+    /// Sends `buf` to `peer`, which must call [`recv`](Self::recv) with as many elements of the
+    /// same type.
+    pub fn send<T: Element>(&mut self, buf: &[T], peer: usize) -> Result<()> {
+        self.p2p(peer, T::DTYPE, buf.len(), raw(buf), true)
+    }
+
+    /// Receives into `buf` from `peer`.
+    pub fn recv<T: Element>(&mut self, buf: &mut [T], peer: usize) -> Result<()> {
+        self.p2p(peer, T::DTYPE, buf.len(), raw(buf), false)
+    }
+
+    fn p2p(
+        &mut self,
+        peer: usize,
+        dtype: gradsync_core::DataType,
+        count: usize,
+        buf: RawBuf,
+        send: bool,
+    ) -> Result<()> {
+        let op_name = if send { "send" } else { "recv" };
+        if peer >= self.world || peer == self.rank {
+            return Err(self.invalid(
+                op_name,
+                format!(
+                    "peer {peer} is not another rank of a world of {}",
+                    self.world
+                ),
+            ));
+        }
+        self.drive(true, None)?;
+        self.engine.check_usable()?;
+        let seg = self.engine.segment_elems(dtype);
+        let mut prog = Program::new();
+        let mut start = 0;
+        while start < count || (count == 0 && start == 0) {
+            let len = seg.min(count - start);
+            let op = if send {
+                Op::Send {
+                    peer,
+                    src: Loc::new(Buf::Input, start),
+                    len,
+                }
+            } else {
+                Op::Recv {
+                    peer,
+                    dst: Loc::new(Buf::Output, start),
+                    reduce_with: None,
+                    len,
+                }
+            };
+            prog.push(op, &[]);
+            start += len.max(1);
+        }
+        // Send/recv pairs are numbered per pair of ranks, apart from the collectives.
+        self.p2p_seq[peer] += 1;
+        let (lo, hi) = if send {
+            (self.rank, peer)
+        } else {
+            (peer, self.rank)
+        };
+        let sig = Signature {
+            comm_id: self.engine.comm_id,
+            seq: self.p2p_seq[peer],
+            coll: Collective::SendRecv,
+            dtype,
+            op: ReduceOp::Sum,
+            count: count as u64,
+            root: ((lo as u32) << 16) | hi as u32,
+        };
+        let (i, o) = if send {
+            (buf, RawBuf::default())
+        } else {
+            (RawBuf::default(), buf)
+        };
+        let planned = self.engine.one_off(prog);
+        // SAFETY: the buffer is borrowed by the caller for the whole call.
+        unsafe { self.engine.start(sig, planned, "p2p", i, o)? };
+        self.engine.progress(true).map(drop)
+    }
+
+    /// Plans a collective and takes its sequence number.
+    pub(super) fn plan(
+        &mut self,
+        coll: Collective,
+        dtype: gradsync_core::DataType,
+        op: ReduceOp,
+        root: usize,
+        count: usize,
+        in_place: bool,
+    ) -> Result<(Signature, Planned, &'static str)> {
+        let bytes = count * dtype.size();
+        if coll == Collective::AllReduce
+            && tracing::enabled!(target: "gradsync::coll", tracing::Level::INFO)
+        {
+            self.explain_choice(bytes);
+        }
+        // Eager all-reduces (no algorithm chosen) already reduce in rank order; deterministic
+        // mode gives the others the same bits (floats: integers and min/max are exact anyway).
+        let algorithm = match self.algorithm_for(coll, bytes) {
+            Some(_) if coll == Collective::AllReduce && self.deterministic(dtype) => {
+                Algorithm::Deterministic
+            }
+            Some(a) => a,
+            None => Algorithm::Eager,
+        };
+        let params = Params {
+            coll,
+            rank: self.rank,
+            world: self.world,
+            count,
+            root,
+            op,
+            segment: self.engine.segment_elems(dtype),
+            in_place,
+            algorithm,
+            local_size: self.layout.local_size,
+        };
+        let prog = self
+            .engine
+            .schedule_for(&params)
+            .map_err(|e| self.invalid(coll.name(), e.to_string()))?;
+        let algo = algorithm.name();
+        self.seq += 1;
+        let reduces = matches!(
+            coll,
+            Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce
+        );
+        let sig = Signature {
+            comm_id: self.engine.comm_id,
+            seq: self.seq,
+            coll,
+            dtype,
+            op: if reduces { op } else { ReduceOp::Sum },
+            count: count as u64,
+            root: if matches!(coll, Collective::Broadcast | Collective::Reduce) {
+                root as u32
+            } else {
+                0
+            },
+        };
+        tracing::trace!(target: "gradsync::coll", "rank {}: plan {sig} algorithm {algo}", self.rank);
+        Ok((sig, prog, algo))
+    }
+
+    /// Runs a collective to its end (see [`start`](Self::start)).
+    ///
+    /// # Safety
+    ///
+    /// As [`start`](Self::start).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn run(
+        &mut self,
+        coll: Collective,
+        dtype: gradsync_core::DataType,
+        op: ReduceOp,
+        root: usize,
+        count: usize,
+        input: RawBuf,
+        output: RawBuf,
+        in_place: bool,
+    ) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.start(coll, dtype, op, root, count, input, output, in_place)? };
+        self.engine.progress(true).map(drop)
+    }
+
+    /// Completes queued owned-buffer operations, then plans and starts a collective.
+    ///
+    /// # Safety
+    ///
+    /// As [`Engine::start`](crate::engine::Engine::start): the buffers stay valid and untouched
+    /// until the operation ends.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn start(
+        &mut self,
+        coll: Collective,
+        dtype: gradsync_core::DataType,
+        op: ReduceOp,
+        root: usize,
+        count: usize,
+        input: RawBuf,
+        output: RawBuf,
+        in_place: bool,
+    ) -> Result<()> {
+        self.drive(true, None)?;
+        self.engine.check_usable()?;
+        let (sig, prog, algo) = self.plan(coll, dtype, op, root, count, in_place)?;
+        // SAFETY: forwarded from the caller.
+        unsafe { self.engine.start(sig, prog, algo, input, output) }
+    }
+
+    /// Checks that the `big` buffer has `world` times the elements of the `small` one.
+    fn check_world_multiple(
+        &self,
+        op: &'static str,
+        big: (&str, usize),
+        small: (&str, usize),
+    ) -> Result<()> {
+        if Some(big.1) != small.1.checked_mul(self.world) {
+            return Err(self.invalid(
+                op,
+                format!(
+                    "{} has {} elements but must have world {} x {} {} = {}",
+                    big.0,
+                    big.1,
+                    self.world,
+                    small.0,
+                    small.1,
+                    small.1.saturating_mul(self.world)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_root(&self, op: &'static str, root: usize) -> Result<()> {
+        if root >= self.world {
+            return Err(self.invalid(
+                op,
+                format!("root {root} is not a rank of a world of {}", self.world),
+            ));
+        }
+        Ok(())
+    }
+}
