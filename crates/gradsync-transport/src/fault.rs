@@ -23,9 +23,9 @@
 //! `only_peer` restricts all of this to the writes to one peer (a single bad link); writes to
 //! other peers, two-sided sends and registrations pass through untouched.
 
-use crate::{
-    Access, Completion, Endpoint, MemoryRegion, RemoteRegion, Result, Sge, TransportError,
-};
+use crate::error::{Result, TransportError};
+use crate::verbs::{Access, Completion, Endpoint, MemoryRegion, Sge};
+use crate::wire::RemoteRegion;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 

@@ -14,9 +14,10 @@
 //! traffic; with both in use it sleeps in the shared-memory backend in short slices and checks the
 //! sockets between them.
 
-use crate::TransportError;
+use crate::error::{Result, TransportError};
 use crate::shm::ShmEndpoint;
-use crate::{Access, Completion, Endpoint, MemoryRegion, RemoteRegion, Result, Sge};
+use crate::verbs::{Access, Completion, Endpoint, MemoryRegion, Sge};
+use crate::wire::RemoteRegion;
 use std::collections::HashMap;
 use std::fmt;
 use std::time::{Duration, Instant};

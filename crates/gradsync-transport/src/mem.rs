@@ -5,11 +5,10 @@
 //! checks and the completion flow of a real backend. It exists for tests and the conformance
 //! suite.
 
+use crate::error::{Result, TransportError};
 use crate::regions::RegionTable;
-use crate::{
-    Access, Completion, Endpoint, MemoryRegion, RemoteRegion, Result, Sge, TransportError,
-    check_send_len,
-};
+use crate::verbs::{Access, Completion, Endpoint, MemoryRegion, Sge, check_send_len};
+use crate::wire::RemoteRegion;
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;

@@ -1,6 +1,7 @@
 //! Bookkeeping of registered regions shared by the backends.
 
-use crate::{Access, MemoryRegion, Result, Sge, TransportError};
+use crate::error::{Result, TransportError};
+use crate::verbs::{Access, MemoryRegion, Sge};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 

@@ -1,8 +1,19 @@
 //! Tests of the RDMA backend. The pure parts run everywhere; the device tests need an active
 //! RDMA port (`scripts/rdma-vm.sh` runs them inside a Soft-RoCE VM) and say so when they skip.
 
-use super::*;
-use std::time::Instant;
+use super::completion::{WC_RDMA_WRITE, WC_RECV, WC_RECV_RDMA_WITH_IMM, WC_SEND};
+use super::device::Buffer;
+use super::device::{GidEntry, active_port_present, parse_hca, pick_gid};
+use super::endpoint::RdmaEndpoint;
+use super::ffi;
+use super::options::RdmaOptions;
+use super::setup::{RECV_DEPTH, RdmaSetup};
+use super::staging::Staging;
+use super::wire::ConnInfoRepr;
+use crate::error::{Result, TransportError};
+use crate::verbs::{Access, Completion, Endpoint, MAX_SEND, Sge};
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 /// An active port, or `None` after saying why the calling test skips.
 fn device_or_skip(test: &str) -> Option<()> {
@@ -103,7 +114,7 @@ fn completion_opcodes_match_the_headers() {
 
 #[test]
 fn info_round_trip_and_rejects() {
-    let i = Info {
+    let i = ConnInfoRepr {
         world: 3,
         qps: 2,
         gid: [7; 16],
@@ -112,15 +123,15 @@ fn info_round_trip_and_rejects() {
         global: true,
         qp: (0..6).map(|k| (k * 10, k * 100)).collect(),
     };
-    let b = i.encode();
-    assert_eq!(Info::decode(&b), Some(i));
-    assert_eq!(Info::decode(&b[..b.len() - 1]), None);
+    let b = i.to_bytes();
+    assert_eq!(ConnInfoRepr::from_bytes(&b), Some(i));
+    assert_eq!(ConnInfoRepr::from_bytes(&b[..b.len() - 1]), None);
     let mut bad = b.clone();
     bad[0] ^= 1;
-    assert_eq!(Info::decode(&bad), None);
+    assert_eq!(ConnInfoRepr::from_bytes(&bad), None);
     let mut huge = b;
     huge[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
-    assert_eq!(Info::decode(&huge), None);
+    assert_eq!(ConnInfoRepr::from_bytes(&huge), None);
 }
 
 #[test]
@@ -494,22 +505,22 @@ fn a_bad_descriptor_names_the_transition_and_attribute() {
     let o = opts();
     let a = RdmaSetup::new(0, 2, &o).unwrap();
     let b = RdmaSetup::new(1, 2, &o).unwrap();
-    let mut bad = Info::decode(&b.info()).unwrap();
+    let mut bad = ConnInfoRepr::from_bytes(&b.info()).unwrap();
     bad.mtu = 0;
     let e = a
-        .connect(&[Vec::new(), bad.encode()])
+        .connect(&[Vec::new(), bad.to_bytes()])
         .unwrap_err()
         .to_string();
     assert!(
         e.contains("with rank 1") && e.contains("INIT->RTR") && e.contains("path_mtu"),
         "{e}"
     );
-    let mut other = Info::decode(&b.info()).unwrap();
+    let mut other = ConnInfoRepr::from_bytes(&b.info()).unwrap();
     other.qps = 3;
     other.qp = vec![(1, 1); 6];
     let a = RdmaSetup::new(0, 2, &o).unwrap();
     let e = a
-        .connect(&[Vec::new(), other.encode()])
+        .connect(&[Vec::new(), other.to_bytes()])
         .unwrap_err()
         .to_string();
     assert!(e.contains("GRADSYNC_IB_QPS_PER_CONN"), "{e}");

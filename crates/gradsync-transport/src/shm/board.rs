@@ -1,12 +1,12 @@
 //! The board of a shared-memory endpoint ([`Endpoint::board_post`](crate::Endpoint::board_post)
-//! and the calls after it): a small buffer at the end of every rank's segment that the other
-//! local ranks read through their mapping of the segment.
+//! and the calls after it), kept by [`BoardState`]: a small buffer at the end of every rank's
+//! segment that the other local ranks read through their mapping of the segment.
 //!
 //! # Layout
 //!
 //! ```text
-//! board_off(nlocal)   slot 0: seq (u64), len (u32), release mark of the poster (u64 at 16),
-//!                     data (BOARD_CAPACITY bytes from offset 24)
+//! board_off(nlocal)   slot 0: header (seq, len, release mark of the poster; see
+//!                     wire::SlotHeader), data (BOARD_CAPACITY bytes from offset 24)
 //! + SLOT_BYTES        slot 1: the same
 //! + 2 * SLOT_BYTES    the poster's release mark (u64, own cache line)
 //! ```
@@ -22,53 +22,44 @@
 //!   each peer's `sleeping` flag, which pairs with the fence of a waiter (as for a ring record).
 //! - **Reading** is a seqlock read: `seq` (acquire), the bytes, an acquire fence and `seq`
 //!   again. A different value the second time means the poster rewrote the slot while it was
-//!   read, which the reuse rule excludes: a protocol error, never torn data. (A slot that holds
+//!   read, which the reuse rule excludes: a protocol error, never torn data. The header is
+//!   copied word by word (atomically) and parsed as a [`SlotHeaderRepr`]: a posting longer
+//!   than the board is a protocol error too. (A slot that holds
 //!   another number than the one asked for simply has no such posting: the poster may have run
 //!   that operation without the board.)
 //! - **Reuse.** A slot is rewritten only when every peer's release mark has reached the
 //!   sequence number it holds. A reader's mark travels with its own postings, so a rank that
 //!   keeps reading its peers' postings knows their marks without another cache line; only when
 //!   that knowledge is too old does the poster read the peer's mark line.
-//! - **Waiting.** [`Conn::board_ready`] tells [`Conn::block`] not to sleep while a watched
-//!   posting is there unread: together with the post's fence no wake-up is lost.
+//! - **Waiting.** [`BoardState::ready`] tells the connection's blocking wait not to sleep
+//!   while a watched posting is there unread: together with the post's fence no wake-up is
+//!   lost.
 
-use super::{Conn, Me, Segment, TransportError};
-use crate::Result;
+use super::layout::MARK_LINE;
+use super::layout::SLOT_BYTES;
+use super::peer::{Me, Peer};
+use super::segment::Segment;
+use super::wire::{
+    BOARD_CAPACITY, SLOT_HEADER_LEN, SLOT_LEN, SLOT_MARK, SLOT_SEQ, SlotHeader, SlotHeaderRepr,
+};
+use crate::error::{Result, TransportError, Violation};
 use std::ptr;
 use std::sync::atomic::{Ordering, fence};
-
-/// Largest posting, in bytes: 16 KiB and a 64-byte header of the caller's.
-pub const BOARD_CAPACITY: usize = 16 * 1024 + 64;
-
-/// Offsets inside a slot.
-const B_SEQ: usize = 0;
-const B_LEN: usize = 8;
-const B_MARK: usize = 16;
-const B_DATA: usize = 24;
-
-/// Bytes of one slot, a whole number of cache lines.
-const SLOT_BYTES: usize = (B_DATA + BOARD_CAPACITY).next_multiple_of(64);
-
-/// Offset of the release-mark line from the board's start.
-const MARK_LINE: usize = 2 * SLOT_BYTES;
-
-/// Bytes of a board.
-pub(super) const BOARD_BYTES: usize = MARK_LINE + 64;
 
 /// This rank's bookkeeping of the board.
 #[derive(Debug, Default)]
 pub(super) struct BoardState {
     /// Offset of the board in every segment.
-    off: usize,
+    pub(super) off: usize,
     /// Sequence number last posted in each slot (0: none).
     last: [u64; 2],
     /// Per local position: the newest sequence number read from that peer.
     seen: Vec<u64>,
     /// Per local position: the newest release mark known of that peer.
-    marks: Vec<u64>,
+    pub(super) marks: Vec<u64>,
     /// This rank's release mark.
     mark: u64,
-    /// The sequence number [`Conn::block`] watches (0: none).
+    /// The sequence number a blocking wait watches (0: none).
     watch: u64,
 }
 
@@ -82,22 +73,34 @@ impl BoardState {
         }
     }
 
-    fn slot(&self, seq: u64) -> usize {
+    /// Offset of the slot of posting `seq`.
+    pub(super) fn slot(&self, seq: u64) -> usize {
         self.off + (seq % 2) as usize * SLOT_BYTES
     }
 }
 
-impl Segment {
-    /// `len` bytes at `off`, inside the mapping (asserted).
-    fn span(&self, off: usize, len: usize) -> *mut u8 {
-        assert!(off + len <= self.len, "segment span {off}+{len}");
-        // SAFETY: in range of the mapping (asserted).
-        unsafe { self.base.add(off) }
-    }
+/// A copy of the header of the slot at `at` of a peer's segment, word by word (each word
+/// atomically, as the poster writes it); the sequence number is the one already read.
+fn snapshot(seg: &Segment, at: usize, seq: u64) -> [u8; SLOT_HEADER_LEN] {
+    let mut raw = [0u8; SLOT_HEADER_LEN];
+    let mut h = SlotHeader::new_unchecked(&mut raw[..]);
+    h.set_seq(seq);
+    h.set_data_len(seg.a32(at + SLOT_LEN).load(Ordering::Relaxed));
+    h.set_mark(seg.a64(at + SLOT_MARK).load(Ordering::Relaxed));
+    raw
 }
 
-impl Conn {
-    pub(super) fn board_post(&mut self, me: Me, seq: u64, data: &[u8]) -> Result<bool> {
+impl BoardState {
+    /// Posts `data` under `seq` in this rank's segment `own` and wakes the sleeping `peers`;
+    /// `Ok(false)` while the slot still holds a posting some peer has not released.
+    pub(super) fn post(
+        &mut self,
+        me: Me,
+        own: &Segment,
+        peers: &[Option<Peer>],
+        seq: u64,
+        data: &[u8],
+    ) -> Result<bool> {
         let invalid = |msg: String| TransportError::Invalid {
             rank: me.rank,
             op: "board_post",
@@ -109,7 +112,7 @@ impl Conn {
                 data.len()
             )));
         }
-        let b = &mut self.board;
+        let b = self;
         let newest = b.last[0].max(b.last[1]);
         if seq <= newest {
             return Err(invalid(format!(
@@ -118,7 +121,7 @@ impl Conn {
         }
         let prev = b.last[(seq % 2) as usize];
         if prev > 0 {
-            for p in self.peers.iter().flatten() {
+            for p in peers.iter().flatten() {
                 if p.down.is_some() || b.marks[p.pos] >= prev {
                     continue;
                 }
@@ -130,22 +133,25 @@ impl Conn {
             }
         }
         let at = b.slot(seq);
-        let own = &self.own;
-        let seq_word = own.a64(at + B_SEQ);
+        let seq_word = own.a64(at + SLOT_SEQ);
         seq_word.store(0, Ordering::Relaxed);
         fence(Ordering::Release);
-        own.a32(at + B_LEN)
+        own.a32(at + SLOT_LEN)
             .store(data.len() as u32, Ordering::Relaxed);
-        own.a64(at + B_MARK).store(b.mark, Ordering::Relaxed);
+        own.a64(at + SLOT_MARK).store(b.mark, Ordering::Relaxed);
         // SAFETY: the span lies in this rank's own segment (checked by `span`), which only this
         // rank writes; `data` is a separate buffer of this process.
         unsafe {
-            ptr::copy_nonoverlapping(data.as_ptr(), own.span(at + B_DATA, data.len()), data.len())
+            ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                own.span(at + SLOT_HEADER_LEN, data.len()),
+                data.len(),
+            )
         };
         seq_word.store(seq, Ordering::Release);
         b.last[(seq % 2) as usize] = seq;
         fence(Ordering::SeqCst);
-        for p in self.peers.iter().flatten() {
+        for p in peers.iter().flatten() {
             if p.down.is_none() {
                 p.seg.wake_if_sleeping();
             }
@@ -153,15 +159,18 @@ impl Conn {
         Ok(true)
     }
 
-    pub(super) fn board_read(
+    /// Copies the posting of the peer at `pos` under `seq` into `out`; `Ok(false)` while
+    /// there is none.
+    pub(super) fn read(
         &mut self,
         me: Me,
+        peers: &mut [Option<Peer>],
         pos: usize,
         seq: u64,
         out: &mut Vec<u8>,
     ) -> Result<bool> {
-        let b = &mut self.board;
-        let Some(p) = self.peers.get_mut(pos).and_then(Option::as_mut) else {
+        let b = self;
+        let Some(p) = peers.get_mut(pos).and_then(Option::as_mut) else {
             return Err(TransportError::Invalid {
                 rank: me.rank,
                 op: "board_read",
@@ -179,18 +188,19 @@ impl Conn {
             });
         }
         let at = b.slot(seq);
-        let seq_word = p.seg.a64(at + B_SEQ);
+        let seq_word = p.seg.a64(at + SLOT_SEQ);
         // Another number is an older posting, one being written, or a newer one in a slot
         // whose posting under `seq` was never made (the peer ran that operation otherwise).
         if seq_word.load(Ordering::Acquire) != seq {
             return Ok(false);
         }
-        let len = p.seg.a32(at + B_LEN).load(Ordering::Relaxed) as usize;
-        let mark = p.seg.a64(at + B_MARK).load(Ordering::Relaxed);
-        if len > BOARD_CAPACITY {
-            let msg = format!("board posting {seq} of {len} bytes (at most {BOARD_CAPACITY})");
-            return Err(p.protocol(me, msg));
-        }
+        let header =
+            match SlotHeaderRepr::parse(&SlotHeader::new_unchecked(&snapshot(&p.seg, at, seq)[..]))
+            {
+                Ok(h) => h,
+                Err(error) => return Err(p.protocol(me, Violation::BoardSlot { seq, error })),
+            };
+        let (len, mark) = (header.data_len as usize, header.mark);
         out.clear();
         out.reserve(len);
         // SAFETY: the span lies in the peer's segment (checked by `span`); `out` has room for
@@ -198,53 +208,56 @@ impl Conn {
         // may write the span concurrently only by breaking the protocol, which the second
         // look at `seq` below detects (the bytes are then discarded).
         unsafe {
-            ptr::copy_nonoverlapping(p.seg.span(at + B_DATA, len), out.as_mut_ptr(), len);
+            ptr::copy_nonoverlapping(p.seg.span(at + SLOT_HEADER_LEN, len), out.as_mut_ptr(), len);
             out.set_len(len);
         }
         fence(Ordering::Acquire);
         if seq_word.load(Ordering::Relaxed) != seq {
             out.clear();
-            let msg = format!("board posting {seq} was rewritten while this rank read it");
-            return Err(p.protocol(me, msg));
+            return Err(p.protocol(me, Violation::BoardRewritten { seq }));
         }
         b.seen[pos] = b.seen[pos].max(seq);
         b.marks[pos] = b.marks[pos].max(mark);
         Ok(true)
     }
 
-    pub(super) fn board_release(&mut self, seq: u64) {
-        let b = &mut self.board;
-        b.mark = b.mark.max(seq);
-        self.own
-            .a64(b.off + MARK_LINE)
-            .store(b.mark, Ordering::Release);
+    /// Raises this rank's release mark in its segment `own` to `seq`.
+    pub(super) fn release(&mut self, own: &Segment, seq: u64) {
+        self.mark = self.mark.max(seq);
+        own.a64(self.off + MARK_LINE)
+            .store(self.mark, Ordering::Release);
     }
 
-    pub(super) fn board_watch(&mut self, seq: u64) {
-        self.board.watch = seq;
+    /// Sets the sequence number a blocking wait watches.
+    pub(super) fn watch(&mut self, seq: u64) {
+        self.watch = seq;
     }
 
     /// Whether a peer has posted under the watched sequence number what this rank has not
     /// read.
-    pub(super) fn board_ready(&self) -> bool {
-        let b = &self.board;
+    pub(super) fn ready(&self, peers: &[Option<Peer>]) -> bool {
+        let b = self;
         b.watch > 0
-            && self.peers.iter().flatten().any(|p| {
+            && peers.iter().flatten().any(|p| {
                 !p.broken
                     && b.seen[p.pos] < b.watch
-                    && p.seg.a64(b.slot(b.watch) + B_SEQ).load(Ordering::Acquire) == b.watch
+                    && p.seg
+                        .a64(b.slot(b.watch) + SLOT_SEQ)
+                        .load(Ordering::Acquire)
+                        == b.watch
             })
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::endpoint::ShmEndpoint;
     use super::super::tests::fabric;
     use super::*;
-    use crate::Endpoint;
+    use crate::verbs::Endpoint;
     use std::time::{Duration, Instant};
 
-    fn read(ep: &mut super::super::ShmEndpoint, peer: usize, seq: u64) -> Option<Vec<u8>> {
+    fn read(ep: &mut ShmEndpoint, peer: usize, seq: u64) -> Option<Vec<u8>> {
         let mut out = vec![9; 3];
         ep.board_read(peer, seq, &mut out).unwrap().then_some(out)
     }
@@ -303,6 +316,37 @@ mod tests {
     }
 
     #[test]
+    fn a_slot_header_past_the_board_is_a_protocol_error() {
+        let mut eps = fabric(2);
+        assert!(eps[0].board_post(1, b"one").unwrap());
+        // Rank 0's slot header claims more bytes than the board holds.
+        let c0 = eps[0].conn.as_ref().unwrap();
+        let at = c0.board.slot(1);
+        c0.own
+            .a32(at + SLOT_LEN)
+            .store(BOARD_CAPACITY as u32 + 1, Ordering::Relaxed);
+        let e = eps[1].board_read(0, 1, &mut Vec::new()).unwrap_err();
+        let want = Violation::BoardSlot {
+            seq: 1,
+            error: crate::wire::WireError::TooLong {
+                format: "board posting",
+                len: BOARD_CAPACITY as u64 + 1,
+                max: BOARD_CAPACITY as u64,
+            },
+        };
+        assert!(
+            matches!(&e, TransportError::Protocol { peer: 0, violation, .. } if *violation == want),
+            "{e}"
+        );
+        // The peer is broken for good.
+        let e = eps[1].board_read(0, 1, &mut Vec::new()).unwrap_err();
+        assert!(
+            matches!(e, TransportError::PeerClosed { peer: 0, .. }),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn a_posting_rewritten_while_read_is_never_torn_data() {
         // Rank 0 breaks the reuse rule on purpose, rewriting slot 1 as fast as it can; rank 1
         // reads whatever posting is there. Every read must give one posting's bytes whole, or
@@ -331,7 +375,7 @@ mod tests {
                 .as_ref()
                 .unwrap()
                 .seg
-                .a64(c.board.slot(1) + B_SEQ)
+                .a64(c.board.slot(1) + SLOT_SEQ)
                 .load(Ordering::Acquire);
             match e1.board_read(0, seq, &mut out) {
                 Ok(true) => {

@@ -1,0 +1,187 @@
+//! The state of a connected RDMA endpoint ([`RdmaEndpoint`]): queue pairs by peer, the
+//! registration pool, the staging ring, outstanding work requests, the receive buffers; its
+//! accessors and teardown. Posting is in `post`, the completion queue in `completion`, the
+//! [`Endpoint`](crate::Endpoint) calls in `verbs`.
+
+use super::device::{Buffer, Device};
+use super::ffi;
+use super::options::RdmaOptions;
+use super::staging::Staging;
+use crate::error::{Result, TransportError};
+use crate::regions::RegionTable;
+use crate::verbs::{Access, Completion, Sge};
+use crate::wire::RemoteRegion;
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+
+/// A registration with the adapter.
+#[derive(Debug)]
+pub(super) struct Pinned {
+    pub(super) mr: *mut ffi::IbvMr,
+    pub(super) addr: usize,
+    pub(super) len: usize,
+    pub(super) lkey: u32,
+    pub(super) rkey: u32,
+    pub(super) access: Access,
+    pub(super) refs: usize,
+}
+
+/// A queue pair to one peer, with its outstanding send work requests.
+pub(super) struct Qp {
+    pub(super) raw: *mut ffi::IbvQp,
+    pub(super) outstanding: u32,
+}
+
+/// The queue pairs to one peer and the posts waiting for room.
+pub(super) struct Peer {
+    pub(super) qps: Vec<Qp>,
+    pub(super) next: usize,
+    /// Why the connection is unusable, once it is.
+    pub(super) broken: Option<String>,
+    /// Queue pairs on which the peer said goodbye.
+    pub(super) byes: usize,
+    /// Posts waiting for room (staging or send queue), in order.
+    pub(super) pending: VecDeque<Pending>,
+}
+
+/// A post waiting for room (staging or send queue).
+pub(super) enum Pending {
+    Write {
+        sges: Vec<Sge>,
+        remote: RemoteRegion,
+        offset: u64,
+        imm: Option<u32>,
+        wr_id: u64,
+    },
+    Send {
+        data: Vec<u8>,
+        wr_id: u64,
+        ctrl: Option<u32>,
+    },
+}
+
+/// What an outstanding send-queue work request is.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Wr {
+    pub(super) peer: usize,
+    pub(super) qp: usize,
+    /// Staging span to free on completion.
+    pub(super) staged: Option<u64>,
+    /// The caller's id, reported on completion (writes straight from registered memory).
+    pub(super) user: Option<u64>,
+    pub(super) write: bool,
+    pub(super) rkey: u32,
+    pub(super) offset: u64,
+    pub(super) len: u64,
+    /// Length of the target region as the peer advertised it.
+    pub(super) region_len: u64,
+}
+
+/// A rank's queue pairs to all peers, its completion queue and its registrations.
+pub struct RdmaEndpoint {
+    pub(super) rank: usize,
+    pub(super) world: usize,
+    pub(super) device: String,
+    pub(super) opts: RdmaOptions,
+    pub(super) peers: Vec<Peer>,
+    pub(super) by_qpn: HashMap<u32, (usize, usize)>,
+    pub(super) regions: RegionTable,
+    pub(super) pinned: Vec<Pinned>,
+    pub(super) pinned_bytes: usize,
+    pub(super) staging: Staging,
+    pub(super) wrs: HashMap<u64, Wr>,
+    pub(super) next_wr: u64,
+    pub(super) ready: VecDeque<Completion>,
+    pub(super) stash: Vec<ffi::GsWc>,
+    pub(super) recv_buf: Buffer,
+    pub(super) recv_mr: *mut ffi::IbvMr,
+    pub(super) recv_lkey: u32,
+    pub(super) armed: bool,
+    /// Errors found while polling, reported by the next poll.
+    pub(super) errors: VecDeque<TransportError>,
+    pub(super) dev: Device,
+}
+
+// SAFETY: see `RdmaSetup`; the endpoint is used by one thread at a time.
+unsafe impl Send for RdmaEndpoint {}
+
+impl fmt::Debug for RdmaEndpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RdmaEndpoint")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .field("device", &self.device)
+            .field("qps_per_peer", &self.opts.qps_per_peer)
+            .finish()
+    }
+}
+
+impl RdmaEndpoint {
+    /// Device and port in use (`rxe0:1`).
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
+    /// Bytes registered with the adapter through [`Access::PERSISTENT`] registrations.
+    pub fn pinned_bytes(&self) -> usize {
+        self.pinned_bytes
+    }
+
+    /// Number of distinct adapter registrations in the pool.
+    pub fn pinned_regions(&self) -> usize {
+        self.pinned.len()
+    }
+
+    pub(super) fn peer_check(&self, peer: usize, op: &'static str) -> Result<()> {
+        if peer >= self.world || peer == self.rank {
+            return Err(TransportError::Invalid {
+                rank: self.rank,
+                op,
+                msg: format!(
+                    "peer {peer} is not another rank of a world of {}",
+                    self.world
+                ),
+            });
+        }
+        if let Some(why) = &self.peers[peer].broken {
+            return Err(TransportError::PeerClosed {
+                rank: self.rank,
+                peer,
+                during: format!("{op}: {why}"),
+            });
+        }
+        Ok(())
+    }
+
+    /// The registered span holding `s`, if its key is an adapter key.
+    pub(super) fn pinned_for(&self, s: &Sge) -> bool {
+        self.pinned.iter().any(|p| {
+            p.lkey == s.lkey
+                && s.addr >= p.addr
+                && s.addr
+                    .checked_add(s.len)
+                    .is_some_and(|e| e <= p.addr + p.len)
+        })
+    }
+}
+
+impl Drop for RdmaEndpoint {
+    fn drop(&mut self) {
+        for p in &self.peers {
+            for q in &p.qps {
+                // SAFETY: created by `gs_qp_create`, destroyed once.
+                unsafe { ffi::gs_qp_destroy(q.raw) };
+            }
+        }
+        for p in self.pinned.drain(..) {
+            // SAFETY: registered by `gs_reg`, deregistered once.
+            unsafe { ffi::gs_dereg(p.mr) };
+        }
+        // SAFETY: as above.
+        unsafe {
+            ffi::gs_dereg(self.staging.mr);
+            ffi::gs_dereg(self.recv_mr);
+        }
+        // The buffers unmap and the device closes (in field order) after this.
+    }
+}

@@ -1,0 +1,383 @@
+//! The connection descriptor a rank publishes through the rendezvous store
+//! ([`ConnInfo`], [`ConnInfoRepr`]): what a peer needs to move its queue pairs to this rank
+//! to RTR.
+//!
+//! Little-endian; a descriptor fills a whole store value:
+//!
+//! | offset | size | field |
+//! |-------:|-----:|-------|
+//! | 0 | 4 | magic [`INFO_MAGIC`] (`"BISG"` on the wire) |
+//! | 4 | 4 | world size |
+//! | 8 | 4 | queue pairs per peer |
+//! | 12 | 16 | GID |
+//! | 28 | 4 | LID |
+//! | 32 | 4 | active path MTU code (1-5: 256-4096 bytes) |
+//! | 36 | 4 | 1 when the port is RoCE (a global route is needed), 0 for InfiniBand |
+//! | 40 | 8 each | (queue pair number, first packet sequence number), both `u32`, of every queue pair to every rank: rank-major, `world * qps` entries, zeros for the rank itself |
+
+use crate::wire::{WireError, array};
+
+/// First bytes of a connection descriptor.
+pub const INFO_MAGIC: u32 = 0x4753_4942;
+/// Length of a descriptor's fixed part; the queue pair entries follow.
+pub const INFO_HEADER_LEN: usize = 40;
+/// Length of one queue pair entry.
+pub const INFO_ENTRY_LEN: usize = 8;
+
+const FORMAT: &str = "connection descriptor";
+
+mod field {
+    pub(super) const MAGIC: usize = 0;
+    pub(super) const WORLD: usize = 4;
+    pub(super) const QPS: usize = 8;
+    pub(super) const GID: usize = 12;
+    pub(super) const LID: usize = 28;
+    pub(super) const MTU: usize = 32;
+    pub(super) const GLOBAL: usize = 36;
+}
+
+fn put(b: &mut [u8], at: usize, v: &[u8]) {
+    b[at..at + v.len()].copy_from_slice(v);
+}
+
+/// A typed view over the bytes of a connection descriptor.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnInfo<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> ConnInfo<T> {
+    /// Wraps bytes without checking their length.
+    pub const fn new_unchecked(buffer: T) -> Self {
+        ConnInfo { buffer }
+    }
+
+    /// Wraps bytes after [`check_len`](Self::check_len).
+    pub fn new_checked(buffer: T) -> Result<Self, WireError> {
+        let v = Self::new_unchecked(buffer);
+        v.check_len()?;
+        Ok(v)
+    }
+
+    /// Checks that the accessors will not panic: the fixed part and every entry it announces.
+    pub fn check_len(&self) -> Result<(), WireError> {
+        let got = self.buffer.as_ref().len();
+        if got < INFO_HEADER_LEN {
+            return Err(WireError::Truncated {
+                format: FORMAT,
+                got,
+                need: INFO_HEADER_LEN,
+            });
+        }
+        let need = self.total_len()?;
+        if got < need {
+            return Err(WireError::Truncated {
+                format: FORMAT,
+                got,
+                need,
+            });
+        }
+        Ok(())
+    }
+
+    /// Bytes of the descriptor the fixed part announces.
+    fn total_len(&self) -> Result<usize, WireError> {
+        let count = u64::from(self.world()) * u64::from(self.qps());
+        usize::try_from(count)
+            .ok()
+            .and_then(|n| n.checked_mul(INFO_ENTRY_LEN))
+            .and_then(|n| n.checked_add(INFO_HEADER_LEN))
+            .ok_or(WireError::TooManyEntries {
+                format: FORMAT,
+                count,
+            })
+    }
+
+    /// The magic number.
+    pub fn magic(&self) -> u32 {
+        u32::from_le_bytes(array(self.buffer.as_ref(), field::MAGIC))
+    }
+
+    /// The world size.
+    pub fn world(&self) -> u32 {
+        u32::from_le_bytes(array(self.buffer.as_ref(), field::WORLD))
+    }
+
+    /// Queue pairs per peer.
+    pub fn qps(&self) -> u32 {
+        u32::from_le_bytes(array(self.buffer.as_ref(), field::QPS))
+    }
+
+    /// The GID.
+    pub fn gid(&self) -> [u8; 16] {
+        array(self.buffer.as_ref(), field::GID)
+    }
+
+    /// The LID.
+    pub fn lid(&self) -> u32 {
+        u32::from_le_bytes(array(self.buffer.as_ref(), field::LID))
+    }
+
+    /// The path MTU code.
+    pub fn mtu(&self) -> u32 {
+        u32::from_le_bytes(array(self.buffer.as_ref(), field::MTU))
+    }
+
+    /// The global-route word (non-zero: RoCE).
+    pub fn global(&self) -> u32 {
+        u32::from_le_bytes(array(self.buffer.as_ref(), field::GLOBAL))
+    }
+
+    /// Entry `i`: (queue pair number, packet sequence number).
+    pub fn qp(&self, i: usize) -> (u32, u32) {
+        let at = INFO_HEADER_LEN + i * INFO_ENTRY_LEN;
+        let b = self.buffer.as_ref();
+        (
+            u32::from_le_bytes(array(b, at)),
+            u32::from_le_bytes(array(b, at + 4)),
+        )
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> ConnInfo<T> {
+    /// Sets the magic number.
+    pub fn set_magic(&mut self, v: u32) {
+        put(self.buffer.as_mut(), field::MAGIC, &v.to_le_bytes());
+    }
+
+    /// Sets the world size.
+    pub fn set_world(&mut self, v: u32) {
+        put(self.buffer.as_mut(), field::WORLD, &v.to_le_bytes());
+    }
+
+    /// Sets the queue pairs per peer.
+    pub fn set_qps(&mut self, v: u32) {
+        put(self.buffer.as_mut(), field::QPS, &v.to_le_bytes());
+    }
+
+    /// Sets the GID.
+    pub fn set_gid(&mut self, v: &[u8; 16]) {
+        put(self.buffer.as_mut(), field::GID, v);
+    }
+
+    /// Sets the LID.
+    pub fn set_lid(&mut self, v: u32) {
+        put(self.buffer.as_mut(), field::LID, &v.to_le_bytes());
+    }
+
+    /// Sets the path MTU code.
+    pub fn set_mtu(&mut self, v: u32) {
+        put(self.buffer.as_mut(), field::MTU, &v.to_le_bytes());
+    }
+
+    /// Sets the global-route word.
+    pub fn set_global(&mut self, v: u32) {
+        put(self.buffer.as_mut(), field::GLOBAL, &v.to_le_bytes());
+    }
+
+    /// Sets entry `i`.
+    pub fn set_qp(&mut self, i: usize, (qpn, psn): (u32, u32)) {
+        let at = INFO_HEADER_LEN + i * INFO_ENTRY_LEN;
+        put(self.buffer.as_mut(), at, &qpn.to_le_bytes());
+        put(self.buffer.as_mut(), at + 4, &psn.to_le_bytes());
+    }
+}
+
+/// Parsed form of a connection descriptor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConnInfoRepr {
+    /// World size.
+    pub world: u32,
+    /// Queue pairs per peer.
+    pub qps: u32,
+    /// The port's GID.
+    pub gid: [u8; 16],
+    /// The port's LID.
+    pub lid: u32,
+    /// The port's active path MTU code.
+    pub mtu: u32,
+    /// Whether the port is RoCE (a global route is needed).
+    pub global: bool,
+    /// `(qpn, psn)` of every queue pair to every rank (`world * qps`, zeros for itself).
+    pub qp: Vec<(u32, u32)>,
+}
+
+impl ConnInfoRepr {
+    /// Parses a descriptor: the magic, and a length of exactly the fixed part and the entries
+    /// it announces (so nothing is allocated for entries that are not there).
+    pub fn parse<T: AsRef<[u8]>>(v: &ConnInfo<T>) -> Result<Self, WireError> {
+        let got = v.buffer.as_ref().len();
+        if got < INFO_HEADER_LEN {
+            return Err(WireError::Truncated {
+                format: FORMAT,
+                got,
+                need: INFO_HEADER_LEN,
+            });
+        }
+        if v.magic() != INFO_MAGIC {
+            return Err(WireError::BadMagic {
+                format: FORMAT,
+                found: u64::from(v.magic()),
+            });
+        }
+        let expected = v.total_len()?;
+        if got != expected {
+            return Err(WireError::Length {
+                format: FORMAT,
+                got,
+                expected,
+            });
+        }
+        let n = (expected - INFO_HEADER_LEN) / INFO_ENTRY_LEN;
+        Ok(ConnInfoRepr {
+            world: v.world(),
+            qps: v.qps(),
+            gid: v.gid(),
+            lid: v.lid(),
+            mtu: v.mtu(),
+            global: v.global() != 0,
+            qp: (0..n).map(|i| v.qp(i)).collect(),
+        })
+    }
+
+    /// Length of the emitted descriptor.
+    pub fn buffer_len(&self) -> usize {
+        INFO_HEADER_LEN + self.qp.len() * INFO_ENTRY_LEN
+    }
+
+    /// Writes the descriptor into the first [`buffer_len`](Self::buffer_len) bytes. It parses
+    /// back only when `qp` holds `world * qps` entries.
+    ///
+    /// # Panics
+    ///
+    /// If the buffer is shorter.
+    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, v: &mut ConnInfo<T>) {
+        v.set_magic(INFO_MAGIC);
+        v.set_world(self.world);
+        v.set_qps(self.qps);
+        v.set_gid(&self.gid);
+        v.set_lid(self.lid);
+        v.set_mtu(self.mtu);
+        v.set_global(u32::from(self.global));
+        for (i, &e) in self.qp.iter().enumerate() {
+            v.set_qp(i, e);
+        }
+    }
+
+    /// The emitted descriptor (for the rendezvous store).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut b = vec![0u8; self.buffer_len()];
+        self.emit(&mut ConnInfo::new_unchecked(&mut b[..]));
+        b
+    }
+
+    /// Parses [`to_bytes`](Self::to_bytes); `None` if the bytes are not a descriptor.
+    pub fn from_bytes(b: &[u8]) -> Option<Self> {
+        Self::parse(&ConnInfo::new_unchecked(b)).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn repr() -> ConnInfoRepr {
+        ConnInfoRepr {
+            world: 2,
+            qps: 1,
+            gid: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+            lid: 5,
+            mtu: 3,
+            global: true,
+            qp: vec![(0, 0), (0x11, 0xab_cdef)],
+        }
+    }
+
+    static BYTES: [u8; 56] = [
+        0x42, 0x49, 0x53, 0x47, // magic
+        0x02, 0x00, 0x00, 0x00, // world 2
+        0x01, 0x00, 0x00, 0x00, // 1 queue pair per peer
+        0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, // GID fe80::1
+        0x05, 0x00, 0x00, 0x00, // LID 5
+        0x03, 0x00, 0x00, 0x00, // MTU code 3 (1024 bytes)
+        0x01, 0x00, 0x00, 0x00, // RoCE
+        0, 0, 0, 0, 0, 0, 0, 0, // rank 0 (itself)
+        0x11, 0x00, 0x00, 0x00, 0xef, 0xcd, 0xab, 0x00, // rank 1: qpn 0x11, psn 0xabcdef
+    ];
+
+    #[test]
+    fn conn_info_literal() {
+        assert_eq!(repr().to_bytes(), BYTES);
+        let v = ConnInfo::new_checked(&BYTES[..]).unwrap();
+        assert_eq!((v.world(), v.qps(), v.lid(), v.mtu()), (2, 1, 5, 3));
+        assert_eq!(v.qp(1), (0x11, 0xab_cdef));
+        assert_eq!(ConnInfoRepr::parse(&v), Ok(repr()));
+    }
+
+    #[test]
+    fn conn_info_rejects() {
+        let parse = |b: &[u8]| ConnInfoRepr::parse(&ConnInfo::new_unchecked(b));
+        assert!(matches!(
+            parse(&BYTES[..55]),
+            Err(WireError::Length {
+                got: 55,
+                expected: 56,
+                ..
+            })
+        ));
+        assert!(matches!(
+            parse(&BYTES[..39]),
+            Err(WireError::Truncated { .. })
+        ));
+        let mut b = BYTES;
+        b[0] ^= 1;
+        assert!(matches!(parse(&b), Err(WireError::BadMagic { .. })));
+        let mut b = BYTES;
+        b[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        b[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(parse(&b).is_err());
+        assert!(ConnInfo::new_checked(&b[..]).is_err());
+        // Any non-zero global word is RoCE.
+        let mut b = BYTES;
+        b[36] = 7;
+        assert!(parse(&b).unwrap().global);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(
+            std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(256)
+        ))]
+
+        #[test]
+        fn fuzz_conn_info_parse(
+            mut b in proptest::collection::vec(any::<u8>(), 0..80),
+            world in 0u32..4,
+            qps in 0u32..3,
+        ) {
+            // Half the inputs get the magic and a small table, so that parsing goes deep.
+            if b.len() >= INFO_HEADER_LEN && world % 2 == 0 {
+                b[..4].copy_from_slice(&INFO_MAGIC.to_le_bytes());
+                b[4..8].copy_from_slice(&world.to_le_bytes());
+                b[8..12].copy_from_slice(&qps.to_le_bytes());
+            }
+            if let Ok(r) = ConnInfoRepr::parse(&ConnInfo::new_unchecked(&b[..])) {
+                prop_assert_eq!(r.qp.len() as u64, u64::from(r.world) * u64::from(r.qps));
+                let out = r.to_bytes();
+                prop_assert_eq!(&out[..36], &b[..36]);
+                prop_assert_eq!(&out[40..], &b[40..]);
+            }
+        }
+
+        #[test]
+        fn fuzz_conn_info_round_trip(
+            world in 0u32..5, qps in 0u32..4, gid: [u8; 16], lid: u32, mtu: u32, global: bool,
+            seed: u32,
+        ) {
+            let n = (world * qps) as usize;
+            let qp = (0..n as u32).map(|i| (seed ^ i, seed.wrapping_mul(i))).collect();
+            let r = ConnInfoRepr { world, qps, gid, lid, mtu, global, qp };
+            prop_assert_eq!(ConnInfoRepr::from_bytes(&r.to_bytes()), Some(r));
+        }
+    }
+}

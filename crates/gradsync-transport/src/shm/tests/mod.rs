@@ -1,0 +1,103 @@
+//! Tests of the shared-memory backend: several endpoints in one process (cross-memory attach
+//! into one's own pid is always allowed), each used from its own thread where the test needs
+//! concurrency. The helpers live here; the tests by concern in the files below.
+
+mod lifecycle;
+mod shared;
+mod writes;
+
+use super::endpoint::ShmEndpoint;
+use super::setup::ShmSetup;
+use crate::verbs::{Access, Completion, Endpoint, MemoryRegion, Sge};
+use std::thread;
+use std::time::{Duration, Instant};
+
+const RW: Access = Access::LOCAL_READ.union(Access::REMOTE_WRITE);
+const LONG: Duration = Duration::from_secs(10);
+
+fn fabric_in(world: usize, local: &[usize]) -> Vec<ShmEndpoint> {
+    let (setups, infos): (Vec<_>, Vec<_>) = local
+        .iter()
+        .map(|&r| ShmSetup::new(r, world, local).unwrap())
+        .unzip();
+    let infos = &infos;
+    thread::scope(|s| {
+        let hs: Vec<_> = setups
+            .into_iter()
+            .map(|st| s.spawn(move || st.connect(infos, LONG).unwrap()))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+pub(in crate::shm) fn fabric(n: usize) -> Vec<ShmEndpoint> {
+    fabric_in(n, &(0..n).collect::<Vec<_>>())
+}
+
+fn pair() -> (ShmEndpoint, ShmEndpoint) {
+    let mut v = fabric(2);
+    let e1 = v.pop().unwrap();
+    (v.pop().unwrap(), e1)
+}
+
+/// A registered buffer (the vector's heap block never moves).
+struct Buf {
+    v: Vec<u8>,
+    mr: MemoryRegion,
+}
+
+fn buf(ep: &mut ShmEndpoint, v: Vec<u8>, access: Access) -> Buf {
+    let mut v = v;
+    // SAFETY: the heap block stays valid and in place until the test ends, after the
+    // endpoints' last use of it.
+    let mr = unsafe { ep.register(v.as_mut_ptr(), v.len(), access) }.unwrap();
+    Buf { v, mr }
+}
+
+fn sge(b: &Buf, off: usize, len: usize) -> Sge {
+    assert!(off + len <= b.v.len());
+    Sge {
+        addr: b.v.as_ptr() as usize + off,
+        len,
+        lkey: b.mr.lkey,
+    }
+}
+
+fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    (0..len as u32)
+        .map(|i| (i.wrapping_mul(31).wrapping_add(seed * 17) % 251) as u8)
+        .collect()
+}
+
+fn remote(c: &Completion) -> bool {
+    matches!(c, Completion::WriteImm { .. } | Completion::Recv { .. })
+}
+
+/// Polls until `n` completions accepted by `keep` arrived.
+fn collect(ep: &mut ShmEndpoint, n: usize, keep: impl Fn(&Completion) -> bool) -> Vec<Completion> {
+    let deadline = Instant::now() + LONG;
+    let mut got = Vec::new();
+    let mut out = Vec::new();
+    loop {
+        ep.poll(&mut out).unwrap();
+        got.extend(out.drain(..).filter(|c| keep(c)));
+        if got.len() >= n {
+            return got;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {n} completions",
+            got.len()
+        );
+        ep.wait(Duration::from_millis(20)).unwrap();
+    }
+}
+
+/// The tag of a completion: the immediate, or the first 4 bytes of a message.
+fn tag(c: &Completion) -> u32 {
+    match c {
+        Completion::WriteImm { imm, .. } => *imm,
+        Completion::Recv { data, .. } => u32::from_le_bytes(data[..4].try_into().unwrap()),
+        other => panic!("unexpected {other:?}"),
+    }
+}

@@ -1,0 +1,373 @@
+//! A rank's TCP endpoint: its streams to every peer, the round-robin send path, graceful close
+//! and the [`Endpoint`] implementation.
+
+use super::stream::{RXBUF, Rx, Stream, TxItem, done_completion, flush, rx_stream};
+use super::wire::FrameHeaderRepr;
+use crate::error::{Result, TransportError};
+use crate::regions::RegionTable;
+use crate::verbs::{Access, Completion, Endpoint, MemoryRegion, Sge, check_send_len};
+use crate::wire::RemoteRegion;
+use std::io::{self, Read};
+use std::time::{Duration, Instant};
+
+/// The streams to one peer.
+#[derive(Debug)]
+pub(super) struct Peer {
+    pub(super) streams: Vec<Stream>,
+    next_tx: usize,
+    broken: Option<String>,
+}
+
+impl Peer {
+    /// A peer reached through `streams`.
+    pub(super) fn new(streams: Vec<Stream>) -> Peer {
+        Peer {
+            streams,
+            next_tx: 0,
+            broken: None,
+        }
+    }
+}
+
+/// A rank's TCP connections to all peers.
+#[derive(Debug)]
+pub struct TcpEndpoint {
+    rank: usize,
+    world: usize,
+    pub(super) peers: Vec<Option<Peer>>,
+    regions: RegionTable,
+    pollfds: Vec<libc::pollfd>,
+    done: Vec<Completion>,
+}
+
+impl TcpEndpoint {
+    /// An endpoint of `rank` over connected peers (`None` at `rank`).
+    pub(super) fn new(rank: usize, world: usize, peers: Vec<Option<Peer>>) -> TcpEndpoint {
+        TcpEndpoint {
+            rank,
+            world,
+            peers,
+            regions: RegionTable::new(rank),
+            pollfds: Vec::new(),
+            done: Vec::new(),
+        }
+    }
+
+    fn peer_mut(&mut self, peer: usize, op: &'static str) -> Result<&mut Peer> {
+        let rank = self.rank;
+        let world = self.world;
+        let p = self
+            .peers
+            .get_mut(peer)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| TransportError::Invalid {
+                rank,
+                op,
+                msg: format!("peer {peer} is not another rank of a world of {world}"),
+            })?;
+        if let Some(why) = &p.broken {
+            return Err(TransportError::PeerClosed {
+                rank,
+                peer,
+                during: why.clone(),
+            });
+        }
+        Ok(p)
+    }
+
+    fn enqueue(&mut self, peer: usize, item: TxItem, op: &'static str) -> Result<()> {
+        let rank = self.rank;
+        let mut done = Vec::new();
+        let p = self.peer_mut(peer, op)?;
+        let n = p.streams.len();
+        let Some(i) = (0..n)
+            .map(|k| (p.next_tx + k) % n)
+            .find(|&k| !p.streams[k].tx_failed)
+        else {
+            return Err(TransportError::PeerClosed {
+                rank,
+                peer,
+                during: format!("{op}: every stream to the peer failed"),
+            });
+        };
+        p.next_tx = (i + 1) % n;
+        let st = &mut p.streams[i];
+        st.txq.push_back(item);
+        if st.txq.len() == 1 {
+            // Send at once: a small message then leaves without waiting for the next poll.
+            if let Err(e) = flush(st, &mut done) {
+                st.tx_failed = true;
+                st.txq.clear();
+                return Err(TransportError::Io {
+                    rank,
+                    peer,
+                    op,
+                    source: e,
+                });
+            }
+        }
+        self.done.extend(done.into_iter().map(done_completion));
+        Ok(())
+    }
+
+    /// Closes gracefully: stops sending, then reads and discards until every peer has closed
+    /// too or `timeout` passes, so no unread byte makes the kernel reset a connection that a
+    /// slower peer is still reading from.
+    fn close_gracefully(&mut self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let mut out = Vec::new();
+        // Flush what is queued (bounded by the deadline).
+        while Instant::now() < deadline
+            && self
+                .peers
+                .iter()
+                .flatten()
+                .any(|p| p.broken.is_none() && p.streams.iter().any(|s| !s.txq.is_empty()))
+        {
+            let _ = self.poll(&mut out);
+            out.clear();
+            let _ = self.wait(Duration::from_millis(10));
+        }
+        for p in self.peers.iter().flatten() {
+            for s in &p.streams {
+                let _ = s.sock.shutdown(std::net::Shutdown::Write);
+            }
+        }
+        let mut buf = vec![0u8; RXBUF];
+        loop {
+            let mut open = 0;
+            for p in self.peers.iter_mut().flatten() {
+                for s in p.streams.iter_mut().filter(|s| !s.eof) {
+                    loop {
+                        match s.sock.read(&mut buf) {
+                            Ok(0) => {
+                                s.eof = true;
+                                break;
+                            }
+                            Ok(_) => continue,
+                            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                            Err(_) => {
+                                s.eof = true;
+                                break;
+                            }
+                        }
+                    }
+                    if !s.eof {
+                        open += 1;
+                    }
+                }
+            }
+            if open == 0 || Instant::now() >= deadline {
+                break;
+            }
+            let _ = self.wait(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Endpoint for TcpEndpoint {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world(&self) -> usize {
+        self.world
+    }
+
+    fn name(&self) -> &'static str {
+        "tcp"
+    }
+
+    unsafe fn register(
+        &mut self,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<MemoryRegion> {
+        Ok(self.regions.register(addr as usize, len, access))
+    }
+
+    fn deregister(&mut self, mr: &MemoryRegion) {
+        self.regions.deregister(mr);
+    }
+
+    unsafe fn post_write(
+        &mut self,
+        peer: usize,
+        sges: &[Sge],
+        remote: RemoteRegion,
+        offset: u64,
+        imm: Option<u32>,
+        wr_id: u64,
+    ) -> Result<()> {
+        self.regions.check_local(sges)?;
+        let total: usize = sges.iter().map(|s| s.len).sum();
+        if total > u32::MAX as usize {
+            return Err(TransportError::Invalid {
+                rank: self.rank,
+                op: "post_write",
+                msg: format!("{total} bytes exceed one write"),
+            });
+        }
+        let hdr = FrameHeaderRepr::Write {
+            rkey: remote.rkey,
+            offset,
+            len: total as u32,
+            imm,
+        }
+        .to_bytes();
+        let item = TxItem {
+            hdr,
+            sges: sges.iter().map(|s| (s.addr, s.len)).collect(),
+            _owned: Vec::new(),
+            wr_id,
+            is_send: false,
+        };
+        self.enqueue(peer, item, "post_write")
+    }
+
+    fn post_send(&mut self, peer: usize, data: &[u8], wr_id: u64) -> Result<()> {
+        check_send_len(self.rank, data.len())?;
+        let hdr = FrameHeaderRepr::Send {
+            len: data.len() as u32,
+        }
+        .to_bytes();
+        let owned = data.to_vec();
+        let sges = vec![(owned.as_ptr() as usize, owned.len())];
+        self.enqueue(
+            peer,
+            TxItem {
+                hdr,
+                sges,
+                _owned: owned,
+                wr_id,
+                is_send: true,
+            },
+            "post_send",
+        )
+    }
+
+    fn close(&mut self, timeout: Duration) {
+        self.close_gracefully(timeout);
+    }
+
+    fn peer_alive(&self, peer: usize) -> bool {
+        self.peers
+            .get(peer)
+            .and_then(Option::as_ref)
+            .is_some_and(|p| p.broken.is_none())
+    }
+
+    fn poll(&mut self, out: &mut Vec<Completion>) -> Result<()> {
+        let rank = self.rank;
+        out.append(&mut self.done);
+        // With many streams, one poll(2) finds the readable ones instead of a failing read on
+        // every stream.
+        let nstreams: usize = self.peers.iter().flatten().map(|p| p.streams.len()).sum();
+        let select = nstreams > 4;
+        if select {
+            self.pollfds.clear();
+            for p in self.peers.iter().flatten() {
+                for st in &p.streams {
+                    self.pollfds.push(libc::pollfd {
+                        fd: st.fd,
+                        events: libc::POLLIN,
+                        revents: 0,
+                    });
+                }
+            }
+            // SAFETY: pollfds is a valid array of pollfd structs of the given length.
+            unsafe {
+                libc::poll(
+                    self.pollfds.as_mut_ptr(),
+                    self.pollfds.len() as libc::nfds_t,
+                    0,
+                )
+            };
+        }
+        let mut idx = 0;
+        for (peer, p) in self.peers.iter_mut().enumerate() {
+            let Some(p) = p else { continue };
+            if p.broken.is_some() {
+                idx += p.streams.len();
+                continue;
+            }
+            let base = idx;
+            idx += p.streams.len();
+            let mut done = Vec::new();
+            for (i, st) in p.streams.iter_mut().enumerate() {
+                // A stream in the middle of a frame is always visited: its last read may have
+                // ended exactly at the end of a payload (the per-poll budget ran out), and the
+                // frame's completion is pushed only on the next visit, even if no more bytes come.
+                let readable = !select
+                    || self.pollfds[base + i].revents != 0
+                    || st.hi > st.lo
+                    || !matches!(st.rx, Rx::Header);
+                if !st.tx_failed && !st.txq.is_empty() && flush(st, &mut done).is_err() {
+                    // The peer is going away; keep reading what it sent before it went.
+                    st.tx_failed = true;
+                    st.txq.clear();
+                }
+                if !readable || st.eof {
+                    continue;
+                }
+                rx_stream(rank, peer, st, &self.regions, out)?;
+            }
+            // Only once every stream is drained: data a peer sent on one stream before it
+            // closed must not be lost because another stream ended first.
+            if p.streams.iter().all(|st| st.eof) {
+                p.broken = Some("the peer closed the connection".into());
+            }
+            out.extend(done.into_iter().map(done_completion));
+        }
+        Ok(())
+    }
+
+    fn wait(&mut self, timeout: Duration) -> Result<()> {
+        self.pollfds.clear();
+        if !self.done.is_empty() {
+            return Ok(());
+        }
+        for p in self.peers.iter().flatten() {
+            if p.broken.is_some() {
+                continue;
+            }
+            for st in p.streams.iter().filter(|st| !st.eof) {
+                if st.hi > st.lo {
+                    return Ok(());
+                }
+                let mut events = libc::POLLIN;
+                if !st.txq.is_empty() {
+                    events |= libc::POLLOUT;
+                }
+                self.pollfds.push(libc::pollfd {
+                    fd: st.fd,
+                    events,
+                    revents: 0,
+                });
+            }
+        }
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: pollfds is a valid array of pollfd structs of the given length.
+        let r = unsafe {
+            libc::poll(
+                self.pollfds.as_mut_ptr(),
+                self.pollfds.len() as libc::nfds_t,
+                ms,
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(TransportError::Io {
+                    rank: self.rank,
+                    peer: usize::MAX,
+                    op: "poll",
+                    source: e,
+                });
+            }
+        }
+        Ok(())
+    }
+}
