@@ -1,5 +1,8 @@
 //! The error type of the data-parallel layer.
 
+/// Result type of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
 /// Errors of [`Reducer`](crate::Reducer) and the helpers of this crate.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

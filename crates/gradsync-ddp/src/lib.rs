@@ -93,12 +93,9 @@ mod error;
 mod hash;
 mod reducer;
 
-pub use error::Error;
+pub use error::{Error, Result};
 pub use hash::{gather_hashes, hash_f32};
 pub use reducer::{
     DEFAULT_BUCKET_CAP_BYTES, Grads, Reducer, StepStats, assign_buckets, bucket_cap_bytes,
     bucket_cap_from_env,
 };
-
-/// Result type of this crate.
-pub type Result<T, E = Error> = std::result::Result<T, E>;

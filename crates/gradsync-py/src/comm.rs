@@ -1,7 +1,7 @@
 //! The `Communicator` and `Work` classes.
 
-use crate::GradsyncError;
 use crate::buffer::{Access, Buffer, Ctx, Keep, bump_versions, dtype_name, extract};
+use crate::error::GradsyncError;
 use crate::worker::{Completion, Info, Task, Worker, wait_detached};
 use gradsync::{Config, DataType, ReduceOp};
 use pyo3::exceptions::{PyTimeoutError, PyTypeError, PyValueError};

@@ -19,16 +19,11 @@ use pyo3::prelude::*;
 
 mod buffer;
 mod comm;
+mod error;
 mod store;
 mod worker;
 
-pyo3::create_exception!(
-    gradsync,
-    GradsyncError,
-    pyo3::exceptions::PyRuntimeError,
-    "An operation of gradsync failed. The message is the Rust error's: it names this rank, the \
-     operation (with its sequence number) and the peers involved."
-);
+use error::GradsyncError;
 
 /// Collective communication for data-parallel training (native part of the ``gradsync``
 /// package).

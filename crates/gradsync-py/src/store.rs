@@ -1,6 +1,6 @@
 //! The `StoreServer` class: gradsync's rendezvous store, run from Python.
 
-use crate::GradsyncError;
+use crate::error::GradsyncError;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use std::net::{SocketAddr, ToSocketAddrs};

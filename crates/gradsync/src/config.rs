@@ -5,6 +5,10 @@ use gradsync_core::Collective;
 use gradsync_core::schedule::plan::Algorithm;
 use std::time::Duration;
 
+/// The largest all-reduce that goes eagerly through a shared-memory board (the default there,
+/// and the most `GRADSYNC_EAGER_MAX` accepts).
+pub(crate) const BOARD_EAGER_MAX: usize = 16 * 1024;
+
 /// How to build a [`Communicator`](crate::Communicator) explicitly.
 ///
 /// [`Config::new`] fills the tunables with their defaults; [`Config::from_env`] reads the launch
@@ -506,7 +510,7 @@ impl Config {
             self.direct_min = direct_min_var("GRADSYNC_DIRECT_MIN", &v)?;
         }
         if let Some(v) = var("GRADSYNC_EAGER_MAX") {
-            let max = crate::engine::BOARD_EAGER_MAX;
+            let max = BOARD_EAGER_MAX;
             self.eager_max = match v.trim() {
                 "off" => 0,
                 t => parse_size(t).filter(|&n| n <= max).ok_or_else(|| {

@@ -3,6 +3,9 @@
 use gradsync_core::wire::Signature;
 use std::time::Duration;
 
+/// Result type of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
 /// Errors of gradsync's public API. Every message names the rank it happened on and, where
 /// there is one, the peer and the operation.
 #[derive(Debug, thiserror::Error)]

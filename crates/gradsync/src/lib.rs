@@ -72,15 +72,10 @@ pub mod topology;
 pub use comm::{Communicator, Pending, Work};
 pub use config::{Calibrate, Config, IbConfig, TransportMode};
 pub use element::Element;
-pub use error::Error;
+pub use error::{Error, Result};
 pub use gradsync_core::schedule::plan::Algorithm;
 pub use gradsync_core::{Collective, DataType, ReduceOp};
 /// The RDMA backend's device queries (`list_ports`, `pick_gid`), with the `rdma` feature.
 #[cfg(feature = "rdma")]
 pub use gradsync_transport::rdma;
-
-/// Result type of this crate.
-pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// Version of this crate.
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+pub use logging::VERSION;

@@ -28,6 +28,9 @@ use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, Once, OnceLock};
 
+/// Version of this crate.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
 use tracing::field::{Field, Visit};
 use tracing::level_filters::LevelFilter;
 use tracing::subscriber::Interest;
@@ -430,10 +433,7 @@ fn init_once() {
         sink: Mutex::new(sink),
     };
     if level.prints_version() {
-        layer.emit(&line(
-            "INFO",
-            &format!("gradsync version {}", crate::VERSION),
-        ));
+        layer.emit(&line("INFO", &format!("gradsync version {}", VERSION)));
     }
     // Another global subscriber (the application's) wins; ours is then dropped.
     let _ = tracing_subscriber::registry().with(layer).try_init();

@@ -13,8 +13,9 @@
 //! Reserved bytes are written as 0 and ignored on reading. See [`crate::proto::manual`] for
 //! what each message does.
 
+use super::error::WireError;
+use super::field::{need, rd};
 use super::signature::{SIGNATURE_LEN, Signature};
-use super::{WireError, need, rd};
 use std::borrow::Cow;
 
 /// The kind of a control message (its first byte).

@@ -23,8 +23,9 @@
 //! field by field against the receiver's own signature, so a damaged header is refused anyway.
 //! Without the flag no checksum is computed or checked, and the field stays 0.
 
+use super::error::WireError;
+use super::field::{need, rd};
 use super::signature::{SIGNATURE_LEN, Signature};
-use super::{WireError, need, rd};
 
 /// Length of a [`DataHeader`] in bytes.
 pub const DATA_HEADER_LEN: usize = 64;
@@ -169,4 +170,10 @@ impl DataHeaderRepr {
         put(b, field::SENDER, self.sender);
         put(b, field::CRC32C, self.crc32c.unwrap_or(0));
     }
+}
+
+/// Whether a two-sided message is a data message (an eager contribution) rather than a
+/// control message: it starts with the data header's magic.
+pub fn is_data(msg: &[u8]) -> bool {
+    msg.len() >= 2 && u16::from_le_bytes([msg[0], msg[1]]) == MAGIC
 }

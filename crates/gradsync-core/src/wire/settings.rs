@@ -11,7 +11,8 @@
 //! | 12 | 4 | slots in flight per TCP peer (`GRADSYNC_TCP_NSLOTS`) |
 //! | 16 | 4 | bytes of the rank's board, 0 without one |
 
-use super::{WireError, rd};
+use super::error::WireError;
+use super::field::rd;
 
 mod field {
     pub const CHUNK: usize = 0;

@@ -16,7 +16,8 @@
 //! | 20 | 8 | count (elements per rank, as passed by the caller) |
 //! | 28 | 4 | root (or peer tag for send/recv) |
 
-use super::{WireError, need, rd};
+use super::error::WireError;
+use super::field::{need, rd};
 use crate::{Collective, DataType, ReduceOp};
 use std::fmt;
 

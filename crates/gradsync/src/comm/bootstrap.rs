@@ -3,8 +3,9 @@
 //! shared-memory and RDMA backends, the settings every rank's inbox must agree on
 //! ([`SlotLayout`]), in-process groups over given endpoints, and shrink.
 
-use super::Communicator;
 use super::choice::no_choices;
+use super::communicator::Communicator;
+use super::state::Layout;
 use crate::Result;
 use crate::config::{Config, TransportMode};
 use crate::engine::{Engine, EngineOptions};
@@ -22,41 +23,6 @@ use std::time::{Duration, Instant, SystemTime};
 
 /// How long a waiting rank polls without yielding when every local rank has a core.
 const BUSY_SPIN: Duration = Duration::from_micros(50);
-
-/// What init learned about the placement of ranks.
-#[derive(Clone, Debug)]
-pub(super) struct Layout {
-    /// Host index of every rank.
-    pub(super) host_of: Vec<usize>,
-    /// Host identity string of every rank.
-    pub(super) host_ids: Vec<String>,
-    /// Ranks per host when hosts are uniform contiguous blocks, else 0.
-    pub(super) local_size: usize,
-    /// Transport name to every rank (`self` for this rank).
-    pub(super) routes: Vec<&'static str>,
-    /// Network interface of the data connections (empty in process).
-    pub(super) ifname: String,
-    /// Listening address of every rank (empty in process).
-    pub(super) addrs: Vec<SocketAddr>,
-    /// Where init placed this rank on the NUMA nodes.
-    pub(super) placement: topology::Placement,
-}
-
-impl Layout {
-    fn single_host(world: usize, rank: usize, transport: &'static str) -> Self {
-        Layout {
-            host_of: vec![0; world],
-            host_ids: vec![String::new(); world],
-            local_size: world,
-            routes: (0..world)
-                .map(|p| if p == rank { "self" } else { transport })
-                .collect(),
-            ifname: String::new(),
-            addrs: Vec::new(),
-            placement: topology::Placement::SingleNode,
-        }
-    }
-}
 
 /// The settings that shape every rank's inbox and its use, which must be alike on all ranks,
 /// and the size of the rank's board (eager all-reduces use boards when every rank has one).

@@ -2,7 +2,7 @@
 //! the cost model's fastest for the size class, the model in use, and the INFO line that
 //! explains the choice.
 
-use super::Communicator;
+use super::communicator::Communicator;
 use crate::Result;
 use gradsync_core::Collective;
 use gradsync_core::schedule::plan::{self, Algorithm};

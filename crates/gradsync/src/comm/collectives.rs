@@ -2,7 +2,7 @@
 //! and point-to-point send/receive, with the planning that numbers each call and fixes its
 //! signature.
 
-use super::Communicator;
+use super::communicator::Communicator;
 use super::queue::{Pending, raw};
 use crate::Element;
 use crate::Result;

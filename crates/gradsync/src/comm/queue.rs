@@ -2,31 +2,14 @@
 //! for, and the queue of operations on owned buffers ([`Work`],
 //! [`Communicator::all_reduce_owned`]).
 
-use super::Communicator;
+use super::communicator::Communicator;
+use super::state::Queued;
 use crate::Element;
 use crate::Result;
-use crate::engine::{Planned, RawBuf};
+use crate::engine::RawBuf;
 use crate::error::Error;
-use gradsync_core::wire::Signature;
 use gradsync_core::{Collective, ReduceOp};
-use std::any::Any;
 use std::marker::PhantomData;
-
-/// An operation on an owned buffer, waiting for its turn.
-pub(super) struct Queued {
-    id: u64,
-    sig: Signature,
-    prog: Planned,
-    algo: &'static str,
-    buf: RawBuf,
-    owner: Box<dyn Any + Send>,
-}
-
-impl std::fmt::Debug for Queued {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Queued({} {})", self.id, self.sig)
-    }
-}
 
 /// Handle of an operation on an owned buffer (see [`Communicator::all_reduce_owned`]).
 #[derive(Debug)]

@@ -1,6 +1,6 @@
 //! When an operation cannot finish: lost peers, timeouts and their diagnosis.
 
-use super::Engine;
+use super::driver::Engine;
 use crate::error::Error;
 use gradsync_core::proto::VerdictWithin;
 use std::time::{Duration, Instant};

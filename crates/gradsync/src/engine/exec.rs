@@ -1,8 +1,8 @@
 //! Carrying out the protocol machine's actions with real memory and the transport, and
 //! feeding the transport's completions back.
 
+use super::driver::{EAGER_HDR, Engine, Running};
 use super::memory::{RawBuf, buf_index, slice};
-use super::{EAGER_HDR, Engine, Running};
 use crate::error::Error;
 use gradsync_core::proto::{Action, ProtoError, Target};
 use gradsync_core::schedule::{Loc, Op};

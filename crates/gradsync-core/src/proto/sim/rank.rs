@@ -1,8 +1,10 @@
 //! One simulated rank: its protocol machine, its memory (inbox, the operation's buffers, its
 //! board) and the execution of the machine's actions against them.
 
-use super::{Event, Landing, SimError};
-use crate::proto::{Action, Config, Mode, Protocol, Target};
+use super::types::{Event, Landing, SimError};
+use crate::proto::action::{Action, Target};
+use crate::proto::call::Mode;
+use crate::proto::machine::{Config, Protocol};
 use crate::reference;
 use crate::schedule::{Algorithm, Buf, Loc, Op, Params, Schedule, plan};
 use crate::wire::{DATA_HEADER_LEN, DataHeader, DataHeaderRepr, Signature};

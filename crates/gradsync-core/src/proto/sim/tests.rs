@@ -2,6 +2,8 @@
 //! credit starvation, worlds 1 to 64.
 
 use super::*;
+use crate::schedule::Algorithm;
+use crate::{Collective, DataType, ReduceOp};
 
 fn call(coll: Collective, algorithm: Algorithm, count: usize) -> CallSpec {
     CallSpec {

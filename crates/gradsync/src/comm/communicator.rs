@@ -1,0 +1,170 @@
+//! The [`Communicator`] struct, its accessors, abort and drop.
+
+use super::state::{Layout, Queued};
+use crate::config::Config;
+use crate::engine::Engine;
+use crate::error::Error;
+use crate::topology;
+use gradsync_core::Collective;
+use gradsync_core::schedule::plan::Algorithm;
+use gradsync_store::{StoreClient, StoreServer};
+use std::any::Any;
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// A group of ranks that run collectives together.
+///
+/// Every rank calls the same collectives in the same order with matching arguments; each
+/// message carries the call's signature, so a rank that does otherwise gets
+/// [`Error::Mismatch`] naming both sides. Calls take `&mut self`: one operation runs at a time
+/// per communicator.
+#[derive(Debug)]
+pub struct Communicator {
+    pub(super) engine: Engine,
+    pub(super) rank: usize,
+    pub(super) world: usize,
+    pub(super) seq: u64,
+    pub(super) p2p_seq: Vec<u64>,
+    pub(super) algorithm: Option<Algorithm>,
+    /// Forced algorithms of the other collectives.
+    pub(super) coll_algorithms: Vec<(Collective, Algorithm)>,
+    pub(super) queue: VecDeque<Queued>,
+    pub(super) store: Option<StoreClient>,
+    pub(super) config: Option<Config>,
+    pub(super) generation: u64,
+    pub(super) closed: bool,
+    pub(super) current: Option<(u64, Box<dyn Any + Send>)>,
+    pub(super) finished: HashMap<u64, Box<dyn Any + Send>>,
+    pub(super) next_work: u64,
+    /// Where every rank is and how this rank reaches it.
+    pub(super) layout: Layout,
+    pub(super) _store: Option<StoreServer>,
+    /// All-reduce size classes (log2 of the bytes) whose choice was logged at INFO.
+    pub(super) explained: u64,
+    /// The cost model of the automatic all-reduce choice.
+    pub(super) costs: crate::cost::LinkCosts,
+    /// Where the cost model came from (pinned, cached, measured, uncalibrated).
+    pub(super) cost_from: String,
+    /// The file the cost model was read from or saved to, if any.
+    pub(super) cost_path: Option<std::path::PathBuf>,
+    /// The model's all-reduce choice per size class ([`crate::cost::size_class`], the index),
+    /// computed on first use; read without locking afterwards.
+    pub(super) choices: Box<[std::sync::OnceLock<crate::cost::Choice>]>,
+}
+
+impl Communicator {
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.world
+    }
+
+    /// Name of the transport (`tcp`, `mem`).
+    pub fn transport(&self) -> &'static str {
+        self.engine.ep.name()
+    }
+
+    /// The transport that carries traffic between this rank and `peer`: `shm`, `tcp`, `mem`,
+    /// or `self`.
+    pub fn peer_transport(&self, peer: usize) -> &'static str {
+        self.layout.routes.get(peer).copied().unwrap_or("?")
+    }
+
+    /// Whether small all-reduces go eagerly through the transports' shared-memory boards
+    /// (every rank on one host, `GRADSYNC_SHM_BOARD` on) rather than as messages.
+    pub fn eager_board(&self) -> bool {
+        self.engine.board()
+    }
+
+    /// Host index of `rank` (hosts numbered in order of their lowest rank).
+    pub fn host_of(&self, rank: usize) -> usize {
+        self.layout.host_of.get(rank).copied().unwrap_or(0)
+    }
+
+    /// Short name (hostname) of `rank`'s host, as its host identity gives it.
+    pub fn host_name(&self, rank: usize) -> &str {
+        self.layout
+            .host_ids
+            .get(rank)
+            .map_or("", |s| topology::host_label(s))
+    }
+
+    /// Listening address of `rank`'s data connections (`None` in process).
+    pub fn peer_addr(&self, rank: usize) -> Option<SocketAddr> {
+        self.layout.addrs.get(rank).copied()
+    }
+
+    /// Network interface of this rank's data connections (empty in process).
+    pub fn interface(&self) -> &str {
+        &self.layout.ifname
+    }
+
+    /// How init placed this rank on the machine's NUMA nodes (`GRADSYNC_NUMA_BIND`).
+    pub fn numa_placement(&self) -> &topology::Placement {
+        &self.layout.placement
+    }
+
+    /// Ranks per host when every host holds one contiguous block of equally many ranks (what
+    /// the hierarchical all-reduce needs), else 0.
+    pub fn local_size(&self) -> usize {
+        self.layout.local_size
+    }
+
+    /// Elements of `dtype` per pipeline segment (one message, `GRADSYNC_CHUNK_SIZE`).
+    pub fn segment_elems(&self, dtype: gradsync_core::DataType) -> usize {
+        self.engine.segment_elems(dtype)
+    }
+
+    /// Sets the deadline of the calls that follow (overrides `GRADSYNC_TIMEOUT` for them).
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.engine.opts.timeout = timeout;
+    }
+
+    /// The deadline of each call.
+    pub fn timeout(&self) -> Duration {
+        self.engine.opts.timeout
+    }
+
+    /// The flight recorder's record of this communicator's last operations (see
+    /// [`recorder`](crate::recorder)): what ran, with which algorithm, how it ended.
+    pub fn flight_snapshot(&self) -> crate::recorder::Dump {
+        self.engine.recorder.snapshot()
+    }
+
+    /// Aborts the communicator: every peer is told (so its pending and next calls fail at once
+    /// naming this rank) and the connections are closed. Bounded in time (about a second), also
+    /// when a peer is stopped or gone; buffers of an operation in flight are never touched
+    /// again.
+    pub fn abort(mut self, reason: &str) {
+        let e = Error::Aborted {
+            rank: self.rank,
+            reason: reason.to_string(),
+        };
+        self.engine.fail(&e);
+        self.queue.clear();
+        self.current = None;
+        self.engine.ep.close(Duration::from_millis(500));
+        self.closed = true;
+    }
+
+    pub(super) fn invalid(&self, op: &'static str, msg: String) -> Error {
+        Error::InvalidArgument {
+            rank: self.rank,
+            op,
+            msg,
+        }
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        if !self.closed {
+            self.engine.ep.close(Duration::from_secs(2));
+        }
+    }
+}

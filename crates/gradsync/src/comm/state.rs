@@ -1,0 +1,59 @@
+//! The plain data a communicator keeps: where every rank is ([`Layout`]) and the operations
+//! on owned buffers waiting for their turn ([`Queued`]).
+
+use crate::engine::{Planned, RawBuf};
+use crate::topology;
+use gradsync_core::wire::Signature;
+use std::any::Any;
+use std::net::SocketAddr;
+
+/// What init learned about the placement of ranks.
+#[derive(Clone, Debug)]
+pub(super) struct Layout {
+    /// Host index of every rank.
+    pub(super) host_of: Vec<usize>,
+    /// Host identity string of every rank.
+    pub(super) host_ids: Vec<String>,
+    /// Ranks per host when hosts are uniform contiguous blocks, else 0.
+    pub(super) local_size: usize,
+    /// Transport name to every rank (`self` for this rank).
+    pub(super) routes: Vec<&'static str>,
+    /// Network interface of the data connections (empty in process).
+    pub(super) ifname: String,
+    /// Listening address of every rank (empty in process).
+    pub(super) addrs: Vec<SocketAddr>,
+    /// Where init placed this rank on the NUMA nodes.
+    pub(super) placement: topology::Placement,
+}
+
+impl Layout {
+    pub(super) fn single_host(world: usize, rank: usize, transport: &'static str) -> Self {
+        Layout {
+            host_of: vec![0; world],
+            host_ids: vec![String::new(); world],
+            local_size: world,
+            routes: (0..world)
+                .map(|p| if p == rank { "self" } else { transport })
+                .collect(),
+            ifname: String::new(),
+            addrs: Vec::new(),
+            placement: topology::Placement::SingleNode,
+        }
+    }
+}
+
+/// An operation on an owned buffer, waiting for its turn.
+pub(super) struct Queued {
+    pub(super) id: u64,
+    pub(super) sig: Signature,
+    pub(super) prog: Planned,
+    pub(super) algo: &'static str,
+    pub(super) buf: RawBuf,
+    pub(super) owner: Box<dyn Any + Send>,
+}
+
+impl std::fmt::Debug for Queued {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Queued({} {})", self.id, self.sig)
+    }
+}
