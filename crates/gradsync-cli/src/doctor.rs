@@ -146,15 +146,8 @@ fn measure(args: &DoctorArgs, comm: &mut Communicator) -> anyhow::Result<Report>
             String::from_utf8_lossy(&c[..end]).into_owned()
         })
         .collect();
-    // Transport of every pair as rank r sees it (row r), as small codes.
-    let code = |t: &str| match t {
-        "shm" => 1u8,
-        "tcp" => 2,
-        "mem" => 3,
-        "rdma" => 4,
-        _ => 0,
-    };
-    let mine: Vec<u8> = (0..n).map(|p| code(comm.peer_transport(p))).collect();
+    // Transport of every pair as rank r sees it (row r), as route codes.
+    let mine: Vec<u8> = (0..n).map(|p| comm.peer_transport(p).code()).collect();
     let mut transports = vec![0u8; n * n];
     comm.all_gather(&mine, &mut transports)
         .context("all_gather of transports")?;
@@ -261,13 +254,7 @@ fn render(
     bw: &[f64],
     lat: &[f64],
 ) -> Report {
-    let tname = |c: u8| match c {
-        1 => "shm",
-        2 => "tcp",
-        3 => "mem",
-        4 => "rdma",
-        _ => "?",
-    };
+    let tname = |c: u8| gradsync::Route::from_code(c).map_or("?", gradsync::Route::name);
     let gb = |x: f64| x / 1e9;
     let mut s = format!(
         "# gradsync {} doctor: {n} ranks, bandwidth {} B x {} per direction, latency 8 B x {} round trips\n#\n",

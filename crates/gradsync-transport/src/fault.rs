@@ -20,9 +20,19 @@
 //!   every call fails with [`TransportError::PeerClosed`], every peer is reported as not alive,
 //!   and the inner endpoint is closed so that its peers can notice.
 //!
-//! `only_peer` restricts all of this to the writes to one peer (a single bad link); writes to
-//! other peers, two-sided sends and registrations pass through untouched.
+//! - **Corrupt sends**: one byte of a two-sided message (at or past `corrupt_skip`, to aim at
+//!   a payload behind a header) is flipped in a copy on the way out.
+//! - **Corrupt postings**: the wrapper offers the inner endpoint's [`Board`] wrapped: a peer's
+//!   posting this rank reads (the link from that peer) may have one byte flipped in what is
+//!   copied out, at or past `corrupt_skip`. A posting is read by every peer, so the fault sits
+//!   on the reading side, where it names one link.
+//!
+//! `only_peer` restricts all of this to one peer (a single bad link): the writes and sends to
+//! it and the postings read from it; the rest and registrations pass through untouched. The
+//! wrapper forwards every capability of the inner endpoint ([`Endpoint::caps`], its board and
+//! its shared memory), so wrapping changes nothing but the faults.
 
+use crate::caps::{Board, PeerCaps, SharedMemory};
 use crate::error::{Result, TransportError};
 use crate::verbs::{Access, Completion, Endpoint, MemoryRegion, Sge};
 use crate::wire::RemoteRegion;
@@ -42,7 +52,15 @@ pub struct FaultConfig {
     pub delay: Option<Duration>,
     /// After this many writes, the endpoint dies: every call fails, every peer looks gone.
     pub kill_after_writes: Option<u64>,
-    /// Only the writes to this peer are subject to faults (and counted for `kill_after_writes`).
+    /// Probability (0.0 to 1.0) that a two-sided message has one byte flipped.
+    pub corrupt_sends: f64,
+    /// Probability (0.0 to 1.0) that a board posting read from a peer has one byte flipped.
+    pub corrupt_postings: f64,
+    /// Sends and postings are corrupted at or past this byte (a message no longer is left
+    /// whole): a test aims at the payload behind a header.
+    pub corrupt_skip: usize,
+    /// Only the writes and sends to this peer, and the postings read from it, are subject to
+    /// faults (and the writes counted for `kill_after_writes`).
     pub only_peer: Option<usize>,
 }
 
@@ -54,6 +72,9 @@ impl Default for FaultConfig {
             corrupt_writes: 0.0,
             delay: None,
             kill_after_writes: None,
+            corrupt_sends: 0.0,
+            corrupt_postings: 0.0,
+            corrupt_skip: 0,
             only_peer: None,
         }
     }
@@ -70,6 +91,10 @@ pub struct FaultStats {
     pub corrupted: u64,
     /// Writes held for the delay.
     pub delayed: u64,
+    /// Two-sided messages sent with a flipped byte.
+    pub corrupted_sends: u64,
+    /// Board postings read with a flipped byte.
+    pub corrupted_postings: u64,
     /// Whether the endpoint has been killed.
     pub killed: bool,
 }
@@ -110,12 +135,16 @@ pub struct FaultyEndpoint<E: Endpoint> {
     /// Local completions of dropped writes, handed out by the next poll.
     acked: Vec<u64>,
     stats: FaultStats,
+    /// The inner endpoint's board capacity, if it has a board.
+    board_capacity: Option<usize>,
 }
 
 impl<E: Endpoint> FaultyEndpoint<E> {
     /// Wraps `inner`.
-    pub fn new(inner: E, cfg: FaultConfig) -> Self {
+    pub fn new(mut inner: E, cfg: FaultConfig) -> Self {
+        let board_capacity = inner.board().map(|b| b.capacity());
         FaultyEndpoint {
+            board_capacity,
             inner,
             copies: Vec::new(),
             rng: cfg.seed ^ 0x6a09_e667_f3bc_c908,
@@ -214,6 +243,37 @@ impl<E: Endpoint> FaultyEndpoint<E> {
             _buf: buf,
         });
         Ok(true)
+    }
+
+    /// Whether traffic with `peer` is subject to faults.
+    fn subject(&self, peer: usize) -> bool {
+        self.cfg.only_peer.is_none_or(|p| p == peer)
+    }
+
+    /// Flips one bit of `data` at or past `corrupt_skip` when the draw falls under `p`;
+    /// whether it did.
+    fn maybe_flip(&mut self, data: &mut [u8], p: f64) -> bool {
+        let roll = self.next_f64();
+        let skip = self.cfg.corrupt_skip;
+        if roll >= p || data.len() <= skip {
+            return false;
+        }
+        let at = skip + (self.next_u64() % (data.len() - skip) as u64) as usize;
+        data[at] ^= 1u8 << (self.next_u64() % 8);
+        true
+    }
+
+    /// The inner endpoint's board; an error once killed or when there is none.
+    fn inner_board(&mut self, op: &'static str) -> Result<&mut dyn Board> {
+        if self.stats.killed {
+            return Err(self.dead(self.some_peer(), op));
+        }
+        let rank = self.inner.rank();
+        self.inner.board().ok_or(TransportError::Invalid {
+            rank,
+            op,
+            msg: "the wrapped endpoint has no board".into(),
+        })
     }
 
     /// Posts the held writes whose delay has passed.
@@ -335,6 +395,13 @@ impl<E: Endpoint> Endpoint for FaultyEndpoint<E> {
         if self.stats.killed {
             return Err(self.dead(peer, "post_send"));
         }
+        if self.subject(peer) && self.cfg.corrupt_sends > 0.0 {
+            let mut copy = data.to_vec();
+            if self.maybe_flip(&mut copy, self.cfg.corrupt_sends) {
+                self.stats.corrupted_sends += 1;
+                return self.inner.post_send(peer, &copy, wr_id);
+            }
+        }
         self.inner.post_send(peer, data, wr_id)
     }
 
@@ -384,6 +451,47 @@ impl<E: Endpoint> Endpoint for FaultyEndpoint<E> {
     fn close(&mut self, timeout: Duration) {
         if !self.stats.killed {
             self.inner.close(timeout);
+        }
+    }
+
+    fn caps(&self, peer: usize) -> PeerCaps {
+        self.inner.caps(peer)
+    }
+
+    /// The inner endpoint's board, wrapped: postings read through it are subject to faults.
+    fn board(&mut self) -> Option<&mut dyn Board> {
+        self.board_capacity.map(|_| self as &mut dyn Board)
+    }
+
+    fn shared_memory(&mut self) -> Option<&mut dyn SharedMemory> {
+        self.inner.shared_memory()
+    }
+}
+
+impl<E: Endpoint> Board for FaultyEndpoint<E> {
+    fn capacity(&self) -> usize {
+        self.board_capacity.unwrap_or(0)
+    }
+
+    fn post(&mut self, seq: u64, data: &[u8]) -> Result<bool> {
+        self.inner_board("board post")?.post(seq, data)
+    }
+
+    fn read(&mut self, peer: usize, seq: u64, out: &mut Vec<u8>) -> Result<bool> {
+        let got = self.inner_board("board read")?.read(peer, seq, out)?;
+        if got && self.subject(peer) && self.maybe_flip(out, self.cfg.corrupt_postings) {
+            self.stats.corrupted_postings += 1;
+        }
+        Ok(got)
+    }
+
+    fn release(&mut self, seq: u64) -> Result<()> {
+        self.inner_board("board release")?.release(seq)
+    }
+
+    fn watch(&mut self, seq: u64) {
+        if let Ok(b) = self.inner_board("board watch") {
+            b.watch(seq);
         }
     }
 }

@@ -14,6 +14,7 @@
 //! traffic; with both in use it sleeps in the shared-memory backend in short slices and checks the
 //! sockets between them.
 
+use crate::caps::{Board, PeerCaps, Route, SharedMemory};
 use crate::error::{Result, TransportError};
 use crate::shm::ShmEndpoint;
 use crate::verbs::{Access, Completion, Endpoint, MemoryRegion, Sge};
@@ -22,26 +23,15 @@ use std::collections::HashMap;
 use std::fmt;
 use std::time::{Duration, Instant};
 
-/// Which backend carries the traffic to one peer.
+/// Which of the two backends carries the traffic to one peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Route {
+enum Via {
     /// This rank itself (no traffic).
     Own,
     /// Shared memory (same host).
     Shm,
     /// The network backend.
     Net,
-}
-
-impl Route {
-    /// `shm`, `tcp`-like backend name, or `self`.
-    pub fn name(self, net: &'static str) -> &'static str {
-        match self {
-            Route::Own => "self",
-            Route::Shm => "shm",
-            Route::Net => net,
-        }
-    }
 }
 
 /// Slice of a mixed wait spent in the shared-memory backend before the sockets are checked.
@@ -55,7 +45,7 @@ pub struct HybridEndpoint {
     world: usize,
     net: Box<dyn Endpoint>,
     shm: ShmEndpoint,
-    routes: Vec<Route>,
+    routes: Vec<Via>,
     net_peers: usize,
     shm_peers: usize,
     last_net_poll: Instant,
@@ -95,19 +85,19 @@ impl HybridEndpoint {
                 ),
             });
         }
-        let routes: Vec<Route> = (0..world)
+        let routes: Vec<Via> = (0..world)
             .map(|p| {
                 if p == rank {
-                    Route::Own
+                    Via::Own
                 } else if shm.is_local(p) {
-                    Route::Shm
+                    Via::Shm
                 } else {
-                    Route::Net
+                    Via::Net
                 }
             })
             .collect();
-        let shm_peers = routes.iter().filter(|r| **r == Route::Shm).count();
-        let net_peers = routes.iter().filter(|r| **r == Route::Net).count();
+        let shm_peers = routes.iter().filter(|r| **r == Via::Shm).count();
+        let net_peers = routes.iter().filter(|r| **r == Via::Net).count();
         Ok(HybridEndpoint {
             rank,
             world,
@@ -123,19 +113,16 @@ impl HybridEndpoint {
         })
     }
 
-    /// The backend that carries traffic to each rank, indexed by rank.
-    pub fn routes(&self) -> &[Route] {
-        &self.routes
+    /// The route of the network backend (to its first peer).
+    fn net_route(&self) -> Route {
+        (0..self.world)
+            .find(|&p| self.routes[p] == Via::Net)
+            .map_or(Route::Tcp, |p| self.net.caps(p).route)
     }
 
-    /// Name of the network backend (`tcp`).
-    pub fn net_name(&self) -> &'static str {
-        self.net.name()
-    }
-
-    fn route(&self, peer: usize, op: &'static str) -> Result<Route> {
+    fn route(&self, peer: usize, op: &'static str) -> Result<Via> {
         match self.routes.get(peer) {
-            Some(Route::Own) | None => Err(TransportError::Invalid {
+            Some(Via::Own) | None => Err(TransportError::Invalid {
                 rank: self.rank,
                 op,
                 msg: format!(
@@ -158,11 +145,37 @@ impl Endpoint for HybridEndpoint {
     }
 
     fn name(&self) -> &'static str {
+        let net = self.net_route();
         match (self.shm_peers > 0, self.net_peers > 0) {
-            (true, true) if self.net.name() == "rdma" => "shm+rdma",
+            (true, true) if net == Route::Rdma => "shm+rdma",
             (true, true) => "shm+tcp",
             (true, false) => "shm",
             _ => self.net.name(),
+        }
+    }
+
+    fn caps(&self, peer: usize) -> PeerCaps {
+        match self.routes.get(peer) {
+            Some(Via::Shm) => self.shm.caps(peer),
+            Some(Via::Net) => self.net.caps(peer),
+            _ => PeerCaps::plain(Route::Own),
+        }
+    }
+
+    fn board(&mut self) -> Option<&mut dyn Board> {
+        // A board serves collectives among all ranks: only when every peer is on this host.
+        if self.net_peers == 0 {
+            self.shm.board()
+        } else {
+            None
+        }
+    }
+
+    fn shared_memory(&mut self) -> Option<&mut dyn SharedMemory> {
+        if self.shm_peers > 0 {
+            self.shm.shared_memory()
+        } else {
+            None
         }
     }
 
@@ -231,7 +244,7 @@ impl Endpoint for HybridEndpoint {
         wr_id: u64,
     ) -> Result<()> {
         match self.route(peer, "post_write")? {
-            Route::Shm if !self.local_to_remote.is_empty() => {
+            Via::Shm if !self.local_to_remote.is_empty() => {
                 // The shared-memory backend knows regions by their remote keys; a gather list
                 // of the usual length is translated on the stack.
                 let map = |s: &Sge| Sge {
@@ -257,7 +270,7 @@ impl Endpoint for HybridEndpoint {
                 unsafe { self.shm.post_write(peer, t, remote, offset, imm, wr_id) }
             }
             // SAFETY: the caller's promise about `sges` is passed on unchanged.
-            Route::Shm => unsafe { self.shm.post_write(peer, sges, remote, offset, imm, wr_id) },
+            Via::Shm => unsafe { self.shm.post_write(peer, sges, remote, offset, imm, wr_id) },
             // SAFETY: as above.
             _ => unsafe { self.net.post_write(peer, sges, remote, offset, imm, wr_id) },
         }
@@ -265,42 +278,17 @@ impl Endpoint for HybridEndpoint {
 
     fn post_send(&mut self, peer: usize, data: &[u8], wr_id: u64) -> Result<()> {
         match self.route(peer, "post_send")? {
-            Route::Shm => self.shm.post_send(peer, data, wr_id),
+            Via::Shm => self.shm.post_send(peer, data, wr_id),
             _ => self.net.post_send(peer, data, wr_id),
         }
-    }
-
-    fn board_capacity(&self) -> usize {
-        // A board serves collectives among all ranks: only when every peer is on this host.
-        if self.net_peers == 0 {
-            self.shm.board_capacity()
-        } else {
-            0
-        }
-    }
-
-    fn board_post(&mut self, seq: u64, data: &[u8]) -> Result<bool> {
-        self.shm.board_post(seq, data)
-    }
-
-    fn board_read(&mut self, peer: usize, seq: u64, out: &mut Vec<u8>) -> Result<bool> {
-        self.shm.board_read(peer, seq, out)
-    }
-
-    fn board_release(&mut self, seq: u64) -> Result<()> {
-        self.shm.board_release(seq)
-    }
-
-    fn board_watch(&mut self, seq: u64) {
-        self.shm.board_watch(seq);
     }
 
     fn peer_alive(&self, peer: usize) -> bool {
         match self.routes.get(peer) {
             // The shared-memory backend knows best: it keeps a closed peer alive until its last
             // records are read, while the idle socket may already have seen the end.
-            Some(Route::Shm) => self.shm.peer_alive(peer),
-            Some(Route::Net) => self.net.peer_alive(peer),
+            Some(Via::Shm) => self.shm.peer_alive(peer),
+            Some(Via::Net) => self.net.peer_alive(peer),
             _ => true,
         }
     }
@@ -333,14 +321,6 @@ impl Endpoint for HybridEndpoint {
             }
             (true, false) => self.shm.wait(timeout),
             _ => self.net.wait(timeout),
-        }
-    }
-
-    fn alloc_shared(&mut self, len: usize) -> Option<*mut u8> {
-        if self.shm_peers > 0 {
-            self.shm.alloc_shared(len)
-        } else {
-            None
         }
     }
 

@@ -29,6 +29,7 @@
 //! backend shares are in [`wire`], each backend's own in its `wire` module. A peer that breaks
 //! a backend's protocol is a [`TransportError::Protocol`] naming what it did, a [`Violation`].
 
+mod caps;
 mod error;
 pub mod fault;
 pub mod hybrid;
@@ -41,6 +42,7 @@ pub mod tcp;
 mod verbs;
 pub mod wire;
 
+pub use caps::{Board, PeerCaps, Route, SharedMemory};
 pub use error::{Result, TransportError, Violation};
 pub use verbs::{Access, Completion, Endpoint, MAX_SEND, MemoryRegion, Sge};
 pub use wire::RemoteRegion;

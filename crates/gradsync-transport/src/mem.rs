@@ -5,6 +5,7 @@
 //! checks and the completion flow of a real backend. It exists for tests and the conformance
 //! suite.
 
+use crate::caps::{Board, PeerCaps, Route, SharedMemory};
 use crate::error::{Result, TransportError};
 use crate::regions::RegionTable;
 use crate::verbs::{Access, Completion, Endpoint, MemoryRegion, Sge, check_send_len};
@@ -107,6 +108,22 @@ impl Endpoint for MemEndpoint {
 
     fn name(&self) -> &'static str {
         "mem"
+    }
+
+    fn caps(&self, peer: usize) -> PeerCaps {
+        PeerCaps::plain(if peer == self.rank {
+            Route::Own
+        } else {
+            Route::Mem
+        })
+    }
+
+    fn board(&mut self) -> Option<&mut dyn Board> {
+        None
+    }
+
+    fn shared_memory(&mut self) -> Option<&mut dyn SharedMemory> {
+        None
     }
 
     unsafe fn register(

@@ -1,6 +1,7 @@
 //! The verbs-shaped interface every backend implements: memory regions and their [`Access`]
 //! rights, gather lists, completions, and the [`Endpoint`] trait.
 
+use crate::caps::{Board, PeerCaps, SharedMemory};
 use crate::error::{Result, TransportError};
 use crate::wire::RemoteRegion;
 use std::fmt;
@@ -170,66 +171,22 @@ pub trait Endpoint: Send + fmt::Debug {
     /// Blocks until [`poll`](Self::poll) may return something, or `timeout` passes.
     fn wait(&mut self, timeout: Duration) -> Result<()>;
 
-    /// Memory of `len` bytes that peers on this host can map directly, for a region the caller is
-    /// about to register (the engine's inbox); `None` where the backend has none (the caller then
-    /// allocates ordinary memory). It stays valid until the endpoint is dropped.
-    fn alloc_shared(&mut self, len: usize) -> Option<*mut u8> {
-        let _ = len;
-        None
-    }
-
     /// Closes every connection gracefully, waiting at most `timeout` for peers to close theirs.
     fn close(&mut self, timeout: Duration) {
         let _ = timeout;
     }
 
-    /// Bytes one [`board_post`](Self::board_post) can carry; 0 (the default) where the backend
-    /// has no *board*.
-    ///
-    /// A board is a small buffer of this rank's, in memory every peer of the endpoint reads
-    /// directly (shared memory): a posting is one copy in and one copy out per reader, with no
-    /// record, completion or notification per peer. Postings carry increasing sequence numbers
-    /// and alternate between two slots, so a posting stays readable until every peer has
-    /// released its sequence number ([`board_release`](Self::board_release)).
-    fn board_capacity(&self) -> usize {
-        0
-    }
+    /// What this endpoint can do for the traffic to `peer` (for this rank itself: the route
+    /// [`Route::Own`](crate::Route::Own)).
+    fn caps(&self, peer: usize) -> PeerCaps;
 
-    /// Posts `data` on this rank's board under `seq` (greater than every earlier posting's)
-    /// and wakes peers that sleep in [`wait`](Self::wait). `Ok(false)`: the slot it would
-    /// reuse still holds a posting some peer has not released; try again later.
-    fn board_post(&mut self, seq: u64, data: &[u8]) -> Result<bool> {
-        let _ = (seq, data);
-        Err(no_board(self.rank(), "board_post"))
-    }
+    /// This rank's board, where the endpoint has one for every peer (all on one host's shared
+    /// memory). Every backend and wrapper answers for itself (there is no default, so a
+    /// wrapper cannot hide its inner endpoint's board by forgetting it): a wrapper offers its
+    /// inner endpoint's board, or its own around it.
+    fn board(&mut self) -> Option<&mut dyn Board>;
 
-    /// Copies `peer`'s posting under `seq` into `out` (replacing what it held); `Ok(false)`
-    /// while the peer has not posted it. A peer that rewrites a posting before this rank
-    /// released it, or while it is read, is a protocol error.
-    fn board_read(&mut self, peer: usize, seq: u64, out: &mut Vec<u8>) -> Result<bool> {
-        let _ = (peer, seq, out);
-        Err(no_board(self.rank(), "board_read"))
-    }
-
-    /// Tells the peers that this rank has read every posting it needs under `seq` and
-    /// before: their slots may be reused.
-    fn board_release(&mut self, seq: u64) -> Result<()> {
-        let _ = seq;
-        Err(no_board(self.rank(), "board_release"))
-    }
-
-    /// The sequence number whose postings [`wait`](Self::wait) watches besides its
-    /// completions: it returns once a peer has posted under `seq` what this rank has not read.
-    fn board_watch(&mut self, seq: u64) {
-        let _ = seq;
-    }
-}
-
-/// The error of a board call on a backend without one.
-fn no_board(rank: usize, op: &'static str) -> TransportError {
-    TransportError::Invalid {
-        rank,
-        op,
-        msg: "this transport has no board (board_capacity is 0)".into(),
-    }
+    /// Allocation of memory the peers map, where the endpoint has it (no default, as for
+    /// [`board`](Self::board)).
+    fn shared_memory(&mut self) -> Option<&mut dyn SharedMemory>;
 }

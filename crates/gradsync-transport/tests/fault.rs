@@ -340,3 +340,90 @@ fn sends_and_registrations_pass_through() {
     assert_eq!(rig.tx.rank(), 0);
     assert_eq!(rig.tx.world(), 2);
 }
+
+#[test]
+fn corrupt_sends_flip_one_byte_past_the_skip_to_the_subject_peer_only() {
+    let cfg = FaultConfig {
+        corrupt_sends: 1.0,
+        corrupt_skip: 8,
+        only_peer: Some(2),
+        ..FaultConfig::default()
+    };
+    let mut rig = Rig::new(3, cfg);
+    let msg: Vec<u8> = (0..40).collect();
+    rig.tx.post_send(1, &msg, 1).unwrap();
+    rig.tx.post_send(2, &msg, 2).unwrap();
+    // Too short to reach past the skip: left whole.
+    rig.tx.post_send(2, &msg[..8], 3).unwrap();
+    let got = |c: Vec<Completion>| match &c[..] {
+        [Completion::Recv { data, .. }] => data.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(got(rig.poll_peer(1)), msg, "rank 1 is not the subject");
+    let mut to2 = rig.poll_peer(2).into_iter();
+    let Some(Completion::Recv { data, .. }) = to2.next() else {
+        panic!("no message to rank 2")
+    };
+    let d = diff_positions(&data, &msg);
+    assert_eq!(d.len(), 1, "one byte flipped");
+    assert!(d[0] >= 8, "at or past the skip: {d:?}");
+    assert!(matches!(to2.next(), Some(Completion::Recv { data, .. }) if data == msg[..8]));
+    assert_eq!(rig.tx.stats().corrupted_sends, 1);
+}
+
+#[test]
+fn shared_memory_keeps_its_board_and_capabilities_inside_the_injector() {
+    use gradsync_transport::Route;
+    let local = [0, 1, 2];
+    let mut eps =
+        gradsync_transport::shm::ShmSetup::in_process(3, &local, Duration::from_secs(10)).unwrap();
+    let e2 = eps.pop().unwrap();
+    let mut e1 = eps.pop().unwrap();
+    let e0 = eps.pop().unwrap();
+    let cap = e1.board().expect("shared memory has a board").capacity();
+    let cfg = FaultConfig {
+        corrupt_postings: 1.0,
+        corrupt_skip: 4,
+        only_peer: Some(2),
+        ..FaultConfig::default()
+    };
+    let mut f0 = FaultyEndpoint::new(e0, cfg);
+    let mut f2 = FaultyEndpoint::new(e2, FaultConfig::default());
+    // Every capability comes through the wrapper.
+    for p in [1, 2] {
+        assert_eq!(f0.caps(p), f0.inner().caps(p));
+        assert_eq!(f0.caps(p).route, Route::Shm);
+        assert!(f0.caps(p).mapped);
+    }
+    assert!(f0.shared_memory().is_some());
+    assert_eq!(
+        f0.board()
+            .expect("the board survives the wrapper")
+            .capacity(),
+        cap
+    );
+    // Rank 1 and rank 2 post; rank 0 reads both through the wrapper: only what comes from its
+    // subject peer, rank 2, is damaged, past the skip.
+    let post: Vec<u8> = (0..32).collect();
+    assert!(e1.board().unwrap().post(1, &post).unwrap());
+    assert!(f2.board().unwrap().post(1, &post).unwrap());
+    let b = f0.board().unwrap();
+    let mut out = Vec::new();
+    assert!(b.read(1, 1, &mut out).unwrap());
+    assert_eq!(out, post, "the link from rank 1 is clean");
+    assert!(b.read(2, 1, &mut out).unwrap());
+    let d = diff_positions(&out, &post);
+    assert_eq!(
+        d.len(),
+        1,
+        "one byte flipped in the posting read from rank 2"
+    );
+    assert!(d[0] >= 4);
+    assert_eq!(f0.stats().corrupted_postings, 1);
+    // Release and watch go through to the board underneath: rank 1 may post under 3 (slot 1)
+    // only once every peer released 1.
+    f0.board().unwrap().release(1).unwrap();
+    f2.board().unwrap().release(1).unwrap();
+    f0.board().unwrap().watch(3);
+    assert!(e1.board().unwrap().post(3, &post).unwrap());
+}

@@ -22,6 +22,7 @@
 //! size class measured on the same world and ranks per host, the choice is the algorithm with
 //! the least median over the recorded runs.
 
+use gradsync_transport::Route;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -65,13 +66,13 @@ impl CostModel {
     /// A model for `transport` when none was measured: figures measured on the development
     /// machines (shared memory about 1 us and 3 GB/s per link, loopback TCP 8 us and 4.2 GB/s;
     /// RDMA is given TCP's until it is measured). Only a starting point for `--explain`.
-    pub fn uncalibrated(transport: &str) -> CostModel {
-        let (alpha_us, gbytes_per_s) = match transport {
-            "shm" | "self" | "mem" => (1.0, 3.0),
+    pub fn uncalibrated(route: Route) -> CostModel {
+        let (alpha_us, gbytes_per_s) = match route {
+            Route::Shm | Route::Own | Route::Mem => (1.0, 3.0),
             _ => (8.0, 4.2),
         };
         CostModel {
-            transport: transport.to_string(),
+            transport: route.name().to_string(),
             alpha_us,
             gbytes_per_s,
         }
@@ -166,7 +167,7 @@ impl LinkCosts {
     }
 
     /// Uncalibrated figures for the transports inside and across hosts.
-    pub fn uncalibrated(intra: &str, inter: &str) -> LinkCosts {
+    pub fn uncalibrated(intra: Route, inter: Route) -> LinkCosts {
         LinkCosts {
             intra: CostModel::uncalibrated(intra),
             inter: CostModel::uncalibrated(inter),

@@ -75,6 +75,8 @@ pub use element::Element;
 pub use error::{Error, Result};
 pub use gradsync_core::schedule::plan::Algorithm;
 pub use gradsync_core::{Collective, DataType, ReduceOp};
+/// The route to a peer ([`Communicator::peer_transport`]).
+pub use gradsync_transport::Route;
 /// The RDMA backend's device queries (`list_ports`, `pick_gid`), with the `rdma` feature.
 #[cfg(feature = "rdma")]
 pub use gradsync_transport::rdma;

@@ -472,7 +472,7 @@ fn tcp_suite_with(world: usize, tiny: bool, base: Config) {
                     TransportMode::Auto => "",
                 };
                 for p in (0..world).filter(|&p| p != rank && !want.is_empty()) {
-                    assert_eq!(c.peer_transport(p), want, "rank {rank} -> {p}");
+                    assert_eq!(c.peer_transport(p).name(), want, "rank {rank} -> {p}");
                 }
                 // Small all-reduces use the shared-memory board exactly when every rank is on
                 // this host's shared memory and the board is not turned off.
@@ -482,7 +482,7 @@ fn tcp_suite_with(world: usize, tiny: bool, base: Config) {
                     for p in (0..world).filter(|&p| p != rank) {
                         let same = c.host_of(p) == c.host_of(rank);
                         let want = if same { "shm" } else { network_transport() };
-                        assert_eq!(c.peer_transport(p), want, "rank {rank} -> {p}");
+                        assert_eq!(c.peer_transport(p).name(), want, "rank {rank} -> {p}");
                     }
                 }
                 run_rank(c, tiny, tx)

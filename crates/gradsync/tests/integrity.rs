@@ -6,8 +6,10 @@
 //! silently wrong, which is why the option exists.
 
 use gradsync::{Algorithm, Communicator, Config, Error, ReduceOp};
+use gradsync_core::wire::DATA_HEADER_LEN;
 use gradsync_transport::Endpoint;
 use gradsync_transport::fault::{FaultConfig, FaultyEndpoint};
+use gradsync_transport::shm::ShmSetup;
 use std::time::Duration;
 
 fn config(checksum: bool) -> Config {
@@ -19,14 +21,26 @@ fn config(checksum: bool) -> Config {
     c
 }
 
-/// Runs `f(rank, comm)` on `world` ranks whose endpoints inject `faults(rank)`.
+/// Runs `f(rank, comm)` on `world` in-memory ranks whose endpoints inject `faults(rank)`.
 fn run<R: Send + 'static>(
     world: usize,
     cfg: &Config,
     faults: impl Fn(usize) -> FaultConfig,
     f: impl Fn(usize, &mut Communicator) -> R + Send + Sync + 'static,
 ) -> Vec<R> {
-    let eps: Vec<Box<dyn Endpoint>> = gradsync_transport::mem::fabric(world)
+    run_on(gradsync_transport::mem::fabric(world), cfg, faults, f)
+}
+
+/// Runs `f(rank, comm)` on ranks over `eps` (one per rank, in order), each wrapped in a fault
+/// injector that injects `faults(rank)`.
+fn run_on<E: Endpoint + 'static, R: Send + 'static>(
+    eps: Vec<E>,
+    cfg: &Config,
+    faults: impl Fn(usize) -> FaultConfig,
+    f: impl Fn(usize, &mut Communicator) -> R + Send + Sync + 'static,
+) -> Vec<R> {
+    let world = eps.len();
+    let eps: Vec<Box<dyn Endpoint>> = eps
         .into_iter()
         .enumerate()
         .map(|(r, ep)| Box::new(FaultyEndpoint::new(ep, faults(r))) as Box<dyn Endpoint>)
@@ -288,5 +302,151 @@ fn checksums_over_tcp_give_correct_results() {
         let (ar, ag) = h.join().unwrap().unwrap();
         assert_eq!(bits(&ar), bits(&summed(world, n)));
         assert_eq!(bits(&ag), bits(&expect_ag));
+    }
+}
+
+/// Faults that flip one payload byte of what `rank` sends to `to` (past the data header, so the
+/// message still parses and only its checksum can tell).
+fn damaged_sends(seed: u64, to: usize) -> FaultConfig {
+    FaultConfig {
+        seed,
+        corrupt_sends: 1.0,
+        corrupt_skip: DATA_HEADER_LEN,
+        only_peer: Some(to),
+        ..FaultConfig::default()
+    }
+}
+
+/// Eager all-reduces: a small buffer, no forced algorithm.
+fn eager_config(checksum: bool) -> Config {
+    let mut c = config(checksum);
+    c.algorithm = None;
+    c
+}
+
+#[test]
+fn a_corrupted_eager_contribution_is_caught_naming_the_link() {
+    // Rank 1's eager message to rank 0 (a data header and its whole buffer, one two-sided
+    // message) has a payload byte flipped on the way.
+    let faults = |r| {
+        if r == 1 {
+            damaged_sends(11, 0)
+        } else {
+            FaultConfig::default()
+        }
+    };
+    let res = run(3, &eager_config(true), faults, |rank, c| {
+        let mut buf = input(rank, 100);
+        let first = c.all_reduce(&mut buf, ReduceOp::Sum).map(|()| bits(&buf));
+        let algo = c
+            .flight_snapshot()
+            .ops
+            .last()
+            .map(|o| o.algorithm.to_string());
+        let next = c.all_reduce(&mut buf, ReduceOp::Sum);
+        (first, algo, next)
+    });
+    assert_eq!(
+        res[1].1.as_deref(),
+        Some("eager"),
+        "small all-reduces run eagerly"
+    );
+    assert!(
+        matches!(
+            res[0].0,
+            Err(Error::Corrupt {
+                rank: 0,
+                peer: 1,
+                ..
+            })
+        ),
+        "{:?}",
+        res[0].0
+    );
+    let want = bits(&summed(3, 100));
+    for (rank, (first, _, next)) in res.iter().enumerate() {
+        // The damaged part never reaches a result: rank 0 fails; a rank that had every part
+        // before the abort arrived has the right sum. Every rank learns of it by its next call.
+        match first {
+            Ok(got) => assert_eq!(got, &want, "rank {rank}"),
+            Err(e) => assert!(
+                e.to_string().contains("rank 1 -> rank 0"),
+                "rank {rank}: {e}"
+            ),
+        }
+        let e = next
+            .as_ref()
+            .expect_err("the communicator is failed")
+            .to_string();
+        assert!(e.contains("rank 1 -> rank 0"), "rank {rank}: {e}");
+    }
+    // Without checksums the damage goes into rank 0's result unnoticed.
+    let res = run(3, &eager_config(false), faults, |rank, c| {
+        let mut buf = input(rank, 100);
+        c.all_reduce(&mut buf, ReduceOp::Sum).map(|()| buf)
+    });
+    let want = bits(&summed(3, 100));
+    assert_ne!(
+        bits(res[0].as_ref().unwrap()),
+        want,
+        "rank 0 silently wrong"
+    );
+    assert_eq!(bits(res[2].as_ref().unwrap()), want, "rank 2 clean");
+}
+
+#[test]
+fn a_corrupted_board_posting_is_caught_naming_the_link() {
+    // Three ranks on this host's shared memory, each endpoint inside the fault injector: the
+    // board survives the wrapper, and rank 0 reads rank 2's posting with a payload byte flipped.
+    let local = [0, 1, 2];
+    let eps = ShmSetup::in_process(3, &local, Duration::from_secs(20)).unwrap();
+    let faults = |r| {
+        if r == 0 {
+            FaultConfig {
+                seed: 5,
+                corrupt_postings: 1.0,
+                corrupt_skip: DATA_HEADER_LEN,
+                only_peer: Some(2),
+                ..FaultConfig::default()
+            }
+        } else {
+            FaultConfig::default()
+        }
+    };
+    let res = run_on(eps, &eager_config(true), faults, |rank, c| {
+        assert!(
+            c.eager_board(),
+            "rank {rank}: the board is kept inside the wrapper"
+        );
+        let mut buf = input(rank, 1000);
+        let first = c.all_reduce(&mut buf, ReduceOp::Sum).map(|()| bits(&buf));
+        (first, c.all_reduce(&mut buf, ReduceOp::Sum))
+    });
+    assert!(
+        matches!(
+            res[0].0,
+            Err(Error::Corrupt {
+                rank: 0,
+                peer: 2,
+                ..
+            })
+        ),
+        "{:?}",
+        res[0].0
+    );
+    let want = bits(&summed(3, 1000));
+    for (rank, (first, next)) in res.iter().enumerate() {
+        match first {
+            Ok(got) => assert_eq!(got, &want, "rank {rank}"),
+            Err(e) => assert!(
+                e.to_string().contains("rank 2 -> rank 0"),
+                "rank {rank}: {e}"
+            ),
+        }
+        let e = next
+            .as_ref()
+            .expect_err("the communicator is failed")
+            .to_string();
+        assert!(e.contains("rank 2 -> rank 0"), "rank {rank}: {e}");
     }
 }

@@ -5,6 +5,7 @@ use super::device::memlock_msg;
 use super::endpoint::{Pending, Pinned, RdmaEndpoint};
 use super::ffi;
 use super::setup::{CTRL_BYE, setup_err};
+use crate::caps::{Board, PeerCaps, Route, SharedMemory};
 use crate::error::{Result, TransportError};
 use crate::verbs::{Access, Completion, Endpoint, MemoryRegion, Sge, check_send_len};
 use crate::wire::RemoteRegion;
@@ -22,6 +23,26 @@ impl Endpoint for RdmaEndpoint {
 
     fn name(&self) -> &'static str {
         "rdma"
+    }
+
+    /// An adapter writes only into regions pinned for it: the long-lived ones (inbox, scratch);
+    /// a caller's buffer is never pinned, so no receiver asks for a write straight into it.
+    fn caps(&self, peer: usize) -> PeerCaps {
+        if peer == self.rank {
+            return PeerCaps::plain(Route::Own);
+        }
+        PeerCaps {
+            direct_writes: false,
+            ..PeerCaps::plain(Route::Rdma)
+        }
+    }
+
+    fn board(&mut self) -> Option<&mut dyn Board> {
+        None
+    }
+
+    fn shared_memory(&mut self) -> Option<&mut dyn SharedMemory> {
+        None
     }
 
     unsafe fn register(

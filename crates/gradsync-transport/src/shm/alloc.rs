@@ -17,7 +17,7 @@ pub(super) fn alloc_name(id: u64) -> String {
     format!("gradsync-shared-{id:016x}")
 }
 
-/// A memfd allocation of this rank that its peers map directly ([`Endpoint::alloc_shared`](crate::Endpoint::alloc_shared)).
+/// A memfd allocation of this rank that its peers map directly ([`SharedMemory::alloc_shared`](crate::SharedMemory::alloc_shared)).
 #[derive(Debug)]
 pub(super) struct SharedAlloc {
     pub(super) id: u64,

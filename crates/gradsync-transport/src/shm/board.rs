@@ -1,6 +1,6 @@
-//! The board of a shared-memory endpoint ([`Endpoint::board_post`](crate::Endpoint::board_post)
-//! and the calls after it), kept by [`BoardState`]: a small buffer at the end of every rank's
-//! segment that the other local ranks read through their mapping of the segment.
+//! The board of a shared-memory endpoint (its [`Board`](crate::Board)), kept by
+//! [`BoardState`]: a small buffer at the end of every rank's segment that the other local
+//! ranks read through their mapping of the segment.
 //!
 //! # Layout
 //!
@@ -254,78 +254,77 @@ mod tests {
     use super::super::endpoint::ShmEndpoint;
     use super::super::tests::fabric;
     use super::*;
+    use crate::caps::Board;
     use crate::verbs::Endpoint;
     use std::time::{Duration, Instant};
 
     fn read(ep: &mut ShmEndpoint, peer: usize, seq: u64) -> Option<Vec<u8>> {
         let mut out = vec![9; 3];
-        ep.board_read(peer, seq, &mut out).unwrap().then_some(out)
+        ep.read(peer, seq, &mut out).unwrap().then_some(out)
     }
 
     #[test]
     fn postings_are_read_in_place_by_every_peer() {
         let mut eps = fabric(3);
-        assert!(eps.iter().all(|e| e.board_capacity() == BOARD_CAPACITY));
+        assert!(
+            eps.iter_mut()
+                .all(|e| e.board().is_some_and(|b| b.capacity() == BOARD_CAPACITY))
+        );
         assert_eq!(read(&mut eps[1], 0, 1), None, "nothing posted yet");
         let big: Vec<u8> = (0..BOARD_CAPACITY).map(|i| (i % 251) as u8).collect();
-        assert!(eps[0].board_post(1, b"first").unwrap());
-        assert!(eps[0].board_post(2, &big).unwrap());
+        assert!(eps[0].post(1, b"first").unwrap());
+        assert!(eps[0].post(2, &big).unwrap());
         for r in [1, 2] {
             assert_eq!(read(&mut eps[r], 0, 1).as_deref(), Some(&b"first"[..]));
             assert_eq!(read(&mut eps[r], 0, 2), Some(big.clone()));
             assert_eq!(read(&mut eps[r], 0, 4), None, "not posted");
         }
         // Too long, or not after the last posting: the caller's error.
-        let e = eps[0]
-            .board_post(3, &vec![0; BOARD_CAPACITY + 1])
-            .unwrap_err();
+        let e = eps[0].post(3, &vec![0; BOARD_CAPACITY + 1]).unwrap_err();
         assert!(e.to_string().contains("exceed the board's"), "{e}");
-        let e = eps[0].board_post(2, b"again").unwrap_err();
+        let e = eps[0].post(2, b"again").unwrap_err();
         assert!(e.to_string().contains("postings must increase"), "{e}");
-        let e = eps[1].board_read(1, 1, &mut Vec::new()).unwrap_err();
+        let e = eps[1].read(1, 1, &mut Vec::new()).unwrap_err();
         assert!(e.to_string().contains("not a local peer"), "{e}");
     }
 
     #[test]
     fn a_slot_is_reused_only_after_every_peer_released_it() {
         let mut eps = fabric(3);
-        assert!(eps[0].board_post(1, b"one").unwrap());
-        assert!(eps[0].board_post(2, b"two").unwrap());
+        assert!(eps[0].post(1, b"one").unwrap());
+        assert!(eps[0].post(2, b"two").unwrap());
         // Posting 3 goes where posting 1 is, which nobody has released.
-        assert!(!eps[0].board_post(3, b"three").unwrap());
-        eps[1].board_release(1).unwrap();
-        assert!(
-            !eps[0].board_post(3, b"three").unwrap(),
-            "rank 2 still reads 1"
-        );
-        eps[2].board_release(2).unwrap();
-        assert!(eps[0].board_post(3, b"three").unwrap());
+        assert!(!eps[0].post(3, b"three").unwrap());
+        eps[1].release(1).unwrap();
+        assert!(!eps[0].post(3, b"three").unwrap(), "rank 2 still reads 1");
+        eps[2].release(2).unwrap();
+        assert!(eps[0].post(3, b"three").unwrap());
         assert_eq!(read(&mut eps[1], 0, 3).as_deref(), Some(&b"three"[..]));
         // A reader's mark also travels with its own postings: after reading rank 1's posting
         // 5 (made once rank 1 released 3), rank 0 reuses slot 1 without reading rank 1's
         // mark line, which still says 1 here.
-        eps[1].board_release(3).unwrap();
-        assert!(eps[1].board_post(5, b"from one").unwrap());
+        eps[1].release(3).unwrap();
+        assert!(eps[1].post(5, b"from one").unwrap());
         let c1 = eps[1].conn.as_ref().unwrap();
         c1.own
             .a64(c1.board.off + MARK_LINE)
             .store(1, Ordering::Release);
-        eps[2].board_release(3).unwrap();
+        eps[2].release(3).unwrap();
         assert_eq!(read(&mut eps[0], 1, 5).as_deref(), Some(&b"from one"[..]));
-        assert!(eps[0].board_post(5, b"five").unwrap());
+        assert!(eps[0].post(5, b"five").unwrap());
     }
 
     #[test]
     fn a_slot_header_past_the_board_is_a_protocol_error() {
         let mut eps = fabric(2);
-        assert!(eps[0].board_post(1, b"one").unwrap());
+        assert!(eps[0].post(1, b"one").unwrap());
         // Rank 0's slot header claims more bytes than the board holds.
         let c0 = eps[0].conn.as_ref().unwrap();
         let at = c0.board.slot(1);
         c0.own
             .a32(at + SLOT_LEN)
             .store(BOARD_CAPACITY as u32 + 1, Ordering::Relaxed);
-        let e = eps[1].board_read(0, 1, &mut Vec::new()).unwrap_err();
+        let e = eps[1].read(0, 1, &mut Vec::new()).unwrap_err();
         let want = Violation::BoardSlot {
             seq: 1,
             error: crate::wire::WireError::TooLong {
@@ -339,7 +338,7 @@ mod tests {
             "{e}"
         );
         // The peer is broken for good.
-        let e = eps[1].board_read(0, 1, &mut Vec::new()).unwrap_err();
+        let e = eps[1].read(0, 1, &mut Vec::new()).unwrap_err();
         assert!(
             matches!(e, TransportError::PeerClosed { peer: 0, .. }),
             "{e}"
@@ -361,7 +360,7 @@ mod tests {
             while !stop2.load(Ordering::Relaxed) {
                 e0.conn.as_mut().unwrap().board.marks[1] = u64::MAX;
                 let data = vec![(seq % 251) as u8; BOARD_CAPACITY];
-                assert!(e0.board_post(seq, &data).unwrap());
+                assert!(e0.post(seq, &data).unwrap());
                 seq += 2;
             }
             e0
@@ -377,7 +376,7 @@ mod tests {
                 .seg
                 .a64(c.board.slot(1) + SLOT_SEQ)
                 .load(Ordering::Acquire);
-            match e1.board_read(0, seq, &mut out) {
+            match e1.read(0, seq, &mut out) {
                 Ok(true) => {
                     let want = (seq % 251) as u8;
                     assert!(out.iter().all(|&b| b == want), "torn posting {seq}");
@@ -405,7 +404,7 @@ mod tests {
         let mut eps = fabric(2);
         let mut e1 = eps.pop().unwrap();
         let mut e0 = eps.pop().unwrap();
-        e1.board_watch(1);
+        e1.watch(1);
         let t0 = Instant::now();
         let waiter = std::thread::spawn(move || {
             // Sleeps (the futex) unless the posting is there: it must come back long before
@@ -416,7 +415,7 @@ mod tests {
             e1
         });
         std::thread::sleep(Duration::from_millis(50));
-        assert!(e0.board_post(1, b"wake").unwrap());
+        assert!(e0.post(1, b"wake").unwrap());
         let _e1 = waiter.join().unwrap();
         assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     }

@@ -15,6 +15,7 @@ use super::peer::{Me, Peer};
 use super::ring::Payload;
 use super::segment::Segment;
 use super::wire::{BOARD_CAPACITY, INLINE_MAX, RecordRepr};
+use crate::caps::{Board, PeerCaps, Route, SharedMemory};
 use crate::error::{Result, TransportError, Violation};
 use crate::verbs::{Access, Completion, Endpoint, MemoryRegion, Sge, check_send_len};
 use crate::wire::RemoteRegion;
@@ -473,36 +474,6 @@ impl Endpoint for ShmEndpoint {
         Ok(())
     }
 
-    fn board_capacity(&self) -> usize {
-        if self.conn.is_some() && self.local.len() > 1 {
-            BOARD_CAPACITY
-        } else {
-            0
-        }
-    }
-
-    fn board_post(&mut self, seq: u64, data: &[u8]) -> Result<bool> {
-        let me = self.me();
-        self.live_conn("board_post")?.board_post(me, seq, data)
-    }
-
-    fn board_read(&mut self, peer: usize, seq: u64, out: &mut Vec<u8>) -> Result<bool> {
-        let me = self.me();
-        let pos = self.peer_pos(peer, "board_read")?;
-        self.live_conn("board_read")?.board_read(me, pos, seq, out)
-    }
-
-    fn board_release(&mut self, seq: u64) -> Result<()> {
-        self.live_conn("board_release")?.board_release(seq);
-        Ok(())
-    }
-
-    fn board_watch(&mut self, seq: u64) {
-        if let Some(c) = self.conn.as_mut() {
-            c.board.watch(seq);
-        }
-    }
-
     fn wait(&mut self, timeout: Duration) -> Result<()> {
         let me = self.me();
         let deadline = Instant::now().checked_add(timeout);
@@ -517,33 +488,23 @@ impl Endpoint for ShmEndpoint {
         conn.block(me, deadline, true)
     }
 
-    /// A sealed memfd of `len` bytes rounded up to the page size, mapped shared; a region
-    /// registered inside it receives large writes by `memcpy` from the writer's own mapping.
-    /// `None` when the endpoint is closed or the memfd cannot be created or mapped.
-    fn alloc_shared(&mut self, len: usize) -> Option<*mut u8> {
-        self.conn.as_ref()?;
-        // SAFETY: sysconf only reads a configuration value.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-        let page = usize::try_from(page).ok().filter(|&p| p > 0)?;
-        let size = len.max(1).checked_next_multiple_of(page)?;
-        let mut id = self.last_alloc_id.wrapping_add(1);
-        if id == 0 {
-            id = 1;
+    fn caps(&self, peer: usize) -> PeerCaps {
+        if peer == self.rank {
+            return PeerCaps::plain(Route::Own);
         }
-        let name = CString::new(alloc_name(id)).ok()?;
-        match Segment::create(&name, size) {
-            Ok(seg) => {
-                self.last_alloc_id = id;
-                let base = seg.base;
-                tracing::debug!(rank = self.rank, id, size, "shm: shared allocation");
-                self.shared.push(SharedAlloc { id, seg });
-                Some(base)
-            }
-            Err(e) => {
-                tracing::debug!(rank = self.rank, size, "shm: shared allocation failed: {e}");
-                None
-            }
+        PeerCaps {
+            mapped: true,
+            ..PeerCaps::plain(Route::Shm)
         }
+    }
+
+    fn board(&mut self) -> Option<&mut dyn Board> {
+        let on = self.conn.is_some() && self.local.len() > 1;
+        on.then_some(self as &mut dyn Board)
+    }
+
+    fn shared_memory(&mut self) -> Option<&mut dyn SharedMemory> {
+        Some(self)
     }
 
     fn close(&mut self, timeout: Duration) {
@@ -578,5 +539,66 @@ impl Endpoint for ShmEndpoint {
             let _ = conn.block(me, Some(until), false);
         }
         conn.shutdown();
+    }
+}
+
+/// The board of a shared-memory endpoint: a small buffer at the end of this rank's segment,
+/// which the other local ranks read through their mapping of it.
+impl Board for ShmEndpoint {
+    fn capacity(&self) -> usize {
+        BOARD_CAPACITY
+    }
+
+    fn post(&mut self, seq: u64, data: &[u8]) -> Result<bool> {
+        let me = self.me();
+        self.live_conn("board_post")?.board_post(me, seq, data)
+    }
+
+    fn read(&mut self, peer: usize, seq: u64, out: &mut Vec<u8>) -> Result<bool> {
+        let me = self.me();
+        let pos = self.peer_pos(peer, "board_read")?;
+        self.live_conn("board_read")?.board_read(me, pos, seq, out)
+    }
+
+    fn release(&mut self, seq: u64) -> Result<()> {
+        self.live_conn("board_release")?.board_release(seq);
+        Ok(())
+    }
+
+    fn watch(&mut self, seq: u64) {
+        if let Some(c) = self.conn.as_mut() {
+            c.board.watch(seq);
+        }
+    }
+}
+
+impl SharedMemory for ShmEndpoint {
+    /// A sealed memfd of `len` bytes rounded up to the page size, mapped shared; a region
+    /// registered inside it receives large writes by `memcpy` from the writer's own mapping.
+    /// `None` when the endpoint is closed or the memfd cannot be created or mapped.
+    fn alloc_shared(&mut self, len: usize) -> Option<*mut u8> {
+        self.conn.as_ref()?;
+        // SAFETY: sysconf only reads a configuration value.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        let page = usize::try_from(page).ok().filter(|&p| p > 0)?;
+        let size = len.max(1).checked_next_multiple_of(page)?;
+        let mut id = self.last_alloc_id.wrapping_add(1);
+        if id == 0 {
+            id = 1;
+        }
+        let name = CString::new(alloc_name(id)).ok()?;
+        match Segment::create(&name, size) {
+            Ok(seg) => {
+                self.last_alloc_id = id;
+                let base = seg.base;
+                tracing::debug!(rank = self.rank, id, size, "shm: shared allocation");
+                self.shared.push(SharedAlloc { id, seg });
+                Some(base)
+            }
+            Err(e) => {
+                tracing::debug!(rank = self.rank, size, "shm: shared allocation failed: {e}");
+                None
+            }
+        }
     }
 }

@@ -6,7 +6,7 @@
 //! ([`ShmSetup::connect`]). Bulk data never goes through the segments: a large write is copied
 //! straight from the writer's buffers into the target's registered region, and only a small
 //! notification record goes through shared memory. The copy is a plain `memcpy` when the region
-//! lies in a **shared allocation** of its owner ([`alloc_shared`](crate::Endpoint::alloc_shared): a
+//! lies in a **shared allocation** of its owner ([`alloc_shared`](crate::SharedMemory::alloc_shared): a
 //! sealed `memfd` mapped `MAP_SHARED`, which the writer maps too, once, through
 //! `/proc/<pid>/fd/<fd>`), and `process_vm_writev` (cross-memory attach, one copy, but pinning
 //! every page) otherwise.

@@ -59,6 +59,32 @@ impl Drop for ShmSetup {
 }
 
 impl ShmSetup {
+    /// The endpoints of `local` ranks (of a world of `world`) all in this process, connected to
+    /// each other: what tests and tools use in place of processes. Each endpoint may then be
+    /// moved to a thread of its own.
+    pub fn in_process(
+        world: usize,
+        local: &[usize],
+        timeout: Duration,
+    ) -> Result<Vec<ShmEndpoint>> {
+        let (setups, infos): (Vec<_>, Vec<_>) = local
+            .iter()
+            .map(|&r| ShmSetup::new(r, world, local))
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .unzip();
+        let infos = &infos;
+        std::thread::scope(|s| {
+            let hs: Vec<_> = setups
+                .into_iter()
+                .map(|st| s.spawn(move || st.connect(infos, timeout)))
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().expect("connect does not panic"))
+                .collect()
+        })
+    }
+
     /// Creates this rank's segment. `local` is the sorted list of all ranks on this host,
     /// including `rank`. Returns the setup and the [`ShmInfo`] to publish to the local peers.
     pub fn new(rank: usize, world: usize, local: &[usize]) -> Result<(ShmSetup, ShmInfo)> {

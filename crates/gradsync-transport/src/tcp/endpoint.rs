@@ -3,6 +3,7 @@
 
 use super::stream::{RXBUF, Rx, Stream, TxItem, done_completion, flush, rx_stream};
 use super::wire::FrameHeaderRepr;
+use crate::caps::{Board, PeerCaps, Route, SharedMemory};
 use crate::error::{Result, TransportError};
 use crate::regions::RegionTable;
 use crate::verbs::{Access, Completion, Endpoint, MemoryRegion, Sge, check_send_len};
@@ -38,12 +39,20 @@ pub struct TcpEndpoint {
     regions: RegionTable,
     pollfds: Vec<libc::pollfd>,
     done: Vec<Completion>,
+    /// The window every peer's capabilities report.
+    window: Option<usize>,
 }
 
 impl TcpEndpoint {
     /// An endpoint of `rank` over connected peers (`None` at `rank`).
-    pub(super) fn new(rank: usize, world: usize, peers: Vec<Option<Peer>>) -> TcpEndpoint {
+    pub(super) fn new(
+        rank: usize,
+        world: usize,
+        peers: Vec<Option<Peer>>,
+        window: Option<usize>,
+    ) -> TcpEndpoint {
         TcpEndpoint {
+            window,
             rank,
             world,
             peers,
@@ -177,6 +186,24 @@ impl Endpoint for TcpEndpoint {
 
     fn name(&self) -> &'static str {
         "tcp"
+    }
+
+    fn caps(&self, peer: usize) -> PeerCaps {
+        if peer == self.rank {
+            return PeerCaps::plain(Route::Own);
+        }
+        PeerCaps {
+            window: self.window,
+            ..PeerCaps::plain(Route::Tcp)
+        }
+    }
+
+    fn board(&mut self) -> Option<&mut dyn Board> {
+        None
+    }
+
+    fn shared_memory(&mut self) -> Option<&mut dyn SharedMemory> {
+        None
     }
 
     unsafe fn register(

@@ -25,6 +25,10 @@ pub struct TcpOptions {
     /// described in the [module documentation](super#authentication) (all ranks must use the
     /// same token); without one, streams are not authenticated.
     pub token: Option<Vec<u8>>,
+    /// Messages in flight per peer that suit these streams, if fewer than an inbox holds (the
+    /// [`window`](crate::PeerCaps::window) the endpoint reports): fewer keep the socket
+    /// queues short.
+    pub window: Option<usize>,
 }
 
 impl Default for TcpOptions {
@@ -34,6 +38,7 @@ impl Default for TcpOptions {
             sock_buf: 0,
             timeout: Duration::from_secs(60),
             token: None,
+            window: None,
         }
     }
 }
@@ -45,6 +50,7 @@ impl std::fmt::Debug for TcpOptions {
             .field("sock_buf", &self.sock_buf)
             .field("timeout", &self.timeout)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("window", &self.window)
             .finish()
     }
 }
@@ -231,6 +237,6 @@ impl TcpEndpoint {
             peers.push(Some(Peer::new(streams)));
         }
         tracing::info!(target: "gradsync::net", "rank {rank}: connected to {} peers with {nsocks} stream(s) each in {:.1} ms", world - 1, start.elapsed().as_secs_f64() * 1e3);
-        Ok(TcpEndpoint::new(rank, world, peers))
+        Ok(TcpEndpoint::new(rank, world, peers, opts.window))
     }
 }

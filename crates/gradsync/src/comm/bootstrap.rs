@@ -13,10 +13,10 @@ use crate::error::Error;
 use crate::topology::{self, Topology};
 use gradsync_core::schedule::plan::Algorithm;
 use gradsync_store::{StoreClient, StoreServer};
-use gradsync_transport::hybrid::{HybridEndpoint, Route};
+use gradsync_transport::hybrid::HybridEndpoint;
 use gradsync_transport::shm::{ShmEndpoint, ShmInfo, ShmSetup};
 use gradsync_transport::tcp::{self, TcpEndpoint, TcpOptions};
-use gradsync_transport::{Endpoint, RemoteRegion};
+use gradsync_transport::{Endpoint, RemoteRegion, Route};
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
 use std::time::{Duration, Instant, SystemTime};
@@ -329,6 +329,7 @@ impl Communicator {
                         sock_buf: config.socket_bufsize,
                         timeout: config.timeout.saturating_sub(t0.elapsed()),
                         token: token.map(<[u8]>::to_vec),
+                        window: Some(tcp_window(&config)),
                     };
                     Box::new(
                         TcpEndpoint::establish(rank, &addrs, listener, comm_id, &topts)
@@ -336,7 +337,10 @@ impl Communicator {
                     )
                 }
             };
-        let net_name = net.name();
+        // The network backend's route (tcp or rdma), for the INFO line.
+        let net_route = (0..world)
+            .find(|&p| p != rank)
+            .map_or(Route::Tcp, |p| net.caps(p).route);
         let shm = if matches!(config.transport, TransportMode::Auto | TransportMode::Shm)
             && local.len() > 1
         {
@@ -355,26 +359,13 @@ impl Communicator {
         } else {
             None
         };
-        let (ep, routes): (Box<dyn Endpoint>, Vec<&'static str>) = match shm {
-            Some(shm) => {
-                let h = HybridEndpoint::new(net, shm)
-                    .map_err(|e| Error::transport(rank, "connect", e))?;
-                let routes = h.routes().iter().map(|r| r.name(net_name)).collect();
-                (Box::new(h), routes)
-            }
-            None => (
-                net,
-                (0..world)
-                    .map(|p| {
-                        if p == rank {
-                            Route::Own.name(net_name)
-                        } else {
-                            net_name
-                        }
-                    })
-                    .collect(),
+        let ep: Box<dyn Endpoint> = match shm {
+            Some(shm) => Box::new(
+                HybridEndpoint::new(net, shm).map_err(|e| Error::transport(rank, "connect", e))?,
             ),
+            None => net,
         };
+        let routes: Vec<Route> = (0..world).map(|p| ep.caps(p).route).collect();
         for (p, t) in routes.iter().enumerate().filter(|(p, _)| *p != rank) {
             tracing::info!(
                 target: "gradsync::init",
@@ -400,20 +391,11 @@ impl Communicator {
             eopts.busy_spin = BUSY_SPIN.min(config.spin);
         }
         let (mut engine, inbox) = Engine::new(ep, comm_id, eopts)?;
-        let tcp_window = config.tcp_nslots.min(config.nslots);
-        for (p, t) in layout.routes.iter().enumerate() {
-            match *t {
-                "shm" => engine.set_direct_min(p, config.shm_direct_min),
-                // RDMA writes only into the peer's inbox (registered for the communicator's
-                // life); caller buffers are never pinned, so no clear-to-send names one.
-                "rdma" => engine.set_direct_min(p, usize::MAX),
-                "tcp" => engine.set_window(p, tcp_window),
-                _ => {}
-            }
-        }
+        apply_caps(&mut engine, &config);
         // Every rank lays out its inbox and picks slots from these three settings, so they
         // travel with the inbox descriptor and must agree.
-        let slots = SlotLayout::of(&config, engine.ep.board_capacity());
+        let board_capacity = engine.ep.board().map_or(0, |b| b.capacity());
+        let slots = SlotLayout::of(&config, board_capacity);
         let mut mine = inbox.to_bytes().to_vec();
         mine.extend_from_slice(&slots.to_bytes());
         let vals = exchange(
@@ -451,12 +433,13 @@ impl Communicator {
             engine.ep.name(),
             topo.hosts(),
             local.len(),
-            if net_name == "rdma" {
+            if net_route == Route::Rdma {
                 format!("rdma queue pairs/peer {}", config.ib.qps_per_conn)
             } else {
                 format!(
                     "tcp streams/peer {} slots/peer {}",
-                    config.nsocks, tcp_window
+                    config.nsocks,
+                    tcp_window(&config)
                 )
             },
             config.chunk_bytes / 1024,
@@ -685,10 +668,19 @@ impl Communicator {
         let mut engines = Vec::with_capacity(world);
         let mut inboxes = Vec::with_capacity(world);
         for ep in endpoints {
-            let (e, inbox) = Engine::new(ep, comm_id, engine_options(config))?;
+            let (mut e, inbox) = Engine::new(ep, comm_id, engine_options(config))?;
+            apply_caps(&mut e, config);
             engines.push(e);
             inboxes.push(inbox);
         }
+        // The board, as init agrees on it: when every endpoint has one.
+        let smallest = engines
+            .iter_mut()
+            .map(|e| e.ep.board().map_or(0, |b| b.capacity()))
+            .min()
+            .filter(|_| config.shm_board)
+            .unwrap_or(0);
+        engines.iter_mut().for_each(|e| e.enable_board(smallest));
         Ok(engines
             .into_iter()
             .enumerate()
@@ -708,8 +700,8 @@ impl Communicator {
         algorithm: Option<Algorithm>,
         store: Option<StoreServer>,
     ) -> Self {
-        let engine_name = engine.ep.name();
-        let layout = Layout::single_host(world, rank, engine_name);
+        let layout = Layout::single_host(engine.ep.as_ref());
+        let route = layout.routes[(rank + 1) % world];
         Communicator {
             engine,
             rank,
@@ -729,7 +721,7 @@ impl Communicator {
             layout,
             _store: store,
             explained: 0,
-            costs: crate::cost::LinkCosts::uncalibrated(engine_name, engine_name),
+            costs: crate::cost::LinkCosts::uncalibrated(route, route),
             cost_from: "uncalibrated".to_string(),
             cost_path: None,
             choices: no_choices(),
@@ -818,5 +810,32 @@ fn engine_options(c: &Config) -> EngineOptions {
         checksum: c.checksum,
         eager_max: c.eager_max,
         deterministic: c.deterministic,
+    }
+}
+
+/// Slots in flight per TCP pair: `GRADSYNC_TCP_NSLOTS`, at most the inbox's slots.
+fn tcp_window(c: &Config) -> usize {
+    c.tcp_nslots.min(c.nslots)
+}
+
+/// Sets every pair's window and direct-write threshold from what the transport can do for it:
+/// the window it suggests, no direct writes where it cannot land them in caller buffers (RDMA
+/// pins only long-lived regions), the shared-memory threshold where the peer maps this rank's
+/// memory, the network's otherwise.
+fn apply_caps(engine: &mut Engine, config: &Config) {
+    let (rank, world) = (engine.rank, engine.world);
+    for p in (0..world).filter(|&p| p != rank) {
+        let caps = engine.ep.caps(p);
+        if let Some(w) = caps.window {
+            engine.set_window(p, w);
+        }
+        let direct_min = if !caps.direct_writes {
+            usize::MAX
+        } else if caps.mapped {
+            config.shm_direct_min
+        } else {
+            config.direct_min
+        };
+        engine.set_direct_min(p, direct_min);
     }
 }

@@ -6,6 +6,7 @@ use super::bootstrap::exchange;
 use super::communicator::Communicator;
 use crate::Result;
 use crate::error::Error;
+use gradsync_transport::Route;
 use std::time::{Duration, Instant};
 
 /// The cost model as rank 0 publishes it to the other ranks at init.
@@ -41,12 +42,12 @@ impl Communicator {
         let intra_peer = (1..self.world).find(|&r| self.host_of(r) == host0);
         let inter_peer = (1..self.world).find(|&r| self.host_of(r) != host0);
         let timeout = self.timeout();
-        let intra_t = intra_peer.map_or("shm", |p| self.peer_transport(p));
+        let intra_t = intra_peer.map_or(Route::Shm, |p| self.peer_transport(p));
         let inter_t = inter_peer.map_or(intra_t, |p| self.peer_transport(p));
         // Rank 0 decides: a model it already has, or a measurement (plan byte 1).
         let mut decided: Option<(LinkCosts, String, Option<std::path::PathBuf>)> = None;
         if rank == 0 {
-            let cache = crate::cost::cache_path(self.host_name(0), intra_t, inter_t);
+            let cache = crate::cost::cache_path(self.host_name(0), intra_t.name(), inter_t.name());
             if let Some(f) = config.cost_file.as_ref().filter(|f| f.exists()) {
                 let links = LinkCosts::load(f)
                     .map_err(|e| Error::Config(format!("GRADSYNC_COST_FILE: {e}")))?;
@@ -126,7 +127,8 @@ impl Communicator {
                     "measured at init in {:.0} ms",
                     t0.elapsed().as_secs_f64() * 1e3
                 );
-                let cache = crate::cost::cache_path(self.host_name(0), intra_t, inter_t);
+                let cache =
+                    crate::cost::cache_path(self.host_name(0), intra_t.name(), inter_t.name());
                 let mut saved = None;
                 if let Some(path) = config.cost_file.as_ref().or(cache.as_ref()) {
                     // Algorithms timed on this host stay valid when its links are measured
@@ -248,7 +250,7 @@ impl Communicator {
         let b = input.len() as f64;
         let per_step = (best - small).max(best / 2.0) / steps;
         Ok(Some(crate::cost::CostModel {
-            transport: self.peer_transport(1).to_string(),
+            transport: self.peer_transport(1).name().to_string(),
             alpha_us: small / steps * 1e6,
             gbytes_per_s: (b - 8.0) / per_step / 1e9,
         }))
@@ -302,7 +304,7 @@ impl Communicator {
         }
         self.send(&[0i64, 0], peer)?;
         Ok(crate::cost::CostModel {
-            transport: self.peer_transport(peer).to_string(),
+            transport: self.peer_transport(peer).name().to_string(),
             alpha_us: rtt / 2.0 * 1e6,
             gbytes_per_s: best / 1e9,
         })

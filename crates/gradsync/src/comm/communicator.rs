@@ -8,6 +8,7 @@ use crate::topology;
 use gradsync_core::Collective;
 use gradsync_core::schedule::plan::Algorithm;
 use gradsync_store::{StoreClient, StoreServer};
+use gradsync_transport::Route;
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -69,10 +70,14 @@ impl Communicator {
         self.engine.ep.name()
     }
 
-    /// The transport that carries traffic between this rank and `peer`: `shm`, `tcp`, `mem`,
-    /// or `self`.
-    pub fn peer_transport(&self, peer: usize) -> &'static str {
-        self.layout.routes.get(peer).copied().unwrap_or("?")
+    /// The transport that carries traffic between this rank and `peer` ([`Route::Own`] for
+    /// this rank; its `name()` is `shm`, `tcp`, `rdma`, `mem` or `self`).
+    ///
+    /// # Panics
+    ///
+    /// If `peer` is not a rank of the communicator.
+    pub fn peer_transport(&self, peer: usize) -> Route {
+        self.layout.routes[peer]
     }
 
     /// Whether small all-reduces go eagerly through the transports' shared-memory boards

@@ -4,6 +4,7 @@
 use crate::engine::{Planned, RawBuf};
 use crate::topology;
 use gradsync_core::wire::Signature;
+use gradsync_transport::{Endpoint, Route};
 use std::any::Any;
 use std::net::SocketAddr;
 
@@ -16,8 +17,8 @@ pub(super) struct Layout {
     pub(super) host_ids: Vec<String>,
     /// Ranks per host when hosts are uniform contiguous blocks, else 0.
     pub(super) local_size: usize,
-    /// Transport name to every rank (`self` for this rank).
-    pub(super) routes: Vec<&'static str>,
+    /// The route to every rank ([`Route::Own`] for this rank).
+    pub(super) routes: Vec<Route>,
     /// Network interface of the data connections (empty in process).
     pub(super) ifname: String,
     /// Listening address of every rank (empty in process).
@@ -27,14 +28,14 @@ pub(super) struct Layout {
 }
 
 impl Layout {
-    pub(super) fn single_host(world: usize, rank: usize, transport: &'static str) -> Self {
+    /// One host, the routes as `ep` reports them.
+    pub(super) fn single_host(ep: &dyn Endpoint) -> Self {
+        let world = ep.world();
         Layout {
             host_of: vec![0; world],
             host_ids: vec![String::new(); world],
             local_size: world,
-            routes: (0..world)
-                .map(|p| if p == rank { "self" } else { transport })
-                .collect(),
+            routes: (0..world).map(|p| ep.caps(p).route).collect(),
             ifname: String::new(),
             addrs: Vec::new(),
             placement: topology::Placement::SingleNode,

@@ -147,7 +147,7 @@ impl Engine {
         );
         let inbox_len = proto.config().inbox_len();
         // Where peers map this rank's memory, they copy straight into the inbox.
-        let inbox = match ep.alloc_shared(inbox_len) {
+        let inbox = match ep.shared_memory().and_then(|m| m.alloc_shared(inbox_len)) {
             Some(p) if (p as usize).is_multiple_of(64) => AlignedBuf::lent(p, inbox_len),
             _ => AlignedBuf::zeroed(inbox_len),
         };

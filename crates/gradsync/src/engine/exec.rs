@@ -10,7 +10,7 @@ use gradsync_core::wire::{
     Control, ControlRepr, DATA_HEADER_LEN, DataHeader, DataHeaderRepr, Signature,
 };
 use gradsync_core::{DataType, ReduceOp};
-use gradsync_transport::{Completion, RemoteRegion, Sge, TransportError};
+use gradsync_transport::{Board, Completion, RemoteRegion, Sge, TransportError};
 
 impl Engine {
     /// The engine error of a protocol error.
@@ -147,10 +147,13 @@ impl Engine {
             } => {
                 self.build_message(header, src, len, checksum);
                 if board {
-                    let ok = self
-                        .ep
-                        .board_post(header.sig.seq, &self.msg)
-                        .map_err(|e| Error::transport(self.rank, "eager post", e))?;
+                    let (rank, msg) = (self.rank, std::mem::take(&mut self.msg));
+                    let res = self.transport_board("eager post").and_then(|b| {
+                        b.post(header.sig.seq, &msg)
+                            .map_err(|e| Error::transport(rank, "eager post", e))
+                    });
+                    self.msg = msg;
+                    let ok = res?;
                     self.proto.handle_posted(ok);
                     return Ok(());
                 }
@@ -162,23 +165,35 @@ impl Engine {
                 Ok(())
             }
             Action::BoardRead { peer, seq } => {
-                let got = self
+                let rank = self.rank;
+                let board = self
                     .ep
-                    .board_read(peer, seq, self.proto.board_buf(peer))
-                    .map_err(|e| Error::transport(self.rank, "board read", e))?;
+                    .board()
+                    .ok_or_else(|| no_board(rank, "board read"))?;
+                let got = board
+                    .read(peer, seq, self.proto.board_buf(peer))
+                    .map_err(|e| Error::transport(rank, "board read", e))?;
                 self.proto
                     .handle_board_read(peer, got)
                     .map_err(|e| self.proto_error(e))
             }
-            Action::BoardRelease { seq } => self
-                .ep
-                .board_release(seq)
-                .map_err(|e| Error::transport(self.rank, "eager release", e)),
+            Action::BoardRelease { seq } => {
+                let rank = self.rank;
+                self.transport_board("eager release")?
+                    .release(seq)
+                    .map_err(|e| Error::transport(rank, "eager release", e))
+            }
             Action::BoardWatch { seq } => {
-                self.ep.board_watch(seq);
+                self.transport_board("board watch")?.watch(seq);
                 Ok(())
             }
         }
+    }
+
+    /// The transport's board (the machine uses it only when every rank has one).
+    fn transport_board(&mut self, op: &'static str) -> Result<&mut dyn Board, Error> {
+        let rank = self.rank;
+        self.ep.board().ok_or_else(|| no_board(rank, op))
     }
 
     /// Posts a one-sided write: into a slot (staged header, then the payload straight from
@@ -429,6 +444,15 @@ impl Engine {
             Completion::Recv { peer, data } => self.proto.handle_message(peer, data, now),
         };
         res.map_err(|e| self.proto_error(e))
+    }
+}
+
+/// A board action on a transport without a board: the ranks agreed on boards at init, so this
+/// is a bug.
+fn no_board(rank: usize, op: &str) -> Error {
+    Error::Internal {
+        rank,
+        msg: format!("{op}: the transport has no board"),
     }
 }
 

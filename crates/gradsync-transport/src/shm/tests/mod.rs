@@ -9,25 +9,13 @@ mod writes;
 use super::endpoint::ShmEndpoint;
 use super::setup::ShmSetup;
 use crate::verbs::{Access, Completion, Endpoint, MemoryRegion, Sge};
-use std::thread;
 use std::time::{Duration, Instant};
 
 const RW: Access = Access::LOCAL_READ.union(Access::REMOTE_WRITE);
 const LONG: Duration = Duration::from_secs(10);
 
 fn fabric_in(world: usize, local: &[usize]) -> Vec<ShmEndpoint> {
-    let (setups, infos): (Vec<_>, Vec<_>) = local
-        .iter()
-        .map(|&r| ShmSetup::new(r, world, local).unwrap())
-        .unzip();
-    let infos = &infos;
-    thread::scope(|s| {
-        let hs: Vec<_> = setups
-            .into_iter()
-            .map(|st| s.spawn(move || st.connect(infos, LONG).unwrap()))
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    })
+    ShmSetup::in_process(world, local, LONG).unwrap()
 }
 
 pub(in crate::shm) fn fabric(n: usize) -> Vec<ShmEndpoint> {

@@ -21,7 +21,11 @@ struct Shared {
 
 impl Shared {
     fn new(ep: &mut ShmEndpoint, len: usize) -> Shared {
-        let base = ep.alloc_shared(len).expect("shared allocation");
+        let base = ep
+            .shared_memory()
+            .expect("shared memory")
+            .alloc_shared(len)
+            .expect("shared allocation");
         Shared { base, len }
     }
 
@@ -378,7 +382,12 @@ fn peer_mappings_go_with_the_peer() {
     assert_eq!((peer_maps(&e0, 1), peer_maps(&e0, 2)), (1, 1));
     // A closed endpoint allocates nothing more; its allocations live until it drops.
     e1.close(Duration::from_secs(1));
-    assert!(e1.alloc_shared(4096).is_none());
+    assert!(
+        e1.shared_memory()
+            .expect("shared memory")
+            .alloc_shared(4096)
+            .is_none()
+    );
     assert!(sh1.read(0, 100_000) == src.v);
     // SAFETY: as above.
     let e = unsafe { e0.post_write(1, &s, r1, 0, Some(3), 0) }.unwrap_err();
