@@ -43,14 +43,13 @@
 //!
 //! # Modules
 //!
-//! [`wire`] holds the formats; `setup` connection setup and [`TcpOptions`]; `auth` the
-//! handshake; `stream` one stream's receive state machine and send queue; `endpoint` the
-//! [`TcpEndpoint`] and its [`Endpoint`](crate::Endpoint) implementation; `iface` the host's
-//! interfaces.
+//! [`wire`] holds the formats; `setup` connection setup, the listener and [`TcpOptions`];
+//! `auth` the handshake; `stream` one stream's receive state machine and send queue;
+//! `endpoint` the [`TcpEndpoint`] and its [`Endpoint`](crate::Endpoint) implementation. The
+//! host's interfaces are the communicator's business (`gradsync::topology`).
 
 mod auth;
 mod endpoint;
-mod iface;
 mod setup;
 mod stream;
 #[cfg(test)]
@@ -58,5 +57,5 @@ mod tests;
 pub mod wire;
 
 pub use endpoint::TcpEndpoint;
-pub use iface::{interface_addr, interfaces, listen};
-pub use setup::TcpOptions;
+
+pub use setup::{TcpOptions, listen};

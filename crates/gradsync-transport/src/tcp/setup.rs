@@ -8,7 +8,7 @@ use super::stream::Stream;
 use super::wire::{HELLO_LEN, Hello, HelloRepr};
 use crate::error::{Result, TransportError, Violation};
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
@@ -239,4 +239,9 @@ impl TcpEndpoint {
         tracing::info!(target: "gradsync::net", "rank {rank}: connected to {} peers with {nsocks} stream(s) each in {:.1} ms", world - 1, start.elapsed().as_secs_f64() * 1e3);
         Ok(TcpEndpoint::new(rank, world, peers, opts.window))
     }
+}
+
+/// Binds a listener for incoming peer connections on `ip` (port chosen by the kernel).
+pub fn listen(ip: IpAddr) -> io::Result<TcpListener> {
+    TcpListener::bind(SocketAddr::new(ip, 0))
 }

@@ -1,8 +1,8 @@
 //! Malformed frames from a connected peer: each is a protocol error naming what the peer did.
 
 use super::endpoint::TcpEndpoint;
-use super::iface::listen;
 use super::setup::TcpOptions;
+use super::setup::listen;
 use super::wire::{FRAME_HEADER_LEN, FrameHeader, FrameHeaderRepr};
 use crate::error::{TransportError, Violation};
 use crate::verbs::{Endpoint, MAX_SEND};

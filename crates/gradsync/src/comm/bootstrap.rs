@@ -235,7 +235,7 @@ impl Communicator {
         let store_sa = resolve(&config.store_addr)?;
         let (ip, ifname) = match &config.socket_ifname {
             Some(name) => (
-                tcp::interface_addr(name)
+                topology::interface_addr(name)
                     .map_err(|e| Error::Config(format!("GRADSYNC_SOCKET_IFNAME: {e}")))?,
                 name.clone(),
             ),
@@ -245,7 +245,7 @@ impl Communicator {
                         "no local route to the store at {store_sa}; set GRADSYNC_SOCKET_IFNAME"
                     ))
                 })?;
-                let name = tcp::interfaces()
+                let name = topology::interfaces()
                     .ok()
                     .and_then(|l| l.into_iter().find(|(_, a)| *a == ip).map(|(n, _)| n))
                     .unwrap_or_else(|| "?".into());
