@@ -123,6 +123,59 @@ pub enum WireError {
     },
 }
 
+/// A wire view `V<T>` over bytes `T`: the struct, `new_unchecked`, `new_checked` (through the
+/// view's own `check_len`, which must cover every offset), and its little-endian fields: for
+/// each `get, set: type = offset;` a getter `get` (documented by the doc comment given) and a
+/// setter `set`.
+macro_rules! wire_view {
+    (
+        $(#[doc = $vdoc:literal])*
+        $view:ident { $( $(#[doc = $doc:literal])* $get:ident, $set:ident: $ty:ty = $at:expr; )* }
+    ) => {
+        $(#[doc = $vdoc])*
+        #[derive(Clone, Copy, Debug)]
+        pub struct $view<T: AsRef<[u8]>> {
+            buffer: T,
+        }
+
+        impl<T: AsRef<[u8]>> $view<T> {
+            /// Wraps bytes without checking their length.
+            pub const fn new_unchecked(buffer: T) -> Self {
+                $view { buffer }
+            }
+
+            /// Wraps bytes after [`check_len`](Self::check_len).
+            pub fn new_checked(buffer: T) -> Result<Self, $crate::wire::WireError> {
+                let v = Self::new_unchecked(buffer);
+                v.check_len()?;
+                Ok(v)
+            }
+
+            $(
+                $(#[doc = $doc])*
+                pub fn $get(&self) -> $ty {
+                    <$ty>::from_le_bytes($crate::wire::array(self.buffer.as_ref(), $at))
+                }
+            )*
+        }
+
+        impl<T: AsRef<[u8]> + AsMut<[u8]>> $view<T> {
+            $(
+                #[doc = concat!("Sets the field that [`", stringify!($get), "`](Self::", stringify!($get), ") reads.")]
+                pub fn $set(&mut self, v: $ty) {
+                    $crate::wire::put(self.buffer.as_mut(), $at, &v.to_le_bytes());
+                }
+            )*
+        }
+    };
+}
+pub(crate) use wire_view;
+
+/// Writes `v` at `at` (the caller checked the length).
+pub(crate) fn put(b: &mut [u8], at: usize, v: &[u8]) {
+    b[at..at + v.len()].copy_from_slice(v);
+}
+
 /// Reads `N` bytes at `at` (the caller checked the length).
 pub(crate) fn array<const N: usize>(b: &[u8], at: usize) -> [u8; N] {
     let mut a = [0u8; N];
@@ -157,25 +210,13 @@ pub const REMOTE_REGION_LEN: usize = 20;
 
 const REGION: &str = "region descriptor";
 
-/// A typed view over the bytes of a region descriptor.
-#[derive(Clone, Copy, Debug)]
-pub struct RemoteRegionView<T: AsRef<[u8]>> {
-    buffer: T,
+wire_view! {
+    /// A typed view over the bytes of a region descriptor.
+    RemoteRegionView {
+    }
 }
 
 impl<T: AsRef<[u8]>> RemoteRegionView<T> {
-    /// Wraps bytes without checking their length.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        RemoteRegionView { buffer }
-    }
-
-    /// Wraps bytes after [`check_len`](Self::check_len).
-    pub fn new_checked(buffer: T) -> Result<Self, WireError> {
-        let v = Self::new_unchecked(buffer);
-        v.check_len()?;
-        Ok(v)
-    }
-
     /// Checks that the accessors will not panic: at least [`REMOTE_REGION_LEN`] bytes.
     pub fn check_len(&self) -> Result<(), WireError> {
         let got = self.buffer.as_ref().len();

@@ -15,7 +15,7 @@
 //! | 36 | 4 | 1 when the port is RoCE (a global route is needed), 0 for InfiniBand |
 //! | 40 | 8 each | (queue pair number, first packet sequence number), both `u32`, of every queue pair to every rank: rank-major, `world * qps` entries, zeros for the rank itself |
 
-use crate::wire::{WireError, array};
+use crate::wire::{WireError, array, put, wire_view};
 
 /// First bytes of a connection descriptor.
 pub const INFO_MAGIC: u32 = 0x4753_4942;
@@ -36,29 +36,25 @@ mod field {
     pub(super) const GLOBAL: usize = 36;
 }
 
-fn put(b: &mut [u8], at: usize, v: &[u8]) {
-    b[at..at + v.len()].copy_from_slice(v);
-}
-
-/// A typed view over the bytes of a connection descriptor.
-#[derive(Clone, Copy, Debug)]
-pub struct ConnInfo<T: AsRef<[u8]>> {
-    buffer: T,
+wire_view! {
+    /// A typed view over the bytes of a connection descriptor.
+    ConnInfo {
+        /// The magic number.
+        magic, set_magic: u32 = field::MAGIC;
+        /// The world size.
+        world, set_world: u32 = field::WORLD;
+        /// Queue pairs per peer.
+        qps, set_qps: u32 = field::QPS;
+        /// The LID.
+        lid, set_lid: u32 = field::LID;
+        /// The path MTU code.
+        mtu, set_mtu: u32 = field::MTU;
+        /// The global-route word (non-zero: RoCE).
+        global, set_global: u32 = field::GLOBAL;
+    }
 }
 
 impl<T: AsRef<[u8]>> ConnInfo<T> {
-    /// Wraps bytes without checking their length.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        ConnInfo { buffer }
-    }
-
-    /// Wraps bytes after [`check_len`](Self::check_len).
-    pub fn new_checked(buffer: T) -> Result<Self, WireError> {
-        let v = Self::new_unchecked(buffer);
-        v.check_len()?;
-        Ok(v)
-    }
-
     /// Checks that the accessors will not panic: the fixed part and every entry it announces.
     pub fn check_len(&self) -> Result<(), WireError> {
         let got = self.buffer.as_ref().len();
@@ -93,39 +89,9 @@ impl<T: AsRef<[u8]>> ConnInfo<T> {
             })
     }
 
-    /// The magic number.
-    pub fn magic(&self) -> u32 {
-        u32::from_le_bytes(array(self.buffer.as_ref(), field::MAGIC))
-    }
-
-    /// The world size.
-    pub fn world(&self) -> u32 {
-        u32::from_le_bytes(array(self.buffer.as_ref(), field::WORLD))
-    }
-
-    /// Queue pairs per peer.
-    pub fn qps(&self) -> u32 {
-        u32::from_le_bytes(array(self.buffer.as_ref(), field::QPS))
-    }
-
     /// The GID.
     pub fn gid(&self) -> [u8; 16] {
         array(self.buffer.as_ref(), field::GID)
-    }
-
-    /// The LID.
-    pub fn lid(&self) -> u32 {
-        u32::from_le_bytes(array(self.buffer.as_ref(), field::LID))
-    }
-
-    /// The path MTU code.
-    pub fn mtu(&self) -> u32 {
-        u32::from_le_bytes(array(self.buffer.as_ref(), field::MTU))
-    }
-
-    /// The global-route word (non-zero: RoCE).
-    pub fn global(&self) -> u32 {
-        u32::from_le_bytes(array(self.buffer.as_ref(), field::GLOBAL))
     }
 
     /// Entry `i`: (queue pair number, packet sequence number).
@@ -140,39 +106,9 @@ impl<T: AsRef<[u8]>> ConnInfo<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> ConnInfo<T> {
-    /// Sets the magic number.
-    pub fn set_magic(&mut self, v: u32) {
-        put(self.buffer.as_mut(), field::MAGIC, &v.to_le_bytes());
-    }
-
-    /// Sets the world size.
-    pub fn set_world(&mut self, v: u32) {
-        put(self.buffer.as_mut(), field::WORLD, &v.to_le_bytes());
-    }
-
-    /// Sets the queue pairs per peer.
-    pub fn set_qps(&mut self, v: u32) {
-        put(self.buffer.as_mut(), field::QPS, &v.to_le_bytes());
-    }
-
     /// Sets the GID.
     pub fn set_gid(&mut self, v: &[u8; 16]) {
         put(self.buffer.as_mut(), field::GID, v);
-    }
-
-    /// Sets the LID.
-    pub fn set_lid(&mut self, v: u32) {
-        put(self.buffer.as_mut(), field::LID, &v.to_le_bytes());
-    }
-
-    /// Sets the path MTU code.
-    pub fn set_mtu(&mut self, v: u32) {
-        put(self.buffer.as_mut(), field::MTU, &v.to_le_bytes());
-    }
-
-    /// Sets the global-route word.
-    pub fn set_global(&mut self, v: u32) {
-        put(self.buffer.as_mut(), field::GLOBAL, &v.to_le_bytes());
     }
 
     /// Sets entry `i`.

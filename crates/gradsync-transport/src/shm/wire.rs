@@ -53,7 +53,7 @@
 //! | 16 | 8 | the poster's release mark |
 
 use crate::verbs::MAX_SEND;
-use crate::wire::{WireError, array};
+use crate::wire::{WireError, array, put, wire_view};
 
 /// Largest write whose payload travels inside the ring record; larger writes are copied into
 /// place by the writer (`memcpy` into a shared allocation, or `process_vm_writev`).
@@ -104,10 +104,6 @@ mod record_field {
     pub(super) const DATA_LEN: usize = 24;
 }
 
-fn put(b: &mut [u8], at: usize, v: &[u8]) {
-    b[at..at + v.len()].copy_from_slice(v);
-}
-
 /// Ring bytes of a record with `data_len` payload bytes.
 pub(crate) fn record_len(data_len: usize) -> usize {
     (RECORD_HEADER_LEN + data_len).next_multiple_of(8)
@@ -131,25 +127,21 @@ pub struct ShmInfo {
     pub nonce: u64,
 }
 
-/// A typed view over the bytes of a segment descriptor.
-#[derive(Clone, Copy, Debug)]
-pub struct ShmInfoView<T: AsRef<[u8]>> {
-    buffer: T,
+wire_view! {
+    /// A typed view over the bytes of a segment descriptor.
+    ShmInfoView {
+        /// The process id.
+        pid, set_pid: u32 = info_field::PID;
+        /// The descriptor number.
+        fd, set_fd: i32 = info_field::FD;
+        /// The segment's length.
+        segment_len, set_segment_len: u64 = info_field::LEN;
+        /// The nonce.
+        nonce, set_nonce: u64 = info_field::NONCE;
+    }
 }
 
 impl<T: AsRef<[u8]>> ShmInfoView<T> {
-    /// Wraps bytes without checking their length.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        ShmInfoView { buffer }
-    }
-
-    /// Wraps bytes after [`check_len`](Self::check_len).
-    pub fn new_checked(buffer: T) -> Result<Self, WireError> {
-        let v = Self::new_unchecked(buffer);
-        v.check_len()?;
-        Ok(v)
-    }
-
     /// Checks that the accessors will not panic: at least [`ShmInfo::ENCODED_LEN`] bytes.
     pub fn check_len(&self) -> Result<(), WireError> {
         let got = self.buffer.as_ref().len();
@@ -162,49 +154,9 @@ impl<T: AsRef<[u8]>> ShmInfoView<T> {
         }
         Ok(())
     }
-
-    /// The process id.
-    pub fn pid(&self) -> u32 {
-        u32::from_le_bytes(array(self.buffer.as_ref(), info_field::PID))
-    }
-
-    /// The descriptor number.
-    pub fn fd(&self) -> i32 {
-        i32::from_le_bytes(array(self.buffer.as_ref(), info_field::FD))
-    }
-
-    /// The segment's length.
-    pub fn segment_len(&self) -> u64 {
-        u64::from_le_bytes(array(self.buffer.as_ref(), info_field::LEN))
-    }
-
-    /// The nonce.
-    pub fn nonce(&self) -> u64 {
-        u64::from_le_bytes(array(self.buffer.as_ref(), info_field::NONCE))
-    }
 }
 
-impl<T: AsRef<[u8]> + AsMut<[u8]>> ShmInfoView<T> {
-    /// Sets the process id.
-    pub fn set_pid(&mut self, v: u32) {
-        put(self.buffer.as_mut(), info_field::PID, &v.to_le_bytes());
-    }
-
-    /// Sets the descriptor number.
-    pub fn set_fd(&mut self, v: i32) {
-        put(self.buffer.as_mut(), info_field::FD, &v.to_le_bytes());
-    }
-
-    /// Sets the segment's length.
-    pub fn set_segment_len(&mut self, v: u64) {
-        put(self.buffer.as_mut(), info_field::LEN, &v.to_le_bytes());
-    }
-
-    /// Sets the nonce.
-    pub fn set_nonce(&mut self, v: u64) {
-        put(self.buffer.as_mut(), info_field::NONCE, &v.to_le_bytes());
-    }
-}
+impl<T: AsRef<[u8]> + AsMut<[u8]>> ShmInfoView<T> {}
 
 impl ShmInfo {
     /// Length of [`to_bytes`](Self::to_bytes).
@@ -260,25 +212,25 @@ impl ShmInfo {
     }
 }
 
-/// A typed view over the bytes of a ring record header.
-#[derive(Clone, Copy, Debug)]
-pub struct RecordHeader<T: AsRef<[u8]>> {
-    buffer: T,
+wire_view! {
+    /// A typed view over the bytes of a ring record header.
+    RecordHeader {
+        /// The record length in ring bytes.
+        record_len, set_record_len: u32 = record_field::LEN;
+        /// The kind code.
+        kind, set_kind: u8 = record_field::KIND;
+        /// The flags.
+        flags, set_flags: u8 = record_field::FLAGS;
+        /// The immediate value (meaningful with [`FLAG_IMM`]).
+        imm, set_imm: u32 = record_field::IMM;
+        /// The remote key.
+        rkey, set_rkey: u32 = record_field::RKEY;
+        /// The offset in the region.
+        offset, set_offset: u64 = record_field::OFFSET;
+    }
 }
 
 impl<T: AsRef<[u8]>> RecordHeader<T> {
-    /// Wraps bytes without checking their length.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        RecordHeader { buffer }
-    }
-
-    /// Wraps bytes after [`check_len`](Self::check_len).
-    pub fn new_checked(buffer: T) -> Result<Self, WireError> {
-        let v = Self::new_unchecked(buffer);
-        v.check_len()?;
-        Ok(v)
-    }
-
     /// Checks that the accessors will not panic: [`RECORD_PREFIX_LEN`] bytes for a padding
     /// record, [`RECORD_HEADER_LEN`] for any other.
     pub fn check_len(&self) -> Result<(), WireError> {
@@ -298,36 +250,6 @@ impl<T: AsRef<[u8]>> RecordHeader<T> {
         Ok(())
     }
 
-    /// The record length in ring bytes.
-    pub fn record_len(&self) -> u32 {
-        u32::from_le_bytes(array(self.buffer.as_ref(), record_field::LEN))
-    }
-
-    /// The kind code.
-    pub fn kind(&self) -> u8 {
-        self.buffer.as_ref()[record_field::KIND]
-    }
-
-    /// The flags.
-    pub fn flags(&self) -> u8 {
-        self.buffer.as_ref()[record_field::FLAGS]
-    }
-
-    /// The immediate value (meaningful with [`FLAG_IMM`]).
-    pub fn imm(&self) -> u32 {
-        u32::from_le_bytes(array(self.buffer.as_ref(), record_field::IMM))
-    }
-
-    /// The remote key.
-    pub fn rkey(&self) -> u32 {
-        u32::from_le_bytes(array(self.buffer.as_ref(), record_field::RKEY))
-    }
-
-    /// The offset in the region.
-    pub fn offset(&self) -> u64 {
-        u64::from_le_bytes(array(self.buffer.as_ref(), record_field::OFFSET))
-    }
-
     /// The payload length.
     pub fn data_len(&self) -> u32 {
         u32::from_le_bytes(array(self.buffer.as_ref(), record_field::DATA_LEN))
@@ -335,36 +257,6 @@ impl<T: AsRef<[u8]>> RecordHeader<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> RecordHeader<T> {
-    /// Sets the record length.
-    pub fn set_record_len(&mut self, v: u32) {
-        put(self.buffer.as_mut(), record_field::LEN, &v.to_le_bytes());
-    }
-
-    /// Sets the kind code.
-    pub fn set_kind(&mut self, v: u8) {
-        self.buffer.as_mut()[record_field::KIND] = v;
-    }
-
-    /// Sets the flags.
-    pub fn set_flags(&mut self, v: u8) {
-        self.buffer.as_mut()[record_field::FLAGS] = v;
-    }
-
-    /// Sets the immediate value.
-    pub fn set_imm(&mut self, v: u32) {
-        put(self.buffer.as_mut(), record_field::IMM, &v.to_le_bytes());
-    }
-
-    /// Sets the remote key.
-    pub fn set_rkey(&mut self, v: u32) {
-        put(self.buffer.as_mut(), record_field::RKEY, &v.to_le_bytes());
-    }
-
-    /// Sets the offset.
-    pub fn set_offset(&mut self, v: u64) {
-        put(self.buffer.as_mut(), record_field::OFFSET, &v.to_le_bytes());
-    }
-
     /// Sets the payload length.
     pub fn set_data_len(&mut self, v: u32) {
         put(
@@ -542,25 +434,13 @@ impl RecordRepr {
     }
 }
 
-/// A typed view over the bytes of a board slot header (native byte order).
-#[derive(Clone, Copy, Debug)]
-pub struct SlotHeader<T: AsRef<[u8]>> {
-    buffer: T,
+wire_view! {
+    /// A typed view over the bytes of a board slot header (native byte order).
+    SlotHeader {
+    }
 }
 
 impl<T: AsRef<[u8]>> SlotHeader<T> {
-    /// Wraps bytes without checking their length.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        SlotHeader { buffer }
-    }
-
-    /// Wraps bytes after [`check_len`](Self::check_len).
-    pub fn new_checked(buffer: T) -> Result<Self, WireError> {
-        let v = Self::new_unchecked(buffer);
-        v.check_len()?;
-        Ok(v)
-    }
-
     /// Checks that the accessors will not panic: at least [`SLOT_HEADER_LEN`] bytes.
     pub fn check_len(&self) -> Result<(), WireError> {
         let got = self.buffer.as_ref().len();

@@ -35,7 +35,7 @@
 //! its proof ([`PROOF_LEN`] bytes, an HMAC-SHA256 tag); see the [module
 //! documentation](super#authentication).
 
-use crate::wire::{WireError, array};
+use crate::wire::{WireError, array, put, wire_view};
 
 /// Length of a [`FrameHeader`].
 pub const FRAME_HEADER_LEN: usize = 24;
@@ -85,37 +85,26 @@ fn check(format: &'static str, got: usize, need: usize) -> Result<(), WireError>
     Ok(())
 }
 
-fn put(b: &mut [u8], at: usize, v: &[u8]) {
-    b[at..at + v.len()].copy_from_slice(v);
-}
-
-/// A typed view over the bytes of a frame header.
-#[derive(Clone, Copy, Debug)]
-pub struct FrameHeader<T: AsRef<[u8]>> {
-    buffer: T,
+wire_view! {
+    /// A typed view over the bytes of a frame header.
+    FrameHeader {
+        /// The kind code.
+        kind, set_kind: u8 = frame_field::KIND;
+        /// The immediate value.
+        imm, set_imm: u32 = frame_field::IMM;
+        /// The remote key.
+        rkey, set_rkey: u32 = frame_field::RKEY;
+        /// The payload length.
+        payload_len, set_payload_len: u32 = frame_field::LEN;
+        /// The offset in the remote region.
+        offset, set_offset: u64 = frame_field::OFFSET;
+    }
 }
 
 impl<T: AsRef<[u8]>> FrameHeader<T> {
-    /// Wraps bytes without checking their length.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        FrameHeader { buffer }
-    }
-
-    /// Wraps bytes after [`check_len`](Self::check_len).
-    pub fn new_checked(buffer: T) -> Result<Self, WireError> {
-        let v = Self::new_unchecked(buffer);
-        v.check_len()?;
-        Ok(v)
-    }
-
     /// Checks that the accessors will not panic: at least [`FRAME_HEADER_LEN`] bytes.
     pub fn check_len(&self) -> Result<(), WireError> {
         check("frame header", self.buffer.as_ref().len(), FRAME_HEADER_LEN)
-    }
-
-    /// The kind code.
-    pub fn kind(&self) -> u8 {
-        self.buffer.as_ref()[frame_field::KIND]
     }
 
     /// The three reserved bytes, as a little-endian number.
@@ -124,34 +113,9 @@ impl<T: AsRef<[u8]>> FrameHeader<T> {
         let r = frame_field::RESERVED;
         u32::from_le_bytes([b[r], b[r + 1], b[r + 2], 0])
     }
-
-    /// The immediate value.
-    pub fn imm(&self) -> u32 {
-        u32::from_le_bytes(array(self.buffer.as_ref(), frame_field::IMM))
-    }
-
-    /// The remote key.
-    pub fn rkey(&self) -> u32 {
-        u32::from_le_bytes(array(self.buffer.as_ref(), frame_field::RKEY))
-    }
-
-    /// The payload length.
-    pub fn payload_len(&self) -> u32 {
-        u32::from_le_bytes(array(self.buffer.as_ref(), frame_field::LEN))
-    }
-
-    /// The offset in the remote region.
-    pub fn offset(&self) -> u64 {
-        u64::from_le_bytes(array(self.buffer.as_ref(), frame_field::OFFSET))
-    }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> FrameHeader<T> {
-    /// Sets the kind code.
-    pub fn set_kind(&mut self, v: u8) {
-        self.buffer.as_mut()[frame_field::KIND] = v;
-    }
-
     /// Sets the reserved bytes (the low three bytes of `v`).
     pub fn set_reserved(&mut self, v: u32) {
         put(
@@ -159,26 +123,6 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> FrameHeader<T> {
             frame_field::RESERVED,
             &v.to_le_bytes()[..3],
         );
-    }
-
-    /// Sets the immediate value.
-    pub fn set_imm(&mut self, v: u32) {
-        put(self.buffer.as_mut(), frame_field::IMM, &v.to_le_bytes());
-    }
-
-    /// Sets the remote key.
-    pub fn set_rkey(&mut self, v: u32) {
-        put(self.buffer.as_mut(), frame_field::RKEY, &v.to_le_bytes());
-    }
-
-    /// Sets the payload length.
-    pub fn set_payload_len(&mut self, v: u32) {
-        put(self.buffer.as_mut(), frame_field::LEN, &v.to_le_bytes());
-    }
-
-    /// Sets the offset.
-    pub fn set_offset(&mut self, v: u64) {
-        put(self.buffer.as_mut(), frame_field::OFFSET, &v.to_le_bytes());
     }
 }
 
@@ -282,77 +226,37 @@ impl FrameHeaderRepr {
     }
 }
 
-/// A typed view over the bytes of a hello.
-#[derive(Clone, Copy, Debug)]
-pub struct Hello<T: AsRef<[u8]>> {
-    buffer: T,
+wire_view! {
+    /// A typed view over the bytes of a hello.
+    Hello {
+        /// The magic number.
+        magic, set_magic: u32 = hello_field::MAGIC;
+        /// The version.
+        version, set_version: u16 = hello_field::VERSION;
+        /// The communicator id.
+        comm_id, set_comm_id: u64 = hello_field::COMM_ID;
+        /// The dialing rank.
+        rank, set_rank: u32 = hello_field::RANK;
+        /// The stream index.
+        stream, set_stream: u16 = hello_field::STREAM;
+        /// Streams per peer.
+        nsocks, set_nsocks: u16 = hello_field::NSOCKS;
+    }
 }
 
 impl<T: AsRef<[u8]>> Hello<T> {
-    /// Wraps bytes without checking their length.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        Hello { buffer }
-    }
-
-    /// Wraps bytes after [`check_len`](Self::check_len).
-    pub fn new_checked(buffer: T) -> Result<Self, WireError> {
-        let v = Self::new_unchecked(buffer);
-        v.check_len()?;
-        Ok(v)
-    }
-
     /// Checks that the accessors will not panic: at least [`HELLO_LEN`] bytes.
     pub fn check_len(&self) -> Result<(), WireError> {
         check("hello", self.buffer.as_ref().len(), HELLO_LEN)
-    }
-
-    /// The magic number.
-    pub fn magic(&self) -> u32 {
-        u32::from_le_bytes(array(self.buffer.as_ref(), hello_field::MAGIC))
-    }
-
-    /// The version.
-    pub fn version(&self) -> u16 {
-        u16::from_le_bytes(array(self.buffer.as_ref(), hello_field::VERSION))
     }
 
     /// The reserved bytes.
     pub fn reserved(&self) -> u16 {
         u16::from_le_bytes(array(self.buffer.as_ref(), hello_field::RESERVED))
     }
-
-    /// The communicator id.
-    pub fn comm_id(&self) -> u64 {
-        u64::from_le_bytes(array(self.buffer.as_ref(), hello_field::COMM_ID))
-    }
-
-    /// The dialing rank.
-    pub fn rank(&self) -> u32 {
-        u32::from_le_bytes(array(self.buffer.as_ref(), hello_field::RANK))
-    }
-
-    /// The stream index.
-    pub fn stream(&self) -> u16 {
-        u16::from_le_bytes(array(self.buffer.as_ref(), hello_field::STREAM))
-    }
-
-    /// Streams per peer.
-    pub fn nsocks(&self) -> u16 {
-        u16::from_le_bytes(array(self.buffer.as_ref(), hello_field::NSOCKS))
-    }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Hello<T> {
-    /// Sets the magic number.
-    pub fn set_magic(&mut self, v: u32) {
-        put(self.buffer.as_mut(), hello_field::MAGIC, &v.to_le_bytes());
-    }
-
-    /// Sets the version.
-    pub fn set_version(&mut self, v: u16) {
-        put(self.buffer.as_mut(), hello_field::VERSION, &v.to_le_bytes());
-    }
-
     /// Sets the reserved bytes.
     pub fn set_reserved(&mut self, v: u16) {
         put(
@@ -360,26 +264,6 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Hello<T> {
             hello_field::RESERVED,
             &v.to_le_bytes(),
         );
-    }
-
-    /// Sets the communicator id.
-    pub fn set_comm_id(&mut self, v: u64) {
-        put(self.buffer.as_mut(), hello_field::COMM_ID, &v.to_le_bytes());
-    }
-
-    /// Sets the dialing rank.
-    pub fn set_rank(&mut self, v: u32) {
-        put(self.buffer.as_mut(), hello_field::RANK, &v.to_le_bytes());
-    }
-
-    /// Sets the stream index.
-    pub fn set_stream(&mut self, v: u16) {
-        put(self.buffer.as_mut(), hello_field::STREAM, &v.to_le_bytes());
-    }
-
-    /// Sets the streams per peer.
-    pub fn set_nsocks(&mut self, v: u16) {
-        put(self.buffer.as_mut(), hello_field::NSOCKS, &v.to_le_bytes());
     }
 }
 
@@ -455,25 +339,13 @@ impl HelloRepr {
     }
 }
 
-/// A typed view over the bytes of a handshake answer.
-#[derive(Clone, Copy, Debug)]
-pub struct HandshakeAnswer<T: AsRef<[u8]>> {
-    buffer: T,
+wire_view! {
+    /// A typed view over the bytes of a handshake answer.
+    HandshakeAnswer {
+    }
 }
 
 impl<T: AsRef<[u8]>> HandshakeAnswer<T> {
-    /// Wraps bytes without checking their length.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        HandshakeAnswer { buffer }
-    }
-
-    /// Wraps bytes after [`check_len`](Self::check_len).
-    pub fn new_checked(buffer: T) -> Result<Self, WireError> {
-        let v = Self::new_unchecked(buffer);
-        v.check_len()?;
-        Ok(v)
-    }
-
     /// Checks that the accessors will not panic: at least [`ANSWER_LEN`] bytes.
     pub fn check_len(&self) -> Result<(), WireError> {
         check("handshake answer", self.buffer.as_ref().len(), ANSWER_LEN)

@@ -9,6 +9,7 @@ mod writes;
 use super::endpoint::ShmEndpoint;
 use super::setup::ShmSetup;
 use crate::verbs::{Access, Completion, Endpoint, MemoryRegion, Sge};
+use crate::wire::RemoteRegion;
 use std::time::{Duration, Instant};
 
 const RW: Access = Access::LOCAL_READ.union(Access::REMOTE_WRITE);
@@ -88,4 +89,33 @@ fn tag(c: &Completion) -> u32 {
         Completion::Recv { data, .. } => u32::from_le_bytes(data[..4].try_into().unwrap()),
         other => panic!("unexpected {other:?}"),
     }
+}
+
+/// Writes 3 MiB from `e0`'s buffers `a` and `b` (2 MiB each) to offset 17 of `e1`'s region
+/// `r`, as a three-entry gather list with immediate 9 (work request 4); checks `e1`'s one
+/// completion and returns the bytes that must have landed.
+fn write_three_mib(
+    e0: &mut ShmEndpoint,
+    e1: &mut ShmEndpoint,
+    r: RemoteRegion,
+    a: &Buf,
+    b: &Buf,
+) -> Vec<u8> {
+    let mib = 1 << 20;
+    let s = [sge(a, 5, mib + 3), sge(b, 0, mib - 3), sge(a, 1000, mib)];
+    // SAFETY: the sources outlive the writes (the caller keeps them).
+    unsafe { e0.post_write(1, &s, r, 17, Some(9), 4) }.unwrap();
+    let got = collect(e1, 1, remote);
+    assert_eq!(
+        got,
+        [Completion::WriteImm {
+            peer: 0,
+            imm: 9,
+            len: 3 * mib as u32
+        }]
+    );
+    let mut want = a.v[5..mib + 8].to_vec();
+    want.extend_from_slice(&b.v[..mib - 3]);
+    want.extend_from_slice(&a.v[1000..mib + 1000]);
+    want
 }

@@ -1,7 +1,9 @@
 //! Shared allocations: large writes that are `memcpy`s into a peer's mapped memory, their
 //! offsets and access checks, forged directory entries, and mappings that go with the peer.
 
-use super::{RW, buf, collect, fabric, fabric_in, pair, pattern, remote, sge, tag};
+use super::{
+    RW, buf, collect, fabric, fabric_in, pair, pattern, remote, sge, tag, write_three_mib,
+};
 use crate::error::TransportError;
 use crate::shm::directory::{AllocRef, DirEntry, dir_lookup, dir_read, dir_write};
 use crate::shm::endpoint::{PathCounts, ShmEndpoint};
@@ -77,21 +79,7 @@ fn large_writes_into_shared_allocations_are_memcpys() {
     let b = buf(&mut e0, pattern(2 * mib, 2), Access::LOCAL_READ);
 
     // 3 MiB with a three-entry gather list.
-    let s = [sge(&a, 5, mib + 3), sge(&b, 0, mib - 3), sge(&a, 1000, mib)];
-    // SAFETY: the sources outlive the writes.
-    unsafe { e0.post_write(1, &s, r, 17, Some(9), 4) }.unwrap();
-    let got = collect(&mut e1, 1, remote);
-    assert_eq!(
-        got,
-        [Completion::WriteImm {
-            peer: 0,
-            imm: 9,
-            len: 3 * mib as u32
-        }]
-    );
-    let mut want = a.v[5..mib + 8].to_vec();
-    want.extend_from_slice(&b.v[..mib - 3]);
-    want.extend_from_slice(&a.v[1000..mib + 1000]);
+    let want = write_three_mib(&mut e0, &mut e1, r, &a, &b);
     assert!(sh.read(17, 3 * mib) == want);
     assert!(zeros(&sh.read(0, 17)) && zeros(&sh.read(17 + 3 * mib, 100)));
     let counts = |mapped, inline, cma| PathCounts {

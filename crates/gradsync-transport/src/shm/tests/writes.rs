@@ -1,7 +1,9 @@
 //! Writes and sends: exact bytes on every path, posting order, full rings, rejected writes,
 //! the region directory and malformed rings.
 
-use super::{LONG, RW, buf, collect, fabric, fabric_in, pair, pattern, remote, sge, tag};
+use super::{
+    LONG, RW, buf, collect, fabric, fabric_in, pair, pattern, remote, sge, tag, write_three_mib,
+};
 use crate::error::{TransportError, Violation};
 use crate::shm::directory::{DIR_EMPTY, dir_read};
 use crate::shm::endpoint::ShmEndpoint;
@@ -64,21 +66,7 @@ fn inline_and_large_writes_land_exact_bytes() {
 
     // 3 MiB with a three-entry gather list, through process_vm_writev.
     let mib = 1 << 20;
-    let s = [sge(&a, 5, mib + 3), sge(&b, 0, mib - 3), sge(&a, 1000, mib)];
-    // SAFETY: as above.
-    unsafe { e0.post_write(1, &s, r, 17, Some(9), 4) }.unwrap();
-    let got = collect(&mut e1, 1, remote);
-    assert_eq!(
-        got,
-        [Completion::WriteImm {
-            peer: 0,
-            imm: 9,
-            len: 3 * mib as u32
-        }]
-    );
-    let mut want = a.v[5..mib + 8].to_vec();
-    want.extend_from_slice(&b.v[..mib - 3]);
-    want.extend_from_slice(&a.v[1000..mib + 1000]);
+    let want = write_three_mib(&mut e0, &mut e1, r, &a, &b);
     assert!(dst.v[17..17 + 3 * mib] == want[..]);
     assert_eq!(dst.v[16], 0);
     assert_eq!(dst.v[17 + 3 * mib], 0);
