@@ -48,7 +48,7 @@ fn run(
         .into_iter()
         .map(|mut c| {
             std::thread::spawn(move || {
-                c.set_algorithm(algorithm);
+                c.set_algorithm(algorithm).unwrap();
                 let mine = input(c.rank(), n);
                 let out = if in_place {
                     let mut v = mine;

@@ -143,7 +143,7 @@ fn eager_can_be_turned_off_and_forced_algorithms_skip_it() {
         let eager_max = if setting == "off" { 0 } else { 4032 };
         let res = run_with(3, eager_max, move |c| {
             if setting == "ring" {
-                c.set_algorithm(Some(gradsync::Algorithm::Ring));
+                c.set_algorithm(Some(gradsync::Algorithm::Ring)).unwrap();
             }
             let mut v = vec![c.rank() as f32 + 0.5; 10];
             c.all_reduce(&mut v, ReduceOp::Sum).unwrap();
@@ -185,6 +185,20 @@ fn algorithms_can_be_forced_per_collective() {
                     )
                     .is_err()
                 );
+                // The algorithms the engine chooses itself cannot be forced.
+                for a in [
+                    gradsync::Algorithm::Eager,
+                    gradsync::Algorithm::Deterministic,
+                ] {
+                    let e = c.set_algorithm(Some(a)).unwrap_err().to_string();
+                    assert!(
+                        e.contains(&format!("rank {}", c.rank()))
+                            && e.contains("all_reduce")
+                            && e.contains(a.name())
+                            && e.contains("cannot be forced"),
+                        "{e}"
+                    );
+                }
                 c.flight_snapshot()
                     .ops
                     .iter()
@@ -200,5 +214,28 @@ fn algorithms_can_be_forced_per_collective() {
             "{ops:?}"
         );
         assert!(ops.contains(&("reduce".into(), "tree".into())), "{ops:?}");
+    }
+}
+
+#[test]
+fn a_config_cannot_force_an_internal_algorithm() {
+    for (all_reduce, per_coll) in [
+        (Some(gradsync::Algorithm::Eager), vec![]),
+        (
+            None,
+            vec![(
+                gradsync::Collective::AllReduce,
+                gradsync::Algorithm::Deterministic,
+            )],
+        ),
+    ] {
+        let mut cfg = Config::new("unused:0", 0, 2);
+        cfg.algorithm = all_reduce;
+        cfg.collective_algorithms = per_coll;
+        let e = Communicator::mem_group(2, &cfg).unwrap_err().to_string();
+        assert!(
+            e.contains("all_reduce") && e.contains("cannot be forced"),
+            "{e}"
+        );
     }
 }

@@ -97,7 +97,7 @@ pub fn run(
             comm.set_algorithm(match c {
                 Choice::Auto => None,
                 Choice::Forced(a) => Some(a),
-            });
+            })?;
             comm.all_reduce_into(&input, &mut output, ReduceOp::Sum)
         };
         for &c in choices {
@@ -118,13 +118,13 @@ pub fn run(
                     call(comm, c)?;
                 }
                 let mut secs = [t.elapsed().as_secs_f64() / f64::from(iters)];
-                comm.set_algorithm(None);
+                comm.set_algorithm(None)?;
                 comm.all_reduce(&mut secs, ReduceOp::Max)
                     .context("all_reduce of the times")?;
                 times[k].push(secs[0]);
             }
         }
-        comm.set_algorithm(None);
+        comm.set_algorithm(None)?;
         if rank != 0 {
             continue;
         }

@@ -11,6 +11,7 @@ use crate::config::{Config, TransportMode};
 use crate::engine::{Engine, EngineOptions};
 use crate::error::Error;
 use crate::topology::{self, Topology};
+use gradsync_core::Collective;
 use gradsync_core::schedule::plan::Algorithm;
 use gradsync_store::{StoreClient, StoreServer};
 use gradsync_transport::hybrid::HybridEndpoint;
@@ -170,6 +171,7 @@ impl Communicator {
                 "rank {rank} is not within world size {world}"
             )));
         }
+        check_forced(&config)?;
         crate::logging::set_rank(rank);
         // `kill -USR1 <pid>` writes every communicator's flight recorder (GRADSYNC_FLIGHT_DIR).
         crate::recorder::install_sigusr1_dump();
@@ -664,6 +666,7 @@ impl Communicator {
                 )));
             }
         }
+        check_forced(config)?;
         let comm_id = new_comm_id();
         let mut engines = Vec::with_capacity(world);
         let mut inboxes = Vec::with_capacity(world);
@@ -838,4 +841,25 @@ fn apply_caps(engine: &mut Engine, config: &Config) {
         };
         engine.set_direct_min(p, direct_min);
     }
+}
+
+/// Rejects a configuration that forces an algorithm the engine chooses itself
+/// ([`Algorithm::is_internal`]).
+fn check_forced(config: &Config) -> Result<()> {
+    let forced = config
+        .algorithm
+        .map(|a| (Collective::AllReduce, a))
+        .into_iter()
+        .chain(config.collective_algorithms.iter().copied());
+    for (coll, a) in forced {
+        if a.is_internal() {
+            return Err(Error::Config(format!(
+                "rank {}: {}: the {} algorithm is chosen by the engine and cannot be forced",
+                config.rank,
+                coll.name(),
+                a.name()
+            )));
+        }
+    }
+    Ok(())
 }

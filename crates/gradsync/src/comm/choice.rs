@@ -22,9 +22,10 @@ impl Communicator {
         self.engine.opts.deterministic && dtype.is_float()
     }
 
-    /// Forces an all-reduce algorithm (`None` = automatic), as `GRADSYNC_ALGO` does.
-    pub fn set_algorithm(&mut self, algorithm: Option<Algorithm>) {
-        self.algorithm = algorithm;
+    /// Forces an all-reduce algorithm (`None` = automatic), as `GRADSYNC_ALGO` does. Fails for
+    /// the algorithms the engine chooses itself ([`Algorithm::is_internal`]).
+    pub fn set_algorithm(&mut self, algorithm: Option<Algorithm>) -> Result<()> {
+        self.set_collective_algorithm(Collective::AllReduce, algorithm)
     }
 
     /// Forces the algorithm of collective `coll` (`None` = automatic), as
@@ -35,6 +36,17 @@ impl Communicator {
         coll: Collective,
         algorithm: Option<Algorithm>,
     ) -> Result<()> {
+        if let Some(a) = algorithm
+            && a.is_internal()
+        {
+            return Err(self.invalid(
+                coll.name(),
+                format!(
+                    "the {} algorithm is chosen by the engine and cannot be forced",
+                    a.name()
+                ),
+            ));
+        }
         if let Some(a) = algorithm
             && !plan::supports(coll, a)
         {
