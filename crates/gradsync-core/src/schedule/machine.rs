@@ -24,20 +24,32 @@ enum State {
 #[derive(Debug)]
 pub struct Schedule {
     prog: Program,
-    pending_deps: Vec<u32>,
+    /// For every op: its state and counters.
+    counts: Vec<Counts>,
     rev_start: Vec<u32>,
     rev: Vec<OpId>,
-    state: Vec<State>,
     ready: BinaryHeap<Reverse<OpId>>,
     /// For every op: its queue ([`NO_QUEUE`] for local ops, [`ALL_SENDS`] for a post).
     queue_of: Vec<u32>,
-    /// For every op: how many of its queues still hold an unissued op before it.
-    blocked: Vec<u32>,
     /// Per (peer, direction) queue (`2 * peer` sends, `2 * peer + 1` receives): op ids in
     /// program order, and the next index to issue.
     queues: Vec<(Vec<OpId>, usize)>,
     completed: usize,
     issued: usize,
+    /// The initial `counts`, and the ops ready at the start in program order (a valid heap): a
+    /// restart copies them instead of indexing the program again.
+    init_ops: Vec<Counts>,
+    init_ready: Vec<Reverse<OpId>>,
+}
+
+/// The state of one op and what it waits for, together so that a restart is one copy.
+#[derive(Clone, Copy, Debug)]
+struct Counts {
+    state: State,
+    /// Dependencies not completed yet.
+    pending: u32,
+    /// How many of its queues still hold an unissued op before it.
+    blocked: u32,
 }
 
 /// The op is in no queue.
@@ -91,18 +103,39 @@ impl Schedule {
             queue_of[id] = q as u32;
             queues[q].0.push(id as OpId);
         }
+        let mut blocked = vec![0u32; n];
+        for q in &queues {
+            for &id in q.0.iter().skip(1) {
+                blocked[id as usize] += 1;
+            }
+        }
+        let init_ops: Vec<Counts> = (0..n)
+            .map(|id| Counts {
+                state: if pending_deps[id] == 0 {
+                    State::DepsDone
+                } else {
+                    State::Waiting
+                },
+                pending: pending_deps[id],
+                blocked: blocked[id],
+            })
+            .collect();
+        let init_ready = (0..n)
+            .filter(|&id| pending_deps[id] == 0 && blocked[id] == 0)
+            .map(|id| Reverse(id as OpId))
+            .collect();
         let mut s = Schedule {
             prog,
-            pending_deps,
+            counts: init_ops.clone(),
             rev_start,
             rev,
-            state: vec![State::Waiting; n],
             ready: BinaryHeap::new(),
             queue_of,
-            blocked: vec![0; n],
             queues,
             completed: 0,
             issued: 0,
+            init_ops,
+            init_ready,
         };
         s.reset();
         s
@@ -111,31 +144,23 @@ impl Schedule {
     /// Sets every op waiting, every queue at its start, and releases the ops without
     /// dependencies.
     fn reset(&mut self) {
-        let n = self.prog.len();
-        self.blocked.fill(0);
+        self.counts.copy_from_slice(&self.init_ops);
         for q in &mut self.queues {
             q.1 = 0;
-            for &id in q.0.iter().skip(1) {
-                self.blocked[id as usize] += 1;
-            }
         }
-        for id in 0..n {
-            self.pending_deps[id] = self.prog.deps(id as OpId).len() as u32;
-            self.state[id] = State::Waiting;
-        }
-        self.ready.clear();
+        // Ascending ids are a valid min-heap: rebuilding it only looks.
+        let mut ready = std::mem::take(&mut self.ready).into_vec();
+        ready.clear();
+        ready.extend_from_slice(&self.init_ready);
+        self.ready = BinaryHeap::from(ready);
         self.completed = 0;
         self.issued = 0;
-        for id in 0..n {
-            if self.pending_deps[id] == 0 {
-                self.deps_done(id as OpId);
-            }
-        }
     }
 
     fn deps_done(&mut self, id: OpId) {
-        self.state[id as usize] = State::DepsDone;
-        if self.blocked[id as usize] == 0 {
+        let o = &mut self.counts[id as usize];
+        o.state = State::DepsDone;
+        if o.blocked == 0 {
             self.ready.push(Reverse(id));
         }
     }
@@ -146,9 +171,9 @@ impl Schedule {
         debug_assert_eq!(ids.get(*next), Some(&id));
         *next += 1;
         if let Some(&nid) = ids.get(*next) {
-            let b = &mut self.blocked[nid as usize];
-            *b -= 1;
-            if *b == 0 && self.state[nid as usize] == State::DepsDone {
+            let o = &mut self.counts[nid as usize];
+            o.blocked -= 1;
+            if o.blocked == 0 && o.state == State::DepsDone {
                 self.ready.push(Reverse(nid));
             }
         }
@@ -157,9 +182,16 @@ impl Schedule {
     /// The next op that may start now, lowest program index first; `None` when nothing can
     /// start until a completion arrives (or the program is done). The op is marked issued.
     pub fn poll_action(&mut self) -> Option<(OpId, Op)> {
+        let id = self.poll_id()?;
+        Some((id, self.prog.ops()[id as usize]))
+    }
+
+    /// As [`poll_action`](Self::poll_action), the op's id alone (its op is
+    /// [`op`](Self::op)).
+    pub fn poll_id(&mut self) -> Option<OpId> {
         let Reverse(id) = self.ready.pop()?;
-        debug_assert_eq!(self.state[id as usize], State::DepsDone);
-        self.state[id as usize] = State::Issued;
+        debug_assert_eq!(self.counts[id as usize].state, State::DepsDone);
+        self.counts[id as usize].state = State::Issued;
         self.issued += 1;
         match self.queue_of[id as usize] {
             NO_QUEUE => {}
@@ -170,7 +202,13 @@ impl Schedule {
             }
             q => self.advance(q as usize, id),
         }
-        Some((id, self.prog.ops()[id as usize]))
+        Some(id)
+    }
+
+    /// Op `id` of the program.
+    #[inline]
+    pub fn op(&self, id: OpId) -> &Op {
+        &self.prog.ops()[id as usize]
     }
 
     /// Reports that op `id` (returned earlier by `poll_action`) has completed.
@@ -181,32 +219,42 @@ impl Schedule {
     pub fn handle_complete(&mut self, id: OpId) {
         let i = id as usize;
         assert_eq!(
-            self.state[i],
+            self.counts[i].state,
             State::Issued,
             "op {id} completed while not issued"
         );
-        self.state[i] = State::Complete;
+        self.counts[i].state = State::Complete;
         self.completed += 1;
         for k in self.rev_start[i]..self.rev_start[i + 1] {
             let d = self.rev[k as usize];
-            self.pending_deps[d as usize] -= 1;
-            if self.pending_deps[d as usize] == 0 {
+            let o = &mut self.counts[d as usize];
+            o.pending -= 1;
+            if o.pending == 0 {
                 self.deps_done(d);
             }
         }
     }
 
+    /// Whether an op may start now ([`poll_action`](Self::poll_action) has one).
+    #[inline]
+    pub fn has_ready(&self) -> bool {
+        !self.ready.is_empty()
+    }
+
     /// Whether every op has completed.
+    #[inline]
     pub fn is_done(&self) -> bool {
         self.completed == self.prog.len()
     }
 
     /// Number of ops issued and not yet completed.
+    #[inline]
     pub fn in_flight(&self) -> usize {
         self.issued - self.completed
     }
 
     /// The program being run.
+    #[inline]
     pub fn program(&self) -> &Program {
         &self.prog
     }

@@ -56,12 +56,14 @@ pub enum Op {
         /// Number of elements.
         len: usize,
     },
-    /// Make `len` elements at `src` available to every other rank: semantically one `Send` of
-    /// them to each other rank, all issued at once. An executor sends one message per peer, or
-    /// posts the data once where every peer reads it (a shared-memory board). For matching, a
-    /// post is one message to every other rank, in program order with the sends to that rank
-    /// (see the [schedule docs](super)). It completes when the data has left `src` for every
-    /// peer, as a send does; with a world of one it does nothing.
+    /// Make `len` elements at `src` available to every other rank: one message to each other
+    /// rank, all issued at once. An executor sends one message per peer, or posts the data once
+    /// where every peer reads it (a shared-memory board). For matching, a post is one message to
+    /// every other rank, in program order with the sends to that rank (see the
+    /// [schedule docs](super)). A post is buffered: it completes once its data has been copied
+    /// out of `src` (into the messages, or onto the board), without waiting for any receive, so
+    /// an op that waits for it never waits for a peer. Only eager programs post, and only data
+    /// that fits one message. With a world of one it does nothing.
     Post {
         /// Where the data is read.
         src: Loc,
@@ -168,11 +170,13 @@ impl Program {
     }
 
     /// Scratch space the executor must provide, in elements.
+    #[inline]
     pub fn scratch_elems(&self) -> usize {
         self.scratch_elems
     }
 
     /// The ops in program order.
+    #[inline]
     pub fn ops(&self) -> &[Op] {
         &self.ops
     }
@@ -190,11 +194,13 @@ impl Program {
     }
 
     /// Number of ops.
+    #[inline]
     pub fn len(&self) -> usize {
         self.ops.len()
     }
 
     /// Whether the program has no op.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty()
     }

@@ -1,6 +1,7 @@
 //! The execution engine of the simulator: ranks, channels, claims and the random scheduler.
 //!
-//! A `Post` puts one message into the channel of every other rank when it issues; the messages
+//! A `Post` puts one message into the channel of every other rank when it issues, and
+//! completes then (a post is buffered, with rendezvous sends too: see [`Op::Post`]); the messages
 //! of a channel are matched with the receiver's receives from that rank in order. The engine
 //! checks the matching rule of the [schedule docs](crate::schedule) as messages are issued: the
 //! k-th message a rank issues to a peer must be its k-th `Send` or `Post` for that peer in
@@ -114,8 +115,6 @@ struct Rank {
     know: Vec<u64>,
     /// Program order of the messages: see [`Order`].
     order: Order,
-    /// For every op: messages of a post (sent with rendezvous) not yet matched by a receive.
-    post_left: Vec<u32>,
 }
 
 /// The program order of a rank's messages, to check that they are issued in it.
@@ -319,7 +318,6 @@ pub fn run_programs(
         let order = Order::new(s.program.ops(), world);
         ranks.push(Rank {
             order,
-            post_left: vec![0; n],
             sched: Schedule::new(s.program, world),
             in_place: s.in_place,
             op: s.op,
@@ -466,21 +464,17 @@ impl Sim<'_> {
         }
         match op {
             Op::Send { peer, src, len } => {
-                let left = self.send(r, id, peer, src, len)?;
-                if !left {
+                let waits = self.send(r, id, peer, src, len, self.opts.rendezvous)?;
+                if !waits {
                     self.completable.push((r, id));
                 }
             }
             Op::Post { src, len } => {
-                let mut left = 0;
                 for k in 1..self.world {
                     let peer = (r + k) % self.world;
-                    left += u32::from(self.send(r, id, peer, src, len)?);
+                    self.send(r, id, peer, src, len, false)?;
                 }
-                self.ranks[r].post_left[id as usize] = left;
-                if left == 0 {
-                    self.completable.push((r, id));
-                }
+                self.completable.push((r, id));
             }
             Op::Recv { peer, .. } => {
                 let c = peer * self.world + r;
@@ -514,7 +508,7 @@ impl Sim<'_> {
     }
 
     /// Puts the message of send or post `id` of rank `r` to `peer` into their channel. Returns
-    /// whether it waits for its receive (rendezvous) before the op may complete.
+    /// whether it waits for its receive (`rendezvous`) before the op may complete.
     fn send(
         &mut self,
         r: usize,
@@ -522,6 +516,7 @@ impl Sim<'_> {
         peer: usize,
         src: Loc,
         len: usize,
+        rendezvous: bool,
     ) -> Result<bool, SimError> {
         let rank = &self.ranks[r];
         let bytes = &rank.bufs[buf_index(src.buf)][src.start * self.size..][..len * self.size];
@@ -550,7 +545,7 @@ impl Sim<'_> {
         }
         ch.sent += 1;
         ch.msgs.push_back(msg);
-        let waits = self.opts.rendezvous && ch.posted_total <= seq;
+        let waits = rendezvous && ch.posted_total <= seq;
         if waits {
             ch.waiting.push_back((seq, id));
         }
@@ -558,16 +553,8 @@ impl Sim<'_> {
         Ok(waits)
     }
 
-    /// A rendezvous message of op `id` of rank `r` has met its receive: a send may complete
-    /// now, a post once all its messages have.
+    /// A rendezvous send of op `id` of rank `r` has met its receive: it may complete now.
     fn matched(&mut self, r: usize, id: OpId) {
-        let rank = &mut self.ranks[r];
-        if let Op::Post { .. } = rank.sched.program().ops()[id as usize] {
-            rank.post_left[id as usize] -= 1;
-            if rank.post_left[id as usize] > 0 {
-                return;
-            }
-        }
         self.completable.push((r, id));
     }
 

@@ -177,7 +177,7 @@ pub struct SimOptions {
     pub seed: u64,
     /// If set, a send completes only after the peer has posted the matching receive (as when the
     /// transport writes straight into the receiver's buffer); otherwise sends are buffered and
-    /// may complete before.
+    /// may complete before. Posts are buffered either way ([`Op::Post`](crate::schedule::Op::Post)).
     pub rendezvous: bool,
 }
 

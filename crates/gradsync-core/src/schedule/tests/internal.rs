@@ -119,6 +119,10 @@ fn eager_programs() {
             assert_eq!(prog.len(), copies, "{ctx}");
             continue;
         }
+        if n == 2 {
+            check_eager_pair(&p, &prog, &ctx);
+            continue;
+        }
         assert_eq!(prog.scratch_elems(), n * p.count, "{ctx}");
         assert_eq!(count(&prog, |o| matches!(o, Op::Send { .. })), 0, "{ctx}");
         assert_eq!(count(&prog, |o| matches!(o, Op::Post { .. })), 1, "{ctx}");
@@ -159,8 +163,43 @@ fn eager_programs() {
                 len: p.count
             }
         );
-        assert_eq!(prog.deps(id as OpId).len(), n, "{ctx}");
+        // In place it also waits for the post, which reads what it overwrites.
+        let deps = n + usize::from(p.in_place);
+        assert_eq!(prog.deps(id as OpId).len(), deps, "{ctx}");
     }
+}
+
+/// Two ranks: a post and one receive that reduces into the output; in place, the receive waits
+/// for the (buffered) post, whose source it overwrites.
+fn check_eager_pair(p: &Params, prog: &Program, ctx: &str) {
+    let out = Loc::new(Buf::Output, 0);
+    let mine = if p.in_place {
+        out
+    } else {
+        Loc::new(Buf::Input, 0)
+    };
+    let mut want = vec![
+        Op::Post {
+            src: mine,
+            len: p.count,
+        },
+        Op::Recv {
+            peer: 1 - p.rank,
+            dst: out,
+            reduce_with: Some(mine),
+            len: p.count,
+        },
+    ];
+    if p.op == ReduceOp::Avg {
+        want.push(Op::Finalize {
+            loc: out,
+            len: p.count,
+        });
+    }
+    assert_eq!(prog.ops(), &want[..], "{ctx}");
+    assert_eq!(prog.scratch_elems(), 0, "{ctx}");
+    let deps: &[OpId] = if p.in_place { &[0] } else { &[] };
+    assert_eq!(prog.deps(1), deps, "{ctx}");
 }
 
 #[test]

@@ -104,35 +104,25 @@ fn a_post_is_one_message_to_every_peer_in_program_order() {
 }
 
 #[test]
-fn a_rendezvous_post_completes_once_every_peer_receives() {
-    // Rank 1 receives the post only after rank 2 has heard from rank 1... which needs rank 0's
-    // send after the post: fine with buffered sends, a deadlock when the post waits for every
-    // receive.
+fn a_post_is_buffered_even_with_rendezvous_sends() {
+    // Every rank waits for its own post before its receive, which overwrites what the post
+    // reads: a deadlock if a post waited for the receives, fine when it completes once issued.
+    // A send in the same place does wait for its receive under rendezvous, and deadlocks.
     let post = Op::Post {
-        src: loc(Buf::Input, 0),
+        src: loc(Buf::Output, 0),
         len: 1,
     };
-    let r0 = program(&[(post, &[]), (send(2, 0, 1), &[0])]);
-    let r1 = program(&[(recv(2, 0, 1), &[]), (recv(0, 1, 1), &[0])]);
-    let r2 = program(&[
-        (recv(0, 0, 1), &[]),
-        (recv(0, 1, 1), &[]),
-        (send(1, 0, 1), &[1]),
-    ]);
-    let setups = || {
-        vec![
-            setup(r0.clone(), 2, 5),
-            setup(r1.clone(), 2, 0),
-            setup(r2.clone(), 2, 0),
-        ]
-    };
+    let posts = |peer| program(&[(post, &[]), (recv(peer, 0, 1), &[0])]);
+    let sends = |peer| program(&[(send(peer, 0, 1), &[]), (recv(peer, 0, 1), &[0])]);
     for seed in 0..10 {
-        run_programs(setups(), DataType::U8, &SimOptions::new(seed)).unwrap();
         let opts = SimOptions {
             rendezvous: true,
             ..SimOptions::new(seed)
         };
-        let err = run_programs(setups(), DataType::U8, &opts).unwrap_err();
+        let setups = vec![setup(posts(1), 2, 5), setup(posts(0), 2, 7)];
+        run_programs(setups, DataType::U8, &opts).unwrap();
+        let setups = vec![setup(sends(1), 2, 5), setup(sends(0), 2, 7)];
+        let err = run_programs(setups, DataType::U8, &opts).unwrap_err();
         assert!(matches!(err, SimError::Deadlock { .. }), "{err}");
     }
 }
