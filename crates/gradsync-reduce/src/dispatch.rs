@@ -5,6 +5,9 @@ use gradsync_core::{DataType, ReduceOp};
 use crate::kernel::{Backend, Portable};
 use crate::ops::{Arith, Bf16, F16, Half, canonical_f32, canonical_f64};
 
+/// Buffers shorter than this (in bytes) are reduced by the baseline kernels.
+pub(crate) const VECTOR_MIN: usize = 64;
+
 /// The instruction set the kernels run on.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Isa {
@@ -16,6 +19,17 @@ pub(crate) enum Isa {
 }
 
 impl Isa {
+    /// The instruction set for a buffer of `bytes`: the best this CPU supports, or the
+    /// baseline below [`VECTOR_MIN`] bytes, where the vector kernels' setup costs more than
+    /// they save (the results are the same bits on every instruction set).
+    #[inline]
+    pub(crate) fn for_len(bytes: usize) -> Isa {
+        if bytes < VECTOR_MIN {
+            return Isa::Portable;
+        }
+        Isa::best()
+    }
+
     /// The best instruction set this CPU supports.
     #[inline]
     pub(crate) fn best() -> Isa {

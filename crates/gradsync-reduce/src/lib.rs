@@ -123,7 +123,7 @@ use crate::dispatch::Isa;
 pub fn reduce_in_place(dtype: DataType, op: ReduceOp, acc: &mut [u8], incoming: &[u8]) {
     check_multiple(dtype, "acc", acc.len());
     check_same("acc", acc.len(), "incoming", incoming.len());
-    dispatch::in_place(Isa::best(), dtype, op, acc, incoming);
+    dispatch::in_place(Isa::for_len(acc.len()), dtype, op, acc, incoming);
 }
 
 /// Combines `a` and `b` into `dst`: `dst[i] = a[i] op b[i]` for every element.
@@ -140,7 +140,7 @@ pub fn reduce_into(dtype: DataType, op: ReduceOp, dst: &mut [u8], a: &[u8], b: &
     check_multiple(dtype, "dst", dst.len());
     check_same("dst", dst.len(), "a", a.len());
     check_same("dst", dst.len(), "b", b.len());
-    dispatch::into(Isa::best(), dtype, op, dst, a, b);
+    dispatch::into(Isa::for_len(dst.len()), dtype, op, dst, a, b);
 }
 
 /// Copies `src` into `dst` (equal lengths) for data that the caller will not read again soon:

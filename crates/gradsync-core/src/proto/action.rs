@@ -7,21 +7,21 @@
 //! their documentation.
 
 use crate::schedule::{Loc, Op};
-use crate::wire::{ControlRepr, DataHeaderRepr};
+use crate::wire::ControlRepr;
 
 /// Where a one-sided write lands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Target {
     /// Slot `slot` of this rank's part of the peer's inbox, at `offset` of the inbox region:
-    /// the data header, then the payload.
+    /// the data header ([`Protocol::data_header`](super::Protocol::data_header) of message
+    /// `msg`, staged at the driver's staging area of `(peer, slot)`), then the payload.
     Slot {
         /// The slot (of this rank's part of the peer's inbox).
         slot: usize,
         /// Offset of the slot in the peer's inbox region.
         offset: u64,
-        /// The header to stage for the slot (at the driver's staging area of `(peer, slot)`),
-        /// written before the payload.
-        header: DataHeaderRepr,
+        /// The message index within the operation, for the header.
+        msg: u32,
     },
     /// Straight into the peer's buffer, as its clear-to-send offered: region `rkey` at
     /// `offset`. No header.
@@ -102,12 +102,13 @@ pub enum Action {
     },
     /// Carry out a local op of the program (`Copy`, `Finalize`, `ReduceParts`).
     Local(Op),
-    /// Send `header` and `len` elements at `src` as one two-sided message to `peer`.
+    /// Send the data header of message `msg` and `len` elements at `src` as one two-sided
+    /// message to `peer`.
     EagerSend {
         /// The receiver.
         peer: usize,
-        /// The header (fill in the CRC32C when `checksum`).
-        header: DataHeaderRepr,
+        /// The message index within the operation, for the header.
+        msg: u32,
         /// Where the payload is read.
         src: Loc,
         /// Elements.
@@ -115,13 +116,14 @@ pub enum Action {
         /// Whether to put the payload's CRC32C in the header.
         checksum: bool,
     },
-    /// Make `header` and `len` elements at `src` available to every peer: a posting on the
+    /// Make the data header of message `msg` and `len` elements at `src` available to every
+    /// peer: a posting on the
     /// transport's board when `board` (answer:
     /// [`handle_posted`](super::Protocol::handle_posted)), else one two-sided message to each
     /// peer.
     Post {
-        /// The header (fill in the CRC32C when `checksum`).
-        header: DataHeaderRepr,
+        /// The message index within the operation, for the header.
+        msg: u32,
         /// Where the payload is read.
         src: Loc,
         /// Elements.

@@ -53,23 +53,57 @@ pub(crate) struct Queues {
     pub(crate) inflight: IdMap<u64, (OpId, usize, usize)>,
     /// Posts waiting to go out (a refused board posting is tried again next round).
     pub(crate) posts: VecDeque<PostedSend>,
+    /// Sends and posts queued, receives posted and not yet done: a pass skips what has none.
+    pub(crate) sends: usize,
+    pub(crate) recvs: usize,
+    /// An operation ended without completing: the next reset empties everything.
+    used: bool,
 }
 
 impl Queues {
-    /// Empties everything for a world of `w` ranks, keeping the allocations.
+    /// The peers this operation waits on: those with a receive outstanding or a send held
+    /// for want of credits; else those whose writes are in flight.
+    pub(crate) fn waiting_on(&self, credits: impl Fn(usize) -> usize) -> Vec<usize> {
+        let w = self.recvq.len();
+        let mut v: Vec<usize> = (0..w)
+            .filter(|&p| {
+                !self.recvq[p].is_empty() || (!self.sendq[p].is_empty() && credits(p) == 0)
+            })
+            .collect();
+        if v.is_empty() {
+            v = self.inflight.values().map(|x| x.1).collect();
+            v.sort_unstable();
+            v.dedup();
+        }
+        v
+    }
+    /// Empties everything for a world of `w` ranks, keeping the allocations. After a
+    /// completed operation the queues are empty already and only the counters go back to 0.
     pub(crate) fn reset(&mut self, w: usize) {
-        self.sendq.resize_with(w, VecDeque::new);
-        self.sendq.iter_mut().for_each(VecDeque::clear);
-        self.recvq.resize_with(w, VecDeque::new);
-        self.recvq.iter_mut().for_each(VecDeque::clear);
-        self.send_msg.clear();
-        self.send_msg.resize(w, 0);
-        self.recv_issued.clear();
-        self.recv_issued.resize(w, 0);
-        self.direct_arrived.resize_with(w, Vec::new);
-        self.direct_arrived.iter_mut().for_each(Vec::clear);
-        self.inflight.clear();
-        self.posts.clear();
+        if self.send_msg.len() != w {
+            self.sendq.resize_with(w, VecDeque::new);
+            self.recvq.resize_with(w, VecDeque::new);
+            self.send_msg.resize(w, 0);
+            self.recv_issued.resize(w, 0);
+            self.direct_arrived.resize_with(w, Vec::new);
+        }
+        if std::mem::take(&mut self.used) {
+            // A failed operation may have left anything behind.
+            self.sendq.iter_mut().for_each(VecDeque::clear);
+            self.recvq.iter_mut().for_each(VecDeque::clear);
+            self.direct_arrived.iter_mut().for_each(Vec::clear);
+            self.inflight.clear();
+            self.posts.clear();
+            self.sends = 0;
+            self.recvs = 0;
+        }
+        self.send_msg.fill(0);
+        self.recv_issued.fill(0);
+    }
+
+    /// Marks the queues as possibly not empty (an operation that did not complete).
+    pub(crate) fn abandon(&mut self) {
+        self.used = true;
     }
 }
 
@@ -81,29 +115,12 @@ pub(crate) struct Call {
     pub(crate) mode: Mode,
     /// Remote keys of the driver's Input, Output and Scratch regions (0: none).
     pub(crate) rkeys: [u32; 3],
-    pub(crate) q: Queues,
     pub(crate) started: Instant,
 }
 
 impl Call {
+    #[inline]
     pub(crate) fn is_done(&self) -> bool {
         self.sched.is_done()
-    }
-
-    /// The peers this operation waits on: those with a receive outstanding or a send held
-    /// for want of credits; else those whose writes are in flight.
-    pub(crate) fn waiting_on(&self, credits: impl Fn(usize) -> usize) -> Vec<usize> {
-        let w = self.q.recvq.len();
-        let mut v: Vec<usize> = (0..w)
-            .filter(|&p| {
-                !self.q.recvq[p].is_empty() || (!self.q.sendq[p].is_empty() && credits(p) == 0)
-            })
-            .collect();
-        if v.is_empty() {
-            v = self.q.inflight.values().map(|x| x.1).collect();
-            v.sort_unstable();
-            v.dedup();
-        }
-        v
     }
 }

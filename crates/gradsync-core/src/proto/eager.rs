@@ -1,14 +1,11 @@
 //! Eager contributions: whole messages (two-sided, or read off a peer's board) that carry a
 //! data header and their payload, kept until the operation they belong to takes them.
 
-use crate::wire::{DATA_HEADER_LEN, DataHeaderRepr};
+use crate::wire::{DATA_HEADER_LEN, DataHeader, DataHeaderRepr, Signature};
 use std::collections::VecDeque;
 
 /// Eager messages a peer may have sent for operations this rank has not reached.
 pub const EAGER_AHEAD_MAX: usize = 4;
-
-/// Spare buffers kept for reuse, per peer.
-const SPARE_PER_PEER: usize = 2;
 
 /// One eager message: its parsed header and the whole message as it arrived.
 #[derive(Debug)]
@@ -25,10 +22,9 @@ pub(crate) struct Parts {
     /// The message most recently handed to the driver, per peer (its payload is what a
     /// [`DeliverEager`](super::Action::DeliverEager) copies).
     delivered: Vec<Vec<u8>>,
-    /// Where the driver reads a peer's board posting, per peer.
+    /// Where the driver reads a peer's board posting, per peer (swapped with `delivered` when
+    /// one is taken, so that neither allocates again).
     board: Vec<Vec<u8>>,
-    /// Buffers for reuse.
-    spare: Vec<Vec<u8>>,
 }
 
 impl Parts {
@@ -37,8 +33,12 @@ impl Parts {
             pending: (0..world).map(|_| VecDeque::new()).collect(),
             delivered: vec![Vec::new(); world],
             board: vec![Vec::new(); world],
-            spare: Vec::new(),
         }
+    }
+
+    /// Whether any message is pending.
+    pub(crate) fn any(&self) -> bool {
+        self.pending.iter().any(|q| !q.is_empty())
     }
 
     /// The first pending message of `peer` for an operation up to `seq`, if any.
@@ -47,48 +47,81 @@ impl Parts {
     }
 
     /// Takes the first pending message of `peer` for an operation up to `seq` and makes its
-    /// payload the one [`payload`](Self::payload) shows.
+    /// payload the one [`payload`](Self::payload) shows; its header.
+    #[inline]
     pub(crate) fn take(&mut self, peer: usize, seq: u64) -> Option<DataHeaderRepr> {
         let q = &mut self.pending[peer];
-        let i = q.iter().position(|p| p.hdr.sig.seq <= seq)?;
-        let part = q.remove(i)?;
-        let old = std::mem::replace(&mut self.delivered[peer], part.data);
-        self.recycle(old);
+        let part = match q.front() {
+            None => return None,
+            Some(p) if p.hdr.sig.seq <= seq => q.pop_front()?,
+            _ => {
+                let i = q.iter().position(|p| p.hdr.sig.seq <= seq)?;
+                q.remove(i)?
+            }
+        };
+        self.delivered[peer] = part.data;
         Some(part.hdr)
     }
 
     /// The payload of `peer`'s message handed out last.
+    #[inline]
     pub(crate) fn payload(&self, peer: usize) -> &[u8] {
         let d = &self.delivered[peer];
         &d[DATA_HEADER_LEN.min(d.len())..]
     }
 
     /// The buffer a board read of `peer` fills.
+    #[inline]
     pub(crate) fn board_buf(&mut self, peer: usize) -> &mut Vec<u8> {
         &mut self.board[peer]
     }
 
     /// What the last board read of `peer` brought.
+    #[inline]
     pub(crate) fn board_data(&self, peer: usize) -> &[u8] {
         &self.board[peer]
     }
 
-    /// Queues what the last board read of `peer` brought, as a message of `hdr`.
-    pub(crate) fn push_board(&mut self, peer: usize, hdr: DataHeaderRepr) {
-        let fresh = self.spare.pop().unwrap_or_default();
-        let data = std::mem::replace(&mut self.board[peer], fresh);
-        self.pending[peer].push_back(Part { hdr, data });
+    /// Makes what the last board read of `peer` brought the payload [`payload`](Self::payload)
+    /// shows.
+    pub(crate) fn accept_board(&mut self, peer: usize) {
+        std::mem::swap(&mut self.board[peer], &mut self.delivered[peer]);
     }
 
     /// Queues a two-sided message of `peer`.
     pub(crate) fn push(&mut self, peer: usize, hdr: DataHeaderRepr, data: Vec<u8>) {
         self.pending[peer].push_back(Part { hdr, data });
     }
+}
 
-    fn recycle(&mut self, mut v: Vec<u8>) {
-        if v.capacity() > 0 && self.spare.len() < SPARE_PER_PEER * self.board.len() {
-            v.clear();
-            self.spare.push(v);
+/// The header of the running eager operation's messages (sender 0, no checksum).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Expected {
+    pub(crate) bytes: [u8; DATA_HEADER_LEN],
+    pub(crate) payload_len: u32,
+}
+
+impl Expected {
+    /// Makes `slot` the template of `sig`'s messages: written whole the first time, after
+    /// that only the two fields that differ between calls (signature and length).
+    pub(crate) fn refresh(slot: &mut Option<Expected>, sig: Signature) {
+        let payload_len = (sig.count * sig.dtype.size() as u64) as u32;
+        if let Some(t) = slot {
+            let mut h = DataHeader::new_unchecked(&mut t.bytes[..]);
+            h.set_signature(&sig);
+            h.set_payload_len(payload_len);
+            t.payload_len = payload_len;
+            return;
         }
+        let mut bytes = [0u8; DATA_HEADER_LEN];
+        DataHeaderRepr {
+            sig,
+            msg: 0,
+            payload_len,
+            sender: 0,
+            crc32c: None,
+        }
+        .emit(&mut DataHeader::new_unchecked(&mut bytes[..]));
+        *slot = Some(Expected { bytes, payload_len });
     }
 }

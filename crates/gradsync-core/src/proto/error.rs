@@ -1,6 +1,6 @@
 //! What can go wrong between two ranks: typed causes, each naming the peer.
 
-use crate::wire::{Signature, WireError};
+use crate::wire::{DataHeaderRepr, Signature, WireError};
 
 /// Something a peer did that the protocol forbids. Every variant carries the values involved;
 /// [`ProtoError::Violation`] adds the peer.
@@ -159,4 +159,27 @@ pub(crate) fn eager_detail(
         "rank {eager} ran it eagerly and rank {scheduled} through a schedule; \
          set GRADSYNC_ALGO and GRADSYNC_EAGER_MAX alike on every rank"
     )
+}
+
+/// A message whose header disagrees with the receive waiting for it.
+pub(crate) fn mismatch(
+    peer: usize,
+    ours: &Signature,
+    h: &DataHeaderRepr,
+    msg: u32,
+    bytes: usize,
+) -> ProtoError {
+    ProtoError::Mismatch {
+        peer,
+        ours: *ours,
+        theirs: h.sig,
+        detail: if h.sig == *ours {
+            format!(
+                "message {} of {} bytes where message {msg} of {bytes} bytes was expected",
+                h.msg, h.payload_len
+            )
+        } else {
+            String::new()
+        },
+    }
 }

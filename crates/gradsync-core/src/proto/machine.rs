@@ -3,8 +3,8 @@
 
 use super::action::{Action, Target};
 use super::call::{Call, Mode, PostedRecv, PostedSend, Queues};
-use super::eager::{EAGER_AHEAD_MAX, Parts};
-use super::error::{ProtoError, Violation, eager_detail};
+use super::eager::{Expected, Parts};
+use super::error::{ProtoError, Violation, mismatch};
 use super::link::{IMM_DIRECT, Link, MAX_OFFERS};
 use super::probe::{Probe, Verdict};
 use crate::schedule::{Buf, Loc, Op, Schedule};
@@ -12,7 +12,6 @@ use crate::wire::{
     Control, ControlRepr, Cts, DATA_HEADER_LEN, DataHeader, DataHeaderRepr, Signature, is_data,
 };
 use crate::{Collective, ReduceOp};
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 /// Settings of a protocol machine; alike on every rank of a communicator.
@@ -67,37 +66,54 @@ pub struct Finished {
 /// The per-rank protocol machine. See the [module docs](super) and [`super::manual`].
 #[derive(Debug)]
 pub struct Protocol {
-    cfg: Config,
-    stride: usize,
-    links: Vec<Link>,
-    call: Option<Call>,
-    spare: Queues,
-    parts: Parts,
+    pub(super) cfg: Config,
+    pub(super) stride: usize,
+    pub(super) links: Vec<Link>,
+    pub(super) call: Option<Call>,
+    /// The running operation's queues (kept between operations for their allocations).
+    pub(super) q: Queues,
+    pub(super) parts: Parts,
     /// Eager postings go through the transport's board.
-    board: bool,
-    actions: VecDeque<Action>,
-    next_wr: u64,
+    pub(super) board: bool,
+    pub(super) actions: Vec<Action>,
+    pub(super) next_wr: u64,
     /// Sequence number of the last operation started.
-    last_seq: u64,
+    pub(super) last_seq: u64,
     /// Sequence number of the last collective (not send/recv, which count per peer) started.
-    last_coll_seq: u64,
-    probe: Probe,
+    pub(super) last_coll_seq: u64,
+    pub(super) probe: Probe,
     /// Rounds of the driver: retries (a refused posting, a board read that found nothing) wait
     /// for the next one.
-    round: u64,
-    board_tried: Vec<u64>,
+    pub(super) round: u64,
     /// The round of the last posting tried, and whether its answer is still due.
-    post_tried: u64,
-    post_waiting: bool,
+    pub(super) post_tried: u64,
+    pub(super) post_waiting: bool,
     /// The running eager operation's board release has been handed out.
-    released: bool,
-    next_board_check: Instant,
+    pub(super) released: bool,
+    /// A finished eager operation's postings, read and not yet released (see `settle`).
+    pub(super) release_due: Option<u64>,
+    /// The running eager operation's postings are to be watched (for the driver's sleep).
+    pub(super) watch_due: bool,
+    pub(super) next_board_check: Instant,
     /// When nothing last moved, for the idle credit return.
-    idle_since: Option<Instant>,
-    credits_flushed: bool,
-    moved: bool,
+    pub(super) idle_since: Option<Instant>,
+    pub(super) credits_flushed: bool,
+    pub(super) moved: bool,
+    /// Something happened since the last pass over the operation: another may do more.
+    pub(super) dirty: bool,
+    /// Some pair has consumed slots not yet returned.
+    pub(super) unreturned: bool,
+    /// A posting was refused: try again next round.
+    pub(super) retry: bool,
+    /// The header every peer's (first) message of the running eager operation has, but for
+    /// the sender and the checksum; kept from call to call, valid while `expect_on`.
+    pub(super) expect: Option<Expected>,
+    pub(super) expect_on: bool,
+    /// Peers whose board posting the running eager operation waits for: read again every
+    /// round, without a pass over the operation.
+    pub(super) board_wanted: Vec<usize>,
     /// The driver's clock at its last event or round (when peers were last heard from).
-    now: Instant,
+    pub(super) now: Instant,
 }
 
 fn buf_index(b: Buf) -> usize {
@@ -118,23 +134,30 @@ impl Protocol {
                 .map(|_| Link::new(cfg.nslots, cfg.direct_min))
                 .collect(),
             call: None,
-            spare: Queues::default(),
+            q: Queues::default(),
             parts: Parts::new(cfg.world),
             board: false,
-            actions: VecDeque::new(),
+            actions: Vec::new(),
             next_wr: 1,
             last_seq: 0,
             last_coll_seq: 0,
             probe: Probe::new(cfg.world),
             round: 1,
-            board_tried: vec![0; cfg.world],
             post_tried: 0,
             post_waiting: false,
             released: false,
+            release_due: None,
+            watch_due: false,
             next_board_check: now,
             idle_since: None,
             credits_flushed: false,
             moved: false,
+            dirty: false,
+            retry: false,
+            unreturned: false,
+            board_wanted: Vec::new(),
+            expect: None,
+            expect_on: false,
             now,
         }
     }
@@ -207,50 +230,65 @@ impl Protocol {
         if sig.coll != Collective::SendRecv {
             self.last_coll_seq = sig.seq;
         }
-        let mut q = std::mem::take(&mut self.spare);
-        q.reset(self.cfg.world);
+        self.q.reset(self.cfg.world);
         self.post_waiting = false;
+        self.post_tried = 0;
         self.released = false;
         self.idle_since = None;
         self.credits_flushed = false;
-        if mode == Mode::Eager && self.board {
-            self.actions.push_back(Action::BoardWatch { seq: sig.seq });
+        self.dirty = true;
+        self.board_wanted.clear();
+        if let Some(seq) = self.release_due.take() {
+            // First, before this operation's posting, which then carries the release to the
+            // peers: a peer about to reuse that slot finds it there, without a look at this
+            // rank's release line.
+            self.actions.push(Action::BoardRelease { seq });
         }
+        self.expect_on = mode == Mode::Eager;
+        if self.expect_on {
+            Expected::refresh(&mut self.expect, sig);
+        }
+        // Watched once the first messages are out (see `advance`).
+        self.watch_due = mode == Mode::Eager && self.board;
         self.call = Some(Call {
             sig,
             sched,
             mode,
             rkeys,
-            q,
             started: now,
         });
     }
 
     /// The running operation's signature.
+    #[inline]
     pub fn running(&self) -> Option<&Signature> {
         self.call.as_ref().map(|c| &c.sig)
     }
 
     /// The running operation's mode.
+    #[inline]
     pub fn mode(&self) -> Option<Mode> {
         self.call.as_ref().map(|c| c.mode)
     }
 
     /// When the running operation started.
+    #[inline]
     pub fn started(&self) -> Option<Instant> {
         self.call.as_ref().map(|c| c.started)
     }
 
     /// The running operation's schedule.
+    #[inline]
     pub fn schedule(&self) -> Option<&Schedule> {
         self.call.as_ref().map(|c| &*c.sched)
     }
 
     /// Whether the running operation is complete: every op done, every action handed out.
+    #[inline]
     pub fn is_done(&self) -> bool {
-        self.call.as_ref().is_some_and(|c| {
-            c.is_done() && self.actions.is_empty() && (!self.needs_release(c) || self.released)
-        })
+        self.call
+            .as_ref()
+            .is_some_and(|c| c.is_done() && self.actions.is_empty())
     }
 
     fn needs_release(&self, c: &Call) -> bool {
@@ -262,9 +300,12 @@ impl Protocol {
     pub fn finish(&mut self) -> Option<Finished> {
         let completed = self.is_done();
         let c = self.call.take()?;
+        if !completed {
+            self.q.abandon();
+        }
+        self.board_wanted.clear();
         self.actions
             .retain(|a| matches!(a, Action::Control { .. } | Action::BoardRelease { .. }));
-        self.spare = c.q;
         Some(Finished {
             completed,
             sched: c.sched,
@@ -274,15 +315,17 @@ impl Protocol {
 
     /// Whether anything moved since the last call (an op issued or completed, a message
     /// consumed, an arrival); clears the mark.
+    #[inline]
     pub fn take_moved(&mut self) -> bool {
         std::mem::take(&mut self.moved)
     }
 
     /// The peers the running operation waits on.
     pub fn waiting_on(&self) -> Vec<usize> {
-        self.call
-            .as_ref()
-            .map_or_else(Vec::new, |c| c.waiting_on(|p| self.links[p].credits))
+        if self.call.is_none() {
+            return Vec::new();
+        }
+        self.q.waiting_on(|p| self.links[p].credits)
     }
 
     /// When `peer` was last heard from, and the sequence number then.
@@ -291,6 +334,7 @@ impl Protocol {
     }
 
     /// The sequence number of the running operation, else of the last one.
+    #[inline]
     pub fn current_seq(&self) -> u64 {
         self.call.as_ref().map_or(self.last_seq, |c| c.sig.seq)
     }
@@ -302,6 +346,15 @@ impl Protocol {
     pub fn handle_round(&mut self, now: Instant, idle: bool) {
         self.round += 1;
         self.now = now;
+        if std::mem::take(&mut self.retry) {
+            self.dirty = true;
+        }
+        if let Some(c) = &self.call {
+            let seq = c.sig.seq;
+            for &peer in &self.board_wanted {
+                self.actions.push(Action::BoardRead { peer, seq });
+            }
+        }
         if !idle {
             self.idle_since = None;
             self.credits_flushed = false;
@@ -324,7 +377,7 @@ impl Protocol {
             {
                 let seq = c.sig.seq;
                 for p in (0..self.cfg.world).filter(|&p| p != self.cfg.rank) {
-                    self.actions.push_back(Action::BoardRead { peer: p, seq });
+                    self.actions.push(Action::BoardRead { peer: p, seq });
                 }
             }
         }
@@ -335,15 +388,53 @@ impl Protocol {
         self.return_credits(true);
     }
 
+    /// The data header of message `msg` of the running operation, `bytes` of payload from this
+    /// rank (without a checksum: the driver computes it where an action asks for one).
+    #[inline]
+    pub fn data_header(&self, msg: u32, bytes: usize) -> DataHeaderRepr {
+        DataHeaderRepr {
+            sig: self
+                .call
+                .as_ref()
+                .map(|c| c.sig)
+                .expect("an operation is running"),
+            msg,
+            payload_len: bytes as u32,
+            sender: self.cfg.rank as u32,
+            crc32c: None,
+        }
+    }
+
+    /// Every action there is now, moved into `out` (which must be empty), in order: what
+    /// [`poll_action`](Self::poll_action) would hand out one at a time. The driver carries them
+    /// out and calls again; answers to them (`handle_*`) may make more.
+    #[inline]
+    pub fn poll_actions(&mut self, out: &mut Vec<Action>) -> Result<(), ProtoError> {
+        debug_assert!(out.is_empty());
+        loop {
+            if !self.actions.is_empty() {
+                std::mem::swap(&mut self.actions, out);
+                return Ok(());
+            }
+            if !std::mem::take(&mut self.dirty) {
+                return Ok(());
+            }
+            self.dirty = self.advance()?;
+        }
+    }
+
     /// The next thing to do, or `None` until an event (or a new round) makes more possible.
     pub fn poll_action(&mut self) -> Result<Option<Action>, ProtoError> {
         loop {
-            if let Some(a) = self.actions.pop_front() {
-                return Ok(Some(a));
+            if !self.actions.is_empty() {
+                return Ok(Some(self.actions.remove(0)));
             }
-            if !self.advance()? {
+            // A pass only when something happened since the last: waiting costs nothing.
+            if !std::mem::take(&mut self.dirty) {
                 return Ok(None);
             }
+            // Progress (ops issued or completed) may make more possible at once.
+            self.dirty = self.advance()?;
         }
     }
 
@@ -354,52 +445,82 @@ impl Protocol {
             return Ok(false);
         };
         let eager = c.mode == Mode::Eager;
-        let mut moved = self.issue();
+        // Each phase only when it has something to look at.
+        let mut moved = c.sched.has_ready() && self.issue();
+        let (sends, recvs) = (self.q.sends, self.q.recvs);
         if eager {
-            moved |= self.post();
-            moved |= self.consume_eager()?;
+            if sends > 0 {
+                moved |= self.post();
+            }
+            if recvs > 0 {
+                moved |= self.consume_eager()?;
+            }
         } else {
-            moved |= self.post_sends()?;
-            moved |= self.consume()?;
-            self.check_eager_mismatch()?;
+            if sends > 0 {
+                moved |= self.post_sends()?;
+            }
+            if recvs > 0 {
+                moved |= self.consume()?;
+            }
+            if self.parts.any() {
+                self.check_eager_mismatch()?;
+            }
         }
-        self.return_credits(false);
-        if let Some(c) = self.call.as_ref()
-            && c.is_done()
-            && self.needs_release(c)
-            && !self.released
-        {
-            self.released = true;
-            self.actions
-                .push_back(Action::BoardRelease { seq: c.sig.seq });
+        if self.unreturned {
+            self.return_credits(false);
         }
+        let done = self.settle();
         self.moved |= moved;
-        Ok(moved || !self.actions.is_empty())
+        // Once every op is done a further pass has nothing to find.
+        Ok(moved && !done)
+    }
+
+    /// The end of a pass: the watch of the running eager operation's postings once its first
+    /// messages are out, and once it is done the release of its postings, due at the start of
+    /// the next operation (off the path between this operation's end and the next one's
+    /// posting; see `start`). Whether the operation is done.
+    pub(super) fn settle(&mut self) -> bool {
+        let Some(c) = self.call.as_ref() else {
+            return false;
+        };
+        if std::mem::take(&mut self.watch_due) {
+            self.actions.push(Action::BoardWatch { seq: c.sig.seq });
+        }
+        let done = c.is_done();
+        if done && self.needs_release(c) && !self.released {
+            self.released = true;
+            self.release_due = Some(c.sig.seq);
+        }
+        done
     }
 
     /// Takes the ops the schedule allows now: local ones become actions, sends and receives
     /// wait in their queues (a direct receive sends its clear-to-send at once).
-    fn issue(&mut self) -> bool {
+    pub(super) fn issue(&mut self) -> bool {
         let Some(c) = self.call.as_mut() else {
             return false;
         };
         let mut moved = false;
         let dsize = c.sig.dtype.size();
-        while let Some((id, op)) = c.sched.poll_action() {
+        while let Some(id) = c.sched.poll_id() {
             moved = true;
-            match op {
+            match *c.sched.op(id) {
                 Op::Send { peer, src, len } => {
-                    c.q.sendq[peer].push_back(PostedSend { id, src, len });
+                    self.q.sendq[peer].push_back(PostedSend { id, src, len });
+                    self.q.sends += 1;
                 }
-                Op::Post { src, len } => c.q.posts.push_back(PostedSend { id, src, len }),
+                Op::Post { src, len } => {
+                    self.q.posts.push_back(PostedSend { id, src, len });
+                    self.q.sends += 1;
+                }
                 Op::Recv {
                     peer,
                     dst,
                     reduce_with,
                     len,
                 } => {
-                    let msg = c.q.recv_issued[peer];
-                    c.q.recv_issued[peer] += 1;
+                    let msg = self.q.recv_issued[peer];
+                    self.q.recv_issued[peer] += 1;
                     let bytes = len * dsize;
                     let direct = c.mode == Mode::Slots
                         && reduce_with.is_none()
@@ -415,13 +536,14 @@ impl Protocol {
                             bytes: bytes as u32,
                             offset: (dst.start * dsize) as u64,
                         };
-                        self.actions.push_back(Action::Control {
+                        self.actions.push(Action::Control {
                             peer,
                             msg: ControlRepr::ClearToSend(cts),
                             required: true,
                         });
                     }
-                    c.q.recvq[peer].push_back(PostedRecv {
+                    self.q.recvs += 1;
+                    self.q.recvq[peer].push_back(PostedRecv {
                         id,
                         len,
                         dst,
@@ -431,7 +553,7 @@ impl Protocol {
                     });
                 }
                 local => {
-                    self.actions.push_back(Action::Local(local));
+                    self.actions.push(Action::Local(local));
                     c.sched.handle_complete(id);
                 }
             }
@@ -449,10 +571,10 @@ impl Protocol {
         let (rank, nslots, stride) = (self.cfg.rank, self.cfg.nslots, self.stride);
         let dsize = c.sig.dtype.size();
         for peer in 0..self.cfg.world {
-            while let Some(&PostedSend { id, src, len }) = c.q.sendq[peer].front() {
+            while let Some(&PostedSend { id, src, len }) = self.q.sendq[peer].front() {
                 let l = &mut self.links[peer];
                 let bytes = len * dsize;
-                let m = c.q.send_msg[peer];
+                let m = self.q.send_msg[peer];
                 if !l.offers.is_empty() {
                     let seq = c.sig.seq;
                     l.offers
@@ -474,11 +596,12 @@ impl Protocol {
                             ),
                         });
                     }
-                    c.q.sendq[peer].pop_front();
-                    c.q.send_msg[peer] += 1;
+                    self.q.sendq[peer].pop_front();
+                    self.q.sends -= 1;
+                    self.q.send_msg[peer] += 1;
                     let wr = self.next_wr;
                     self.next_wr += 1;
-                    self.actions.push_back(Action::Write {
+                    self.actions.push(Action::Write {
                         peer,
                         wr,
                         src,
@@ -490,25 +613,19 @@ impl Protocol {
                         imm: IMM_DIRECT | m,
                         checksum: false,
                     });
-                    c.q.inflight.insert(wr, (id, peer, usize::MAX));
+                    self.q.inflight.insert(wr, (id, peer, usize::MAX));
                     moved = true;
                     continue;
                 }
                 let Some(k) = l.send_slot() else {
                     break;
                 };
-                c.q.sendq[peer].pop_front();
-                let header = DataHeaderRepr {
-                    sig: c.sig,
-                    msg: m,
-                    payload_len: bytes as u32,
-                    sender: rank as u32,
-                    crc32c: None,
-                };
-                c.q.send_msg[peer] += 1;
+                self.q.sendq[peer].pop_front();
+                self.q.sends -= 1;
+                self.q.send_msg[peer] += 1;
                 let wr = self.next_wr;
                 self.next_wr += 1;
-                self.actions.push_back(Action::Write {
+                self.actions.push(Action::Write {
                     peer,
                     wr,
                     src,
@@ -516,7 +633,7 @@ impl Protocol {
                     to: Target::Slot {
                         slot: k,
                         offset: ((rank * nslots + k) * stride) as u64,
-                        header,
+                        msg: m,
                     },
                     imm: l.tx_ctr as u32 & !IMM_DIRECT,
                     checksum: self.cfg.checksum,
@@ -524,7 +641,7 @@ impl Protocol {
                 l.credits -= 1;
                 l.hdr_busy[k] = true;
                 l.tx_ctr += 1;
-                c.q.inflight.insert(wr, (id, peer, k));
+                self.q.inflight.insert(wr, (id, peer, k));
                 moved = true;
             }
         }
@@ -547,12 +664,15 @@ impl Protocol {
                 with,
                 msg,
                 direct,
-            }) = c.q.recvq[peer].front()
+            }) = self.q.recvq[peer].front()
             {
-                if direct && let Some(i) = c.q.direct_arrived[peer].iter().position(|&m| m == msg) {
+                if direct
+                    && let Some(i) = self.q.direct_arrived[peer].iter().position(|&m| m == msg)
+                {
                     // Landed in place: nothing to copy.
-                    c.q.direct_arrived[peer].swap_remove(i);
-                    c.q.recvq[peer].pop_front();
+                    self.q.direct_arrived[peer].swap_remove(i);
+                    self.q.recvq[peer].pop_front();
+                    self.q.recvs -= 1;
                     c.sched.handle_complete(id);
                     moved = true;
                     continue;
@@ -583,7 +703,7 @@ impl Protocol {
                     ));
                 }
                 l.heard(self.now, h.sig.seq);
-                self.actions.push_back(Action::Deliver {
+                self.actions.push(Action::Deliver {
                     peer,
                     slot: k,
                     dst,
@@ -595,226 +715,14 @@ impl Protocol {
                 l.arrived[k] = None;
                 l.rx_ctr += 1;
                 l.unreturned += 1;
-                c.q.recvq[peer].pop_front();
+                self.unreturned = true;
+                self.q.recvq[peer].pop_front();
+                self.q.recvs -= 1;
                 c.sched.handle_complete(id);
                 moved = true;
             }
         }
         Ok(moved)
-    }
-
-    /// A peer's eager message for the operation this rank runs through slots: a mismatch.
-    fn check_eager_mismatch(&self) -> Result<(), ProtoError> {
-        let Some(c) = self.call.as_ref() else {
-            return Ok(());
-        };
-        if c.sig.coll == Collective::SendRecv {
-            return Ok(());
-        }
-        for p in 0..self.cfg.world {
-            if let Some(part) = self.parts.find(p, c.sig.seq) {
-                return Err(ProtoError::Mismatch {
-                    peer: p,
-                    ours: c.sig,
-                    theirs: part.hdr.sig,
-                    detail: eager_detail(&c.sig, &part.hdr.sig, self.cfg.rank, p),
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// Posts and sends of an eager operation: whole messages, no slots.
-    fn post(&mut self) -> bool {
-        let Some(c) = self.call.as_mut() else {
-            return false;
-        };
-        let mut moved = false;
-        let dsize = c.sig.dtype.size();
-        let header = |msg: u32, len: usize| DataHeaderRepr {
-            sig: c.sig,
-            msg,
-            payload_len: (len * dsize) as u32,
-            sender: self.cfg.rank as u32,
-            crc32c: None,
-        };
-        for peer in 0..self.cfg.world {
-            while let Some(s) = c.q.sendq[peer].pop_front() {
-                let m = c.q.send_msg[peer];
-                c.q.send_msg[peer] += 1;
-                self.actions.push_back(Action::EagerSend {
-                    peer,
-                    header: header(m, s.len),
-                    src: s.src,
-                    len: s.len,
-                    checksum: self.cfg.checksum,
-                });
-                c.sched.handle_complete(s.id);
-                moved = true;
-            }
-        }
-        if let Some(&s) = c.q.posts.front()
-            && !self.post_waiting
-            && self.post_tried != self.round
-        {
-            // A post is a message to every peer, counted with the sends to each; an eager
-            // program posts before it sends, so the index is the same for all peers.
-            let m = c.q.send_msg[(self.cfg.rank + 1) % self.cfg.world];
-            self.actions.push_back(Action::Post {
-                header: header(m, s.len),
-                src: s.src,
-                len: s.len,
-                checksum: self.cfg.checksum,
-                board: self.board,
-            });
-            if self.board {
-                // Its completion, and the progress, wait for the answer.
-                self.post_waiting = true;
-                self.post_tried = self.round;
-            } else {
-                c.q.posts.pop_front();
-                c.q.send_msg.iter_mut().for_each(|m| *m += 1);
-                c.sched.handle_complete(s.id);
-                moved = true;
-            }
-        }
-        moved
-    }
-
-    /// Whether the posting handed out last went up; a refused one (a peer has not released
-    /// the slot it would reuse) is tried again next round.
-    pub fn handle_posted(&mut self, accepted: bool) {
-        self.post_waiting = false;
-        let Some(c) = self.call.as_mut() else {
-            return;
-        };
-        if accepted && let Some(s) = c.q.posts.pop_front() {
-            c.q.send_msg.iter_mut().for_each(|m| *m += 1);
-            c.sched.handle_complete(s.id);
-            self.moved = true;
-        }
-    }
-
-    /// Receives of an eager operation: a peer's message (or board posting) for it, at most
-    /// one per peer per pass (the driver reads it through [`eager_payload`](Self::eager_payload)).
-    fn consume_eager(&mut self) -> Result<bool, ProtoError> {
-        let Some(c) = self.call.as_mut() else {
-            return Ok(false);
-        };
-        let mut moved = false;
-        let (rank, seq) = (self.cfg.rank, c.sig.seq);
-        for peer in 0..self.cfg.world {
-            let Some(&pr) = c.q.recvq[peer].front() else {
-                continue;
-            };
-            let bytes = pr.len * c.sig.dtype.size();
-            if let Some(part) = self.parts.find(peer, seq) {
-                let h = part.hdr;
-                if h.sig != c.sig || h.msg != pr.msg || h.payload_len as usize != bytes {
-                    return Err(mismatch(peer, &c.sig, &h, pr.msg, bytes));
-                }
-                if h.crc32c.is_none() && self.cfg.checksum {
-                    return Err(ProtoError::violation(
-                        peer,
-                        Violation::MissingChecksum {
-                            sig: c.sig,
-                            msg: pr.msg,
-                        },
-                    ));
-                }
-                self.parts.take(peer, seq);
-                self.actions.push_back(Action::DeliverEager {
-                    peer,
-                    dst: pr.dst,
-                    with: pr.with,
-                    len: pr.len,
-                    msg: pr.msg,
-                    crc: h.crc32c,
-                });
-                c.q.recvq[peer].pop_front();
-                c.sched.handle_complete(pr.id);
-                moved = true;
-                continue;
-            }
-            if self.board && self.board_tried[peer] != self.round {
-                self.board_tried[peer] = self.round;
-                self.actions.push_back(Action::BoardRead { peer, seq });
-            }
-            // The peer sent its part of this operation through slots: it runs it differently.
-            let l = &self.links[peer];
-            if let Some(h) = l.arrived[l.slot(l.rx_ctr)]
-                && h.sig.seq == seq
-                && h.sig.coll != Collective::SendRecv
-            {
-                return Err(ProtoError::Mismatch {
-                    peer,
-                    ours: c.sig,
-                    theirs: h.sig,
-                    detail: eager_detail(&c.sig, &h.sig, peer, rank),
-                });
-            }
-        }
-        Ok(moved)
-    }
-
-    /// The buffer a [`BoardRead`](Action::BoardRead) of `peer` fills.
-    pub fn board_buf(&mut self, peer: usize) -> &mut Vec<u8> {
-        self.parts.board_buf(peer)
-    }
-
-    /// The outcome of a [`BoardRead`](Action::BoardRead) of `peer`: whether a posting was
-    /// there (then it is in [`board_buf`](Self::board_buf)).
-    pub fn handle_board_read(&mut self, peer: usize, got: bool) -> Result<(), ProtoError> {
-        if !got {
-            return Ok(());
-        }
-        let hdr = self.check_message(peer, self.parts.board_data(peer))?;
-        let Some(c) = self.call.as_ref() else {
-            return Ok(());
-        };
-        if c.mode == Mode::Slots {
-            // A posting under the sequence number of an operation this rank runs through slots.
-            return Err(ProtoError::Mismatch {
-                peer,
-                ours: c.sig,
-                theirs: hdr.sig,
-                detail: eager_detail(&c.sig, &hdr.sig, self.cfg.rank, peer),
-            });
-        }
-        self.parts.push_board(peer, hdr);
-        self.moved = true;
-        Ok(())
-    }
-
-    /// The payload of `peer`'s eager message that the last
-    /// [`DeliverEager`](Action::DeliverEager) of `peer` names.
-    pub fn eager_payload(&self, peer: usize) -> &[u8] {
-        self.parts.payload(peer)
-    }
-
-    /// The header of a whole message from `peer` (eager message or board posting), checked
-    /// against this communicator and its own length.
-    fn check_message(&self, peer: usize, data: &[u8]) -> Result<DataHeaderRepr, ProtoError> {
-        let v = |violation| ProtoError::violation(peer, violation);
-        let h = DataHeaderRepr::parse(&DataHeader::new_unchecked(data))
-            .map_err(|e| v(Violation::BadHeader(e)))?;
-        let comm = self.call.as_ref().map(|c| c.sig.comm_id);
-        if let Some(ours) = comm
-            && h.sig.comm_id != ours
-        {
-            return Err(v(Violation::ForeignCommunicator {
-                theirs: h.sig.comm_id,
-                ours,
-            }));
-        }
-        if h.sender as usize != peer || data.len() != DATA_HEADER_LEN + h.payload_len as usize {
-            return Err(v(Violation::BadFraming {
-                len: data.len(),
-                sender: h.sender,
-                payload: h.payload_len,
-            }));
-        }
-        Ok(h)
     }
 
     /// A write with immediate from `peer` landed (`len` bytes). A slot write's header is read
@@ -828,11 +736,12 @@ impl Protocol {
         header: impl FnOnce(usize) -> &'h [u8],
     ) -> Result<(), ProtoError> {
         self.moved = true;
+        self.dirty = true;
         self.now = now;
         if imm & IMM_DIRECT != 0 {
             let msg = imm & !IMM_DIRECT;
             let ok = self.call.as_ref().is_some_and(|c| {
-                c.q.recvq[peer].iter().any(|pr| {
+                self.q.recvq[peer].iter().any(|pr| {
                     pr.direct && pr.msg == msg && pr.len * c.sig.dtype.size() == len as usize
                 })
             });
@@ -842,7 +751,7 @@ impl Protocol {
                     Violation::UnsolicitedDirect { msg, len },
                 ));
             };
-            c.q.direct_arrived[peer].push(msg);
+            self.q.direct_arrived[peer].push(msg);
             self.links[peer].heard(now, c.sig.seq);
             return Ok(());
         }
@@ -872,13 +781,14 @@ impl Protocol {
     /// A one-sided write of this rank's is done: its buffers may be reused.
     pub fn handle_write_done(&mut self, wr: u64) {
         if let Some(c) = self.call.as_mut()
-            && let Some((id, peer, k)) = c.q.inflight.remove(&wr)
+            && let Some((id, peer, k)) = self.q.inflight.remove(&wr)
         {
             if k != usize::MAX {
                 self.links[peer].hdr_busy[k] = false;
             }
             c.sched.handle_complete(id);
             self.moved = true;
+            self.dirty = true;
         }
     }
 
@@ -891,6 +801,7 @@ impl Protocol {
         now: Instant,
     ) -> Result<(), ProtoError> {
         self.moved = true;
+        self.dirty = true;
         self.now = now;
         let seq = self.current_seq();
         self.links[peer].heard(now, seq);
@@ -936,7 +847,7 @@ impl Protocol {
                     Some(c) => (c.sig.seq, true),
                     None => (self.last_seq, false),
                 };
-                self.actions.push_back(Action::Control {
+                self.actions.push(Action::Control {
                     peer,
                     msg: ControlRepr::ProbeReply { seq, inside },
                     required: false,
@@ -955,66 +866,42 @@ impl Protocol {
         Ok(())
     }
 
-    /// An eager message from `peer`: kept until the operation it belongs to takes it. A peer
-    /// cannot have passed an operation of this rank's that needs its message: one for an
-    /// operation this rank has finished is a protocol error. Send/recv numbers its operations
-    /// per peer, apart from the collectives.
-    fn eager_arrived(&mut self, peer: usize, data: Vec<u8>) -> Result<(), ProtoError> {
-        let h = self.check_message(peer, &data)?;
-        let current = self
-            .call
-            .as_ref()
-            .filter(|c| c.sig.coll != Collective::SendRecv)
-            .map(|c| c.sig);
-        let done = current.map_or(self.last_coll_seq, |s| s.seq - 1);
-        let v = |violation| ProtoError::violation(peer, violation);
-        if h.sig.seq <= done {
-            return Err(v(Violation::Late {
-                theirs: h.sig,
-                done,
-            }));
-        }
-        if self.parts.pending[peer].len() >= EAGER_AHEAD_MAX {
-            return Err(v(Violation::TooFarAhead {
-                max: EAGER_AHEAD_MAX,
-            }));
-        }
-        self.parts.push(peer, h, data);
-        Ok(())
-    }
-
     /// A control message could not go to `peer`, which is gone. A clear-to-send that did not
     /// go out means the message comes through a slot (the peer, if it finished, already sent it
     /// so).
     pub fn handle_unsent(&mut self, peer: usize, msg: &ControlRepr<'_>) {
         if let ControlRepr::ClearToSend(cts) = msg
-            && let Some(c) = self.call.as_mut()
-            && let Some(pr) = c.q.recvq[peer].iter_mut().find(|pr| pr.msg == cts.msg)
+            && self.call.is_some()
+            && let Some(pr) = self.q.recvq[peer].iter_mut().find(|pr| pr.msg == cts.msg)
         {
             pr.direct = false;
+            self.dirty = true;
         }
     }
 
     /// Queues the return of consumed slots: all with `all`, else per peer once half its window
     /// waits.
     fn return_credits(&mut self, all: bool) {
+        let mut left = false;
         for (peer, l) in self.links.iter_mut().enumerate() {
             if let Some(count) = l.credits_due(all) {
                 l.unreturned = 0;
-                self.actions.push_back(Action::Control {
+                self.actions.push(Action::Control {
                     peer,
                     msg: ControlRepr::Credit { count },
                     required: true,
                 });
             }
+            left |= l.unreturned > 0;
         }
+        self.unreturned = left;
     }
 
     /// Asks every peer for which `alive` holds where it is (a timeout).
     pub fn begin_probe(&mut self, alive: impl Fn(usize) -> bool) {
         self.probe.clear();
         for p in (0..self.cfg.world).filter(|&p| p != self.cfg.rank && alive(p)) {
-            self.actions.push_back(Action::Control {
+            self.actions.push(Action::Control {
                 peer: p,
                 msg: ControlRepr::Probe,
                 required: false,
@@ -1039,7 +926,7 @@ impl Protocol {
             end -= 1;
         }
         for p in (0..self.cfg.world).filter(|&p| p != self.cfg.rank) {
-            self.actions.push_back(Action::Control {
+            self.actions.push(Action::Control {
                 peer: p,
                 msg: ControlRepr::Abort {
                     reason: reason[..end].to_string().into(),
@@ -1058,31 +945,9 @@ impl Protocol {
     }
 
     /// The slot `slot` of `peer`'s part of this rank's inbox: its offset in the inbox region.
+    #[inline]
     pub fn slot_offset(&self, peer: usize, slot: usize) -> usize {
         (peer * self.cfg.nslots + slot) * self.stride
-    }
-}
-
-/// A message whose header disagrees with the receive waiting for it.
-fn mismatch(
-    peer: usize,
-    ours: &Signature,
-    h: &DataHeaderRepr,
-    msg: u32,
-    bytes: usize,
-) -> ProtoError {
-    ProtoError::Mismatch {
-        peer,
-        ours: *ours,
-        theirs: h.sig,
-        detail: if h.sig == *ours {
-            format!(
-                "message {} of {} bytes where message {msg} of {bytes} bytes was expected",
-                h.msg, h.payload_len
-            )
-        } else {
-            String::new()
-        },
     }
 }
 

@@ -82,7 +82,8 @@
 //! that memory: one copy in, one copy out per reader, no record, completion or wake-up per
 //! peer. Postings alternate between two slots; a slot is rewritten only when every peer has
 //! *released* the posting in it (the transport refuses the post until then, and the machine
-//! tries again next round). A reader releases a call's postings when the call is done. A
+//! tries again next round). A reader releases a call's postings when its next call starts,
+//! just before that call's own posting, which carries the release to the peers. A
 //! waiting rank's transport watches the call's postings, so a posting wakes a sleeping reader.
 //!
 //! Every rank must choose eager or scheduled alike. A rank that runs a call eagerly and finds

@@ -16,6 +16,7 @@
 mod action;
 mod call;
 mod eager;
+mod eager_mode;
 mod error;
 mod link;
 mod machine;

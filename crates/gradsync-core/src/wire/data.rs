@@ -109,6 +109,17 @@ impl<T: AsRef<[u8]>> DataHeader<T> {
     }
 }
 
+impl<T: AsRef<[u8]> + AsMut<[u8]>> DataHeader<T> {
+    /// Writes the signature field (every byte of it).
+    pub fn set_signature(&mut self, sig: &Signature) {
+        sig.emit(&mut self.buffer.as_mut()[field::SIG..field::SIG + SIGNATURE_LEN]);
+    }
+    /// Writes the payload length.
+    pub fn set_payload_len(&mut self, len: u32) {
+        self.buffer.as_mut()[field::LEN..field::LEN + 4].copy_from_slice(&len.to_le_bytes());
+    }
+}
+
 /// Parsed form of a data header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DataHeaderRepr {

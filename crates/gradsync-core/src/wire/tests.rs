@@ -352,6 +352,21 @@ proptest! {
     }
 
     #[test]
+    fn data_header_setters_equal_emit(a in any_signature(), b in any_signature(),
+                                           la in any::<u32>(), lb in any::<u32>()) {
+        // Emitting `a` and setting `b`'s signature and length gives the bytes of emitting `b`.
+        let r = |sig, payload_len| DataHeaderRepr { sig, msg: 7, payload_len, sender: 3, crc32c: None };
+        let mut got = [0u8; DATA_HEADER_LEN];
+        r(a, la).emit(&mut DataHeader::new_unchecked(&mut got[..]));
+        let mut h = DataHeader::new_unchecked(&mut got[..]);
+        h.set_signature(&b);
+        h.set_payload_len(lb);
+        let mut want = [0u8; DATA_HEADER_LEN];
+        r(b, lb).emit(&mut DataHeader::new_unchecked(&mut want[..]));
+        prop_assert_eq!(got, want);
+    }
+
+    #[test]
     fn fuzz_signature_parse_never_panics(b in proptest::collection::vec(any::<u8>(), 0..40)) {
         if let Ok(s) = Signature::parse(&b) {
             let mut out = [0u8; SIGNATURE_LEN];

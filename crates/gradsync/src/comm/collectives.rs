@@ -16,7 +16,20 @@ impl Communicator {
     /// All-reduce in place: every rank ends with `op` over all ranks' `buf`, bitwise identical on
     /// every rank.
     pub fn all_reduce<T: Element>(&mut self, buf: &mut [T], op: ReduceOp) -> Result<()> {
-        self.all_reduce_async(buf, op)?.wait()
+        let b = raw(buf);
+        // SAFETY: `buf` is borrowed for the call, which runs the operation to its end.
+        unsafe {
+            self.run(
+                Collective::AllReduce,
+                T::DTYPE,
+                op,
+                0,
+                buf.len(),
+                b,
+                b,
+                true,
+            )
+        }
     }
 
     /// All-reduce out of place: `output` gets `op` over all ranks' `input`.

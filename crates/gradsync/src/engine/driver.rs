@@ -53,6 +53,8 @@ pub(crate) struct EngineOptions {
 pub(crate) struct Planned {
     pub(crate) sched: Box<Schedule>,
     pub(crate) params: Option<Params>,
+    /// The buffer lengths its ops were last checked against (a cached schedule).
+    pub(crate) checked: Option<[usize; 3]>,
 }
 
 /// Schedules kept for reuse: a training loop calls the same collectives with the same sizes
@@ -85,6 +87,8 @@ pub(super) struct Running {
     pub(super) _scratch: Option<AlignedBuf>,
     /// Handle of this operation in the flight recorder.
     pub(super) record: usize,
+    /// When it started (its deadline counts from here).
+    pub(super) started: Instant,
     /// Receives copy into place with non-temporal stores.
     pub(super) streaming: bool,
 }
@@ -115,9 +119,11 @@ pub(crate) struct Engine {
     /// Scratch space of small operations and its registration.
     pub(super) scratch_pool: Option<(AlignedBuf, MemoryRegion)>,
     /// Finished schedules by the parameters they were planned from, most recent last.
-    pub(super) sched_cache: Vec<(Params, Box<Schedule>)>,
+    pub(super) sched_cache: Vec<(Params, Box<Schedule>, [usize; 3])>,
     /// Where an outgoing eager message is built (kept for its allocation).
     pub(super) msg: Vec<u8>,
+    /// The machine's actions being carried out (kept for its allocation).
+    pub(super) batch: Vec<proto::Action>,
     /// The engine's last clock reading (operation start, idle rounds): when peers were last
     /// heard from, without a clock read per message.
     pub(super) now_coarse: Instant,
@@ -203,6 +209,7 @@ impl Engine {
                 scratch_pool: None,
                 sched_cache: Vec::new(),
                 msg: Vec::new(),
+                batch: Vec::new(),
                 now_coarse: now,
             },
             remote,
@@ -305,7 +312,11 @@ impl Engine {
         output: RawBuf,
     ) -> Result<(), Error> {
         self.check_usable()?;
-        let Planned { sched, params } = planned;
+        let Planned {
+            sched,
+            params,
+            checked,
+        } = planned;
         let mode = match params {
             Some(p) if p.algorithm == Algorithm::Eager => Mode::Eager,
             _ => Mode::Slots,
@@ -365,7 +376,12 @@ impl Engine {
             _ => RawBuf::default(),
         };
         let bufs = [input, output, sbuf];
-        check_bounds(self.rank, &sig, prog, &bufs, self.world)?;
+        let lens = bufs.map(|b| b.len);
+        // A restarted schedule over buffers of the lengths it was checked against needs no
+        // second look (a training loop's every step).
+        if checked != Some(lens) {
+            check_bounds(self.rank, &sig, prog, &bufs, self.world)?;
+        }
         let mut lkeys = [0u32; 3];
         let mut rkeys = [0u32; 3];
         let mut mrs = Vec::new();
@@ -388,16 +404,6 @@ impl Engine {
                 }
             }
         }
-        let peers = prog.ops().iter().filter_map(|op| match *op {
-            Op::Send { peer, .. } | Op::Recv { peer, .. } => Some(peer),
-            _ => None,
-        });
-        let peers: Vec<usize> = if mode == Mode::Eager {
-            (0..self.world).filter(|&p| p != self.rank).collect()
-        } else {
-            peers.collect()
-        };
-        let record = self.begin(&sig, algo, peers.into_iter());
         self.proto.start(sig, sched, mode, rkeys, self.now_coarse);
         self.running = Some(Running {
             sig,
@@ -406,9 +412,38 @@ impl Engine {
             lkeys,
             mrs,
             _scratch: scratch,
-            record,
+            record: crate::recorder::NO_HANDLE,
+            started: self.now_coarse,
             streaming: sig.count.saturating_mul(dsize as u64) >= STREAMING_OP_MIN as u64,
         });
+        // What can go at once goes before the bookkeeping: the first messages (an eager post)
+        // leave sooner, and the clock read and the flight record overlap their flight.
+        let early = self.run_actions();
+        let started = Instant::now();
+        self.now_coarse = started;
+        // The ranks it exchanges data with: every other for an eager operation (its post goes
+        // to all), the peers of its sends and receives otherwise.
+        let (rank, world) = (self.rank, self.world);
+        let prog = self.proto.schedule().expect("started").program();
+        let record = record_start(&self.recorder, started, &sig, algo, |peers| {
+            if mode == Mode::Eager {
+                peers.extend((0..world).filter(|&p| p != rank));
+                return;
+            }
+            peers.extend(prog.ops().iter().filter_map(|op| match *op {
+                Op::Send { peer, .. } | Op::Recv { peer, .. } => Some(peer),
+                _ => None,
+            }));
+            peers.sort_unstable();
+            peers.dedup();
+        });
+        let r = self.running.as_mut().expect("running");
+        (r.record, r.started) = (record, started);
+        if let Err(e) = early {
+            let e = self.abort_behind(e);
+            self.fail(&e);
+            return Err(e);
+        }
         Ok(())
     }
 
@@ -454,32 +489,6 @@ impl Engine {
         Ok((mr, None))
     }
 
-    /// The bookkeeping of an operation that starts now: the engine's clock and its flight
-    /// record (with the ranks it exchanges data with). Returns the record's handle.
-    fn begin(
-        &mut self,
-        sig: &Signature,
-        algo: &'static str,
-        peers: impl Iterator<Item = usize>,
-    ) -> usize {
-        let started = Instant::now();
-        self.now_coarse = started;
-        self.recorder.start_with(started, |rec| {
-            rec.seq = sig.seq;
-            rec.op = sig.coll.name().into();
-            rec.dtype = sig.dtype.name().into();
-            rec.count = sig.count;
-            rec.algorithm = algo.into();
-            rec.bytes = sig.count * sig.dtype.size() as u64;
-            if matches!(sig.coll, Collective::Broadcast | Collective::Reduce) {
-                rec.root = Some(sig.root);
-            }
-            rec.peers.extend(peers);
-            rec.peers.sort_unstable();
-            rec.peers.dedup();
-        })
-    }
-
     /// Drives the running operation. With `block`, returns only when it is done (or failed);
     /// otherwise makes one round of progress. Returns whether it is done. On error the
     /// communicator is poisoned and peers are told.
@@ -503,24 +512,28 @@ impl Engine {
     }
 
     fn finish(&mut self) {
-        let Some(r) = self.running.take() else {
+        // What is kept is read where it lies: the record is large, and moving it out costs a
+        // copy on the path between two operations.
+        let Some(r) = self.running.as_ref() else {
             return;
         };
         for mr in &r.mrs {
             self.ep.deregister(mr);
         }
+        let (record, params, lens) = (r.record, r.params, r.bufs.map(|b| b.len));
+        self.running = None;
         let Some(f) = self.proto.finish() else {
             return;
         };
         if !f.completed {
             return;
         }
-        self.recorder.finish(r.record, OpState::Completed, None);
-        if let Some(p) = r.params {
+        self.recorder.finish(record, OpState::Completed, None);
+        if let Some(p) = params {
             if self.sched_cache.len() >= SCHEDULE_CACHE {
                 self.sched_cache.remove(0);
             }
-            self.sched_cache.push((p, f.sched));
+            self.sched_cache.push((p, f.sched, lens));
         }
     }
 
@@ -529,18 +542,29 @@ impl Engine {
         Planned {
             sched: Box::new(Schedule::new(prog, self.world)),
             params: None,
+            checked: None,
         }
     }
 
     /// The schedule of `params`: a finished one restarted when the same parameters ran
     /// recently, else newly generated.
     pub(crate) fn schedule_for(&mut self, params: &Params) -> Result<Planned, PlanError> {
-        if let Some(i) = self.sched_cache.iter().rposition(|(p, _)| p == params) {
-            let (p, mut sched) = self.sched_cache.remove(i);
+        // A loop of equal calls finds its schedule last in the cache.
+        let i = match self.sched_cache.last() {
+            Some((p, ..)) if p == params => Some(self.sched_cache.len() - 1),
+            _ => self.sched_cache.iter().rposition(|(p, ..)| p == params),
+        };
+        if let Some(i) = i {
+            let (p, mut sched, lens) = if i + 1 == self.sched_cache.len() {
+                self.sched_cache.pop().expect("non-empty")
+            } else {
+                self.sched_cache.remove(i)
+            };
             sched.restart();
             return Ok(Planned {
                 sched,
                 params: Some(p),
+                checked: Some(lens),
             });
         }
         let mut planned = self.one_off(plan::build(params)?);
@@ -588,7 +612,7 @@ impl Engine {
     }
 
     fn progress_inner(&mut self, block: bool) -> Result<bool, Error> {
-        let deadline = self.proto.started().expect("running") + self.opts.timeout;
+        let deadline = self.running.as_ref().expect("running").started + self.opts.timeout;
         let mut idle_since: Option<Instant> = None;
         let mut idle_polls: u32 = 0;
         let mut busy = self.opts.busy_spin > Duration::ZERO;
@@ -651,6 +675,10 @@ impl Engine {
         // (a board read that finds nothing, a refused posting) are not.
         let mut moved = false;
         self.run_actions()?;
+        if self.proto.is_done() {
+            // What was done (a board posting read at once) ends the operation: no poll first.
+            return Ok(true);
+        }
         self.comps.clear();
         self.ep
             .poll(&mut self.comps)
@@ -748,4 +776,27 @@ impl Drop for Engine {
         self.ep.deregister(&a);
         self.ep.deregister(&b);
     }
+}
+
+/// The flight record of an operation that started at `started` (with the ranks it exchanges
+/// data with, as `peers` fills them in); its handle.
+fn record_start(
+    recorder: &FlightRecorder,
+    started: Instant,
+    sig: &Signature,
+    algo: &'static str,
+    peers: impl FnOnce(&mut Vec<usize>),
+) -> usize {
+    recorder.start_with(started, |rec| {
+        rec.seq = sig.seq;
+        rec.op = sig.coll.name().into();
+        rec.dtype = sig.dtype.name().into();
+        rec.count = sig.count;
+        rec.algorithm = algo.into();
+        rec.bytes = sig.count * sig.dtype.size() as u64;
+        if matches!(sig.coll, Collective::Broadcast | Collective::Reduce) {
+            rec.root = Some(sig.root);
+        }
+        peers(&mut rec.peers);
+    })
 }

@@ -6,9 +6,7 @@ use super::memory::{RawBuf, buf_index, slice};
 use crate::error::Error;
 use gradsync_core::proto::{Action, ProtoError, Target};
 use gradsync_core::schedule::{Loc, Op};
-use gradsync_core::wire::{
-    Control, ControlRepr, DATA_HEADER_LEN, DataHeader, DataHeaderRepr, Signature,
-};
+use gradsync_core::wire::{Control, ControlRepr, DATA_HEADER_LEN, DataHeader, Signature};
 use gradsync_core::{DataType, ReduceOp};
 use gradsync_transport::{Board, Completion, RemoteRegion, Sge, TransportError};
 
@@ -48,15 +46,25 @@ impl Engine {
     /// Carries out every action the machine has now. Returns whether there was any.
     pub(super) fn run_actions(&mut self) -> Result<bool, Error> {
         let mut any = false;
-        loop {
-            let a = match self.proto.poll_action() {
-                Ok(Some(a)) => a,
-                Ok(None) => return Ok(any),
-                Err(e) => return Err(self.proto_error(e)),
-            };
+        let mut batch = std::mem::take(&mut self.batch);
+        let res = loop {
+            if let Err(e) = self.proto.poll_actions(&mut batch) {
+                break Err(self.proto_error(e));
+            }
+            if batch.is_empty() {
+                break Ok(any);
+            }
             any = true;
-            self.act(a)?;
-        }
+            // By reference: an action is read where it lies, never moved.
+            let res = batch.iter().try_for_each(|a| self.act(a));
+            batch.clear();
+            if let Err(e) = res {
+                break Err(e);
+            }
+        };
+        batch.clear();
+        self.batch = batch;
+        res
     }
 
     /// After a failure: sends the control messages the machine has (the abort), best effort,
@@ -69,8 +77,8 @@ impl Engine {
         }
     }
 
-    fn act(&mut self, a: Action) -> Result<(), Error> {
-        match a {
+    fn act(&mut self, a: &Action) -> Result<(), Error> {
+        match *a {
             Action::Write {
                 peer,
                 wr,
@@ -82,9 +90,9 @@ impl Engine {
             } => self.write(peer, wr, src, len, to, imm, checksum),
             Action::Control {
                 peer,
-                msg,
+                ref msg,
                 required,
-            } => self.control(peer, &msg, required),
+            } => self.control(peer, msg, required),
             Action::Deliver {
                 peer,
                 slot,
@@ -128,28 +136,29 @@ impl Engine {
             Action::Local(op) => self.local(op),
             Action::EagerSend {
                 peer,
-                header,
+                msg,
                 src,
                 len,
                 checksum,
             } => {
-                self.build_message(header, src, len, checksum);
+                self.build_message(msg, src, len, checksum);
                 self.ep
                     .post_send(peer, &self.msg, 0)
                     .map_err(|e| Error::transport(self.rank, "eager send", e))
             }
             Action::Post {
-                header,
+                msg,
                 src,
                 len,
                 checksum,
                 board,
             } => {
-                self.build_message(header, src, len, checksum);
+                self.build_message(msg, src, len, checksum);
+                let seq = self.running.as_ref().expect("running").sig.seq;
                 if board {
                     let (rank, msg) = (self.rank, std::mem::take(&mut self.msg));
                     let res = self.transport_board("eager post").and_then(|b| {
-                        b.post(header.sig.seq, &msg)
+                        b.post(seq, &msg)
                             .map_err(|e| Error::transport(rank, "eager post", e))
                     });
                     self.msg = msg;
@@ -218,11 +227,8 @@ impl Engine {
             lkey: r.lkeys[buf_index(src.buf)],
         };
         let (sges, n, remote, offset) = match to {
-            Target::Slot {
-                slot,
-                offset,
-                mut header,
-            } => {
+            Target::Slot { slot, offset, msg } => {
+                let mut header = self.proto.data_header(msg, bytes);
                 let hdr_off = (peer * self.opts.nslots + slot) * DATA_HEADER_LEN;
                 if checksum {
                     header.crc32c = Some(crc(r.bufs, src, len, dt));
@@ -287,10 +293,11 @@ impl Engine {
     }
 
     /// Builds a whole message (header and payload) in the engine's message buffer.
-    fn build_message(&mut self, mut header: DataHeaderRepr, src: Loc, len: usize, checksum: bool) {
+    fn build_message(&mut self, msg: u32, src: Loc, len: usize, checksum: bool) {
         let r = self.running.as_ref().expect("running");
         let dt = r.sig.dtype;
         let s = slice(&r.bufs, src, len, dt);
+        let mut header = self.proto.data_header(msg, s.len);
         if checksum {
             header.crc32c = Some(crc(r.bufs, src, len, dt));
         }

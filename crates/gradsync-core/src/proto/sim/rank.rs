@@ -227,8 +227,8 @@ impl SimRank {
                 } => {
                     let r = self.running.as_ref().expect("running");
                     let header = match to {
-                        Target::Slot { header, .. } => {
-                            let mut h = header;
+                        Target::Slot { msg, .. } => {
+                            let mut h = self.proto.data_header(msg, len * r.dtype.size());
                             if checksum {
                                 h.crc32c = Some(crc32c(&Self::read(r, src, len)));
                             }
@@ -265,15 +265,7 @@ impl SimRank {
                     let r = self.running.as_mut().expect("running");
                     let bytes = len * r.dtype.size();
                     let data = self.inbox[off + DATA_HEADER_LEN..][..bytes].to_vec();
-                    if let Some(want) = crc
-                        && crc32c(&data) != want
-                    {
-                        return Err(SimError::Corrupt {
-                            rank: me,
-                            peer,
-                            msg,
-                        });
-                    }
+                    check_crc(crc, &data, me, peer, msg)?;
                     Self::land(r, op, dst, with, &data);
                     self.slot_full[peer * self.proto.config().nslots + slot] = false;
                 }
@@ -293,15 +285,7 @@ impl SimRank {
                             data.len()
                         )));
                     }
-                    if let Some(want) = crc
-                        && crc32c(&data) != want
-                    {
-                        return Err(SimError::Corrupt {
-                            rank: me,
-                            peer,
-                            msg,
-                        });
-                    }
+                    check_crc(crc, &data, me, peer, msg)?;
                     Self::land(r, op, dst, with, &data);
                 }
                 Action::Local(o) => {
@@ -310,12 +294,13 @@ impl SimRank {
                 }
                 Action::EagerSend {
                     peer,
-                    header,
+                    msg,
                     src,
                     len,
                     checksum,
                 } => {
                     let r = self.running.as_ref().expect("running");
+                    let header = self.proto.data_header(msg, len * r.dtype.size());
                     let data = Self::message(r, header, src, len, checksum);
                     out.push(Event::Msg {
                         from: me,
@@ -324,13 +309,14 @@ impl SimRank {
                     });
                 }
                 Action::Post {
-                    header,
+                    msg,
                     src,
                     len,
                     checksum,
                     board,
                 } => {
                     let r = self.running.as_ref().expect("running");
+                    let header = self.proto.data_header(msg, len * r.dtype.size());
                     let data = Self::message(r, header, src, len, checksum);
                     if board {
                         // The slot it reuses must have been released by every peer.
@@ -370,5 +356,19 @@ impl SimRank {
                 Action::BoardWatch { .. } => {}
             }
         }
+    }
+}
+
+/// A payload's checksum, when its header carried one, against the bytes that arrived.
+fn check_crc(
+    crc: Option<u32>,
+    data: &[u8],
+    rank: usize,
+    peer: usize,
+    msg: u32,
+) -> Result<(), SimError> {
+    match crc {
+        Some(want) if crc32c(data) != want => Err(SimError::Corrupt { rank, peer, msg }),
+        _ => Ok(()),
     }
 }
