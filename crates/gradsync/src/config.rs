@@ -302,22 +302,6 @@ pub(crate) fn parse_size(s: &str) -> Option<usize> {
     num.trim().parse::<usize>().ok()?.checked_mul(mul)
 }
 
-/// Expands the first host of a Slurm node list (`node[01-04,07],other` -> `node01`).
-pub(crate) fn first_slurm_host(list: &str) -> Option<String> {
-    let list = list.trim();
-    let end = list.find([',', '[']).unwrap_or(list.len());
-    let prefix = &list[..end];
-    if list[end..].starts_with('[') {
-        let inner = &list[end + 1..list[end..].find(']').map(|i| end + i)?];
-        let first = inner.split(',').next()?.split('-').next()?;
-        Some(format!("{prefix}{first}"))
-    } else if prefix.is_empty() {
-        None
-    } else {
-        Some(prefix.to_string())
-    }
-}
-
 impl Config {
     /// A configuration with default tunables for `rank` of `world`, meeting at `store_addr`.
     pub fn new(store_addr: impl Into<String>, rank: usize, world: usize) -> Self {
@@ -422,7 +406,10 @@ impl Config {
             Some(a) => a,
             None => match var("SLURM_NODELIST")
                 .or_else(|| var("SLURM_JOB_NODELIST"))
-                .and_then(|l| first_slurm_host(&l))
+                .map(|l| crate::slurm::first_host(&l))
+                .transpose()
+                .map_err(|e| Error::Config(format!("{e} (SLURM_NODELIST)")))?
+                .flatten()
             {
                 Some(h) if !single_host => h,
                 _ if single_host || world == 1 => "127.0.0.1".to_string(),
@@ -704,6 +691,21 @@ mod tests {
             (c.rank, c.world, c.store_addr.as_str()),
             (5, 8, "gpu07:29500")
         );
+        let slurm = |list| {
+            from(&[
+                ("SLURM_PROCID", "1"),
+                ("SLURM_NTASKS", "4"),
+                ("SLURM_NNODES", "2"),
+                ("SLURM_NODELIST", list),
+            ])
+        };
+        let c = slurm("a[01-04,7]-ib,b3").unwrap();
+        assert_eq!(c.store_addr, "a01-ib:29500");
+        let e = slurm("a[1-2-ib").unwrap_err().to_string();
+        assert!(
+            e.contains("a[1-2-ib") && e.contains("SLURM_NODELIST"),
+            "{e}"
+        );
         let e = from(&[("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "4")]).unwrap_err();
         assert!(e.to_string().contains("MASTER_ADDR is not set"), "{e}");
         assert!(
@@ -962,16 +964,5 @@ mod tests {
         assert!(!off.checksum);
         let e = from(&[base[0], base[1], ("GRADSYNC_CHECKSUM", "yes")]).unwrap_err();
         assert!(e.to_string().contains("GRADSYNC_CHECKSUM=\"yes\""), "{e}");
-    }
-
-    #[test]
-    fn slurm_nodelist() {
-        assert_eq!(
-            first_slurm_host("node[01-04,07]").as_deref(),
-            Some("node01")
-        );
-        assert_eq!(first_slurm_host("a,b").as_deref(), Some("a"));
-        assert_eq!(first_slurm_host("gpu7").as_deref(), Some("gpu7"));
-        assert_eq!(first_slurm_host(""), None);
     }
 }

@@ -67,6 +67,7 @@ mod engine;
 mod error;
 pub mod logging;
 pub mod recorder;
+pub mod slurm;
 pub mod topology;
 
 pub use comm::{Communicator, Pending, Work};
