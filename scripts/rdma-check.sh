@@ -51,6 +51,32 @@ for b in "$bin"/*; do
 done
 export RDMAVM_BINS="$bin/gs-transport-tests $bin/gs-conformance $bin/gradsync"
 
+step "fallback on this host (no RDMA here; GRADSYNC_IB_HCA names a device no host has): two ranks as two hosts"
+# auto: a WARN naming the cause, then the job runs over tcp; GRADSYNC_TRANSPORT=rdma: an error.
+fallback() {  # transport port: runs the 2 ranks, leaves their output in $bin/fb-RANK.txt
+    local pids=() r rc=0
+    for r in 0 1; do
+        RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$2 GRADSYNC_HOST_ID=fallback-$r \
+            GRADSYNC_IB_HCA=nosuchdev0 GRADSYNC_TRANSPORT=$1 GRADSYNC_TIMEOUT=20 \
+            timeout 60 "$bin/gradsync" bench all_reduce -b 8 -e 64K -f 8 -n 2 -w 1 -c 1 \
+            >"$bin/fb-$r.txt" 2>&1 &
+        pids+=($!)
+    done
+    for r in "${pids[@]}"; do wait "$r" || rc=1; done
+    return $rc
+}
+fallback auto 29613 || { cat "$bin"/fb-*.txt; echo "rdma-check: auto fallback failed"; exit 1; }
+for r in 0 1; do
+    grep -q "WARN.*rank $r: RDMA setup failed, falling back to tcp.*rdma device" "$bin/fb-$r.txt" ||
+        { cat "$bin/fb-$r.txt"; echo "rdma-check: rank $r did not warn of the fallback"; exit 1; }
+done
+if fallback rdma 29614; then
+    cat "$bin"/fb-*.txt; echo "rdma-check: GRADSYNC_TRANSPORT=rdma without a device succeeded"; exit 1
+fi
+grep -q "GRADSYNC_TRANSPORT=rdma.*rdma device" "$bin/fb-0.txt" ||
+    { cat "$bin/fb-0.txt"; echo "rdma-check: the forced rdma error does not name the cause"; exit 1; }
+grep -h "falling back\|GRADSYNC_TRANSPORT=rdma" "$bin"/fb-*.txt | head -4
+
 reps=${RDMA_CHECK_REPS:-3}
 # The single VM runs about 5 minutes of emulated work; leave room for a slower machine.
 export RDMAVM_TIMEOUT=${RDMAVM_TIMEOUT:-1200}

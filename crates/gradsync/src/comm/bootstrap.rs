@@ -512,7 +512,7 @@ impl Communicator {
                 Ok(s) => s.info(),
                 Err(e) => {
                     if !forced {
-                        tracing::info!(target: "gradsync::init", "rank {rank}: no RDMA, using tcp: {e}");
+                        tracing::warn!(target: "gradsync::init", "rank {rank}: RDMA setup failed, falling back to tcp (GRADSYNC_TRANSPORT=rdma makes this an error, GRADSYNC_IB_DISABLE=1 silences it): {e}");
                     }
                     Vec::new()
                 }
@@ -540,7 +540,7 @@ impl Communicator {
                         "GRADSYNC_TRANSPORT=rdma: rank {p} has no usable RDMA port (see its log)"
                     )));
                 }
-                tracing::info!(target: "gradsync::init", "rank {rank}: rank {p} has no RDMA port, using tcp");
+                tracing::warn!(target: "gradsync::init", "rank {rank}: rank {p} has no usable RDMA port (see its log), falling back to tcp");
                 return Ok(None);
             }
             let device = setup.device();
