@@ -284,9 +284,34 @@ impl Communicator {
             (RawBuf::default(), buf)
         };
         let planned = self.engine.one_off(prog);
+        let (dir, other) = if send {
+            ("to", "recv")
+        } else {
+            ("from", "send")
+        };
+        let bytes = count * dtype.size();
+        let seq = sig.seq;
+        // Sends and receives of a pair are matched by their numbers: send #n from rank a to
+        // rank b is received by b's recv #n from a, whatever the collectives in between.
+        tracing::trace!(
+            target: "gradsync::p2p",
+            "rank {}: {op_name} #{seq} {dir} rank {peer} posted: {count} x {dtype:?} ({bytes} B), matched with rank {peer}'s {other} #{seq}",
+            self.rank
+        );
+        let started = tracing::enabled!(target: "gradsync::p2p", tracing::Level::TRACE)
+            .then(std::time::Instant::now);
         // SAFETY: the buffer is borrowed by the caller for the whole call.
         unsafe { self.engine.start(sig, planned, "p2p", i, o)? };
-        self.engine.progress(true).map(drop)
+        self.engine.progress(true)?;
+        if let Some(t) = started {
+            tracing::trace!(
+                target: "gradsync::p2p",
+                "rank {}: {op_name} #{seq} {dir} rank {peer} complete: {bytes} B in {:.1} us",
+                self.rank,
+                t.elapsed().as_secs_f64() * 1e6
+            );
+        }
+        Ok(())
     }
 
     /// Plans a collective and takes its sequence number.
