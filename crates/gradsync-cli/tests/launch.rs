@@ -1,6 +1,8 @@
 //! `gradsync launch`, run as a binary: environment, output prefixes, failure propagation and
 //! signal forwarding.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -93,7 +95,9 @@ fn ranks_are_spread_over_the_cpus_when_asked() {
         // Each rank has its own share: disjoint, and no rank has every CPU.
         assert_ne!(lists[0], lists[1], "{lists:?}");
     } else {
-        println!("skipped the spread check: {cpus} CPU(s) for {nproc} ranks binds nothing");
+        common::skip(&format!(
+            "the spread check: {cpus} CPU(s) for {nproc} ranks binds nothing"
+        ));
     }
     let none = launch(&["--nproc", "2", "--", "sh", "-c", show]);
     assert!(none.status.success(), "{none:?}");

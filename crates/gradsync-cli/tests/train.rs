@@ -1,5 +1,7 @@
 //! `gradsync train` end to end: real ranks over loopback on Fashion-MNIST.
 
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -17,12 +19,12 @@ fn train(args: &[&str]) -> Output {
 }
 
 /// Whether the dataset is installed; prints why a test is skipped when it is not.
-fn have_data(test: &str) -> bool {
+fn have_data() -> bool {
     let ok = Path::new(DATA).is_file();
     if !ok {
-        eprintln!(
-            "skipping {test}: Fashion-MNIST is not installed ({DATA} is missing; apt-get install dataset-fashion-mnist)"
-        );
+        common::skip(&format!(
+            "Fashion-MNIST is not installed ({DATA} is missing; apt-get install dataset-fashion-mnist)"
+        ));
     }
     ok
 }
@@ -41,7 +43,7 @@ fn losses(text: &str) -> Vec<f64> {
 
 #[test]
 fn two_ranks_with_accumulation_learn_and_stay_identical() {
-    if !have_data("two_ranks_with_accumulation_learn_and_stay_identical") {
+    if !have_data() {
         return;
     }
     let out = train(&[
@@ -99,7 +101,7 @@ fn two_ranks_with_accumulation_learn_and_stay_identical() {
 
 #[test]
 fn bench_overlap_reports_both_modes_and_the_ratio() {
-    if !have_data("bench_overlap_reports_both_modes_and_the_ratio") {
+    if !have_data() {
         return;
     }
     let out = train(&["--nproc", "2", "--bench-overlap", "--batch", "16"]);

@@ -5,6 +5,8 @@ import pytest
 import gradsync
 from spawn_ranks import free_port
 
+pytest_plugins = ["ci_skips"]
+
 
 @pytest.fixture(scope="module")
 def comm():
