@@ -8,6 +8,10 @@
 //! the slowest rank's; the table gives every algorithm's median block time per call, the
 //! fastest forced algorithm, and `auto` (the automatic choice, eager included) against it.
 //!
+//! The inputs are those of `-c 1` ([`crate::check`]): after its timed rounds every entry makes one
+//! more call whose output is checked on every rank; an entry with wrong elements shows
+//! `wrong:N` in place of its time, is never the fastest, and makes the command fail.
+//!
 //! With `--tune`, rank 0 then adds every size's forced medians, as one more run, to the
 //! communicator's cost file ([`gradsync::cost::Measured`]): later automatic choices on the same
 //! layout of ranks take the algorithm with the least median over the recorded runs in place of
@@ -16,6 +20,8 @@
 use std::io::Write;
 use std::time::Instant;
 
+use super::total_wrong;
+use crate::check;
 use anyhow::Context;
 use gradsync::cost::median;
 use gradsync::{Algorithm, Collective, Communicator, ReduceOp};
@@ -61,6 +67,22 @@ pub struct SizeMedians {
     pub bytes: u64,
     /// Median seconds per call of each entry.
     pub median_s: Vec<f64>,
+    /// Wrong output elements of each entry's checked call, summed over ranks.
+    pub wrong: Vec<u64>,
+}
+
+impl SizeMedians {
+    /// Whether every entry's output was right.
+    pub fn all_right(&self) -> bool {
+        self.wrong.iter().all(|&w| w == 0)
+    }
+}
+
+/// The fastest forced entry whose output was right (its index), if any.
+pub fn fastest(choices: &[Choice], median_s: &[f64], wrong: &[u64]) -> Option<usize> {
+    (0..choices.len())
+        .filter(|&k| matches!(choices[k], Choice::Forced(_)) && wrong[k] == 0)
+        .min_by(|&a, &b| median_s[a].total_cmp(&median_s[b]))
 }
 
 /// Runs the comparison of f32 sum all-reduces over `sizes` (bytes) and prints it on rank 0,
@@ -91,18 +113,28 @@ pub fn run(
     }
     for &bytes in sizes {
         let count = (bytes as usize / 4).max(1);
-        let input: Vec<f32> = (0..count).map(|i| ((i + rank) % 7) as f32).collect();
+        let world = comm.world_size();
+        let mut input = vec![0f32; count];
+        check::fill_input(
+            &mut input,
+            Collective::AllReduce,
+            ReduceOp::Sum,
+            world,
+            rank,
+            0,
+        );
         let mut output = vec![0f32; count];
-        let mut call = |comm: &mut Communicator, c: Choice| -> gradsync::Result<()> {
-            comm.set_algorithm(match c {
-                Choice::Auto => None,
-                Choice::Forced(a) => Some(a),
-            })?;
-            comm.all_reduce_into(&input, &mut output, ReduceOp::Sum)
-        };
+        let call =
+            |comm: &mut Communicator, c: Choice, output: &mut [f32]| -> gradsync::Result<()> {
+                comm.set_algorithm(match c {
+                    Choice::Auto => None,
+                    Choice::Forced(a) => Some(a),
+                })?;
+                comm.all_reduce_into(&input, output, ReduceOp::Sum)
+            };
         for &c in choices {
             for _ in 0..warmup {
-                call(comm, c)?;
+                call(comm, c, &mut output)?;
             }
         }
         let mut times: Vec<Vec<f64>> = vec![Vec::new(); choices.len()];
@@ -115,7 +147,7 @@ pub fn run(
                 comm.barrier()?;
                 let t = Instant::now();
                 for _ in 0..iters {
-                    call(comm, c)?;
+                    call(comm, c, &mut output)?;
                 }
                 let mut secs = [t.elapsed().as_secs_f64() / f64::from(iters)];
                 comm.set_algorithm(None)?;
@@ -124,26 +156,46 @@ pub fn run(
                 times[k].push(secs[0]);
             }
         }
+        // One checked call of each entry, from a cleared output.
+        let mut wrong = Vec::with_capacity(choices.len());
+        for &c in choices {
+            output.fill(0.0);
+            call(comm, c, &mut output)?;
+            let local = check::count_wrong(
+                &output,
+                Collective::AllReduce,
+                ReduceOp::Sum,
+                world,
+                rank,
+                0,
+            );
+            comm.set_algorithm(None)?;
+            wrong.push(total_wrong(comm, local)?);
+        }
         comm.set_algorithm(None)?;
         if rank != 0 {
+            results.push(SizeMedians {
+                bytes,
+                median_s: Vec::new(),
+                wrong,
+            });
             continue;
         }
         let med: Vec<f64> = times.iter_mut().map(|t| median(t)).collect();
         let mut line = format!("  {bytes:>12}");
-        for m in &med {
-            line += &format!(" {:>18.1}", m * 1e6);
+        for (m, w) in med.iter().zip(&wrong) {
+            line += &match w {
+                0 => format!(" {:>18.1}", m * 1e6),
+                w => format!(" {:>18}", format!("wrong:{w}")),
+            };
         }
-        let best = choices
-            .iter()
-            .zip(&med)
-            .filter(|(c, _)| matches!(c, Choice::Forced(_)))
-            .min_by(|a, b| a.1.total_cmp(b.1));
+        let best = fastest(choices, &med, &wrong);
         let auto = choices.iter().position(|&c| c == Choice::Auto);
         match (best, auto) {
-            (Some((c, b)), Some(a)) => {
-                line += &format!(" {:>18} {:>12.2}", c.name(), med[a] / b);
+            (Some(b), Some(a)) if wrong[a] == 0 => {
+                line += &format!(" {:>18} {:>12.2}", choices[b].name(), med[a] / med[b]);
             }
-            (Some((c, _)), None) => line += &format!(" {:>18} {:>12}", c.name(), "-"),
+            (Some(b), _) => line += &format!(" {:>18} {:>12}", choices[b].name(), "-"),
             _ => line += &format!(" {:>18} {:>12}", "-", "-"),
         }
         let ran = comm
@@ -154,6 +206,7 @@ pub fn run(
         results.push(SizeMedians {
             bytes,
             median_s: med,
+            wrong,
         });
     }
     Ok(results)
@@ -162,7 +215,7 @@ pub fn run(
 /// Records the forced algorithms' medians of `results` (measured with `choices` on `comm`) in
 /// the communicator's cost file as one more tuning run of each size
 /// ([`gradsync::cost::LinkCosts::record`]); returns the file and the number of sizes recorded.
-/// Run on rank 0.
+/// An algorithm whose output was wrong is not recorded. Run on rank 0.
 pub fn tune(
     comm: &Communicator,
     choices: &[Choice],
@@ -177,9 +230,12 @@ pub fn tune(
         let run: Vec<(String, f64)> = choices
             .iter()
             .zip(&r.median_s)
-            .filter_map(|(c, &t)| match *c {
-                Choice::Forced(a) => Some((a.name().to_string(), (t * 1e7).round() / 10.0)),
-                Choice::Auto => None,
+            .zip(&r.wrong)
+            .filter_map(|((c, &t), &w)| match *c {
+                Choice::Forced(a) if w == 0 => {
+                    Some((a.name().to_string(), (t * 1e7).round() / 10.0))
+                }
+                _ => None,
             })
             .collect();
         links.record(comm.world_size(), comm.local_size(), r.bytes as usize, &run);
@@ -212,6 +268,15 @@ mod tests {
                 .contains("bogus")
         );
         assert!(parse(" , ").is_err());
+    }
+
+    #[test]
+    fn a_wrong_algorithm_is_never_the_fastest() {
+        let choices = parse("auto,ring,tree,rd").unwrap();
+        let med = [1.0, 3.0, 1.5, 2.0];
+        assert_eq!(fastest(&choices, &med, &[0, 0, 0, 0]), Some(2));
+        assert_eq!(fastest(&choices, &med, &[0, 0, 7, 0]), Some(3));
+        assert_eq!(fastest(&choices, &med, &[0, 1, 7, 1]), None);
     }
 
     #[test]
