@@ -103,8 +103,10 @@ pub struct Config {
     /// as one host. `None`: hostname, boot id and network namespace identify the host.
     pub host_id: Option<String>,
     /// Whether init binds the calling thread to the NUMA node of the network interface when the
-    /// machine has more than one node (`GRADSYNC_NUMA_BIND`, `1` default, `0` off).
-    pub numa_bind: bool,
+    /// machine has more than one node (`GRADSYNC_NUMA_BIND`): unset, only a thread nobody has
+    /// bound yet; `1`, narrowed to the node within its current CPUs; `0`, never. An affinity the
+    /// thread already has is never widened or replaced.
+    pub numa_bind: crate::topology::NumaBind,
     /// RDMA device settings (`GRADSYNC_IB_*`); used with the `rdma` feature.
     pub ib: IbConfig,
     /// Whether init measures the links for the cost model of the automatic algorithm choice
@@ -330,7 +332,7 @@ impl Config {
             checksum: false,
             transport: TransportMode::Auto,
             host_id: None,
-            numa_bind: true,
+            numa_bind: crate::topology::NumaBind::WhenUnbound,
             ib: IbConfig::default(),
             calibrate: Calibrate::Auto,
             cost_file: None,
@@ -543,7 +545,11 @@ impl Config {
             })?;
         }
         if let Some(on) = env.flag("GRADSYNC_NUMA_BIND")? {
-            self.numa_bind = on;
+            self.numa_bind = if on {
+                crate::topology::NumaBind::On
+            } else {
+                crate::topology::NumaBind::Off
+            };
         }
         if let Some(v) = var("GRADSYNC_HOST_ID") {
             self.host_id = Some(v);

@@ -97,30 +97,72 @@ pub fn interface_mtu(ifname: &str) -> Option<u32> {
 
 /// NUMA nodes of this machine (1 when sysfs does not say).
 pub fn numa_nodes() -> usize {
-    fs::read_dir("/sys/devices/system/node")
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .filter(|e| {
-                    let n = e.file_name();
-                    let n = n.to_string_lossy();
-                    n.strip_prefix("node")
-                        .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
-                })
-                .count()
-                .max(1)
-        })
-        .unwrap_or(1)
+    Sysfs::HOST.numa_nodes()
+}
+
+/// Where the NUMA facts are read: `/sys` on a real machine, a directory of the same layout in
+/// tests (a fake two-node machine).
+#[derive(Clone, Copy, Debug)]
+pub struct Sysfs<'a> {
+    root: &'a str,
+}
+
+impl<'a> Sysfs<'a> {
+    /// This machine's `/sys`.
+    pub const HOST: Sysfs<'static> = Sysfs { root: "/sys" };
+
+    /// A directory laid out as `/sys` (`devices/system/node/nodeN/cpulist`,
+    /// `devices/system/cpu/online`, `class/net/IF/device/numa_node`).
+    pub fn at(root: &'a str) -> Sysfs<'a> {
+        Sysfs { root }
+    }
+
+    fn read(&self, path: &str) -> Option<String> {
+        fs::read_to_string(format!("{}/{path}", self.root)).ok()
+    }
+
+    /// NUMA nodes (1 when sysfs does not say).
+    pub fn numa_nodes(&self) -> usize {
+        fs::read_dir(format!("{}/devices/system/node", self.root))
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .filter(|e| {
+                        let n = e.file_name();
+                        let n = n.to_string_lossy();
+                        n.strip_prefix("node")
+                            .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
+                    })
+                    .count()
+                    .max(1)
+            })
+            .unwrap_or(1)
+    }
+
+    /// The NUMA node of an interface's device; `None` for virtual interfaces and `-1`.
+    pub fn interface_numa_node(&self, ifname: &str) -> Option<usize> {
+        let v: i64 = self
+            .read(&format!("class/net/{ifname}/device/numa_node"))?
+            .trim()
+            .parse()
+            .ok()?;
+        usize::try_from(v).ok()
+    }
+
+    /// CPUs of a NUMA node.
+    pub fn node_cpus(&self, node: usize) -> Option<Vec<usize>> {
+        parse_cpu_list(&self.read(&format!("devices/system/node/node{node}/cpulist"))?)
+    }
+
+    /// The CPUs that are online.
+    pub fn online_cpus(&self) -> Option<Vec<usize>> {
+        parse_cpu_list(&self.read("devices/system/cpu/online")?)
+    }
 }
 
 /// The NUMA node a network interface's device is attached to; `None` for virtual interfaces
 /// (loopback, veth, bridges) and when the platform does not say (`-1`).
 pub fn interface_numa_node(ifname: &str) -> Option<usize> {
-    let v: i64 = fs::read_to_string(format!("/sys/class/net/{ifname}/device/numa_node"))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    usize::try_from(v).ok()
+    Sysfs::HOST.interface_numa_node(ifname)
 }
 
 /// Parses a kernel CPU list (`0-3,8,10-11`).
@@ -171,27 +213,30 @@ pub fn cpu_set(cpus: &[usize]) -> libc::cpu_set_t {
 
 /// CPUs of a NUMA node.
 pub fn node_cpus(node: usize) -> Option<Vec<usize>> {
-    parse_cpu_list(
-        &fs::read_to_string(format!("/sys/devices/system/node/node{node}/cpulist")).ok()?,
-    )
+    Sysfs::HOST.node_cpus(node)
 }
 
-/// Binds the calling thread to the CPUs of `node`. The engine is driven by the caller's thread
-/// and registers the caller's buffers, so binding it places the progress and, by first touch,
-/// the buffers it allocates on the NIC's node.
-pub fn bind_thread_to_node(node: usize) -> std::io::Result<Vec<usize>> {
-    let cpus = node_cpus(node).ok_or_else(|| {
-        std::io::Error::new(
-            std::io::ErrorKind::NotFound,
-            format!("no CPU list for NUMA node {node}"),
-        )
-    })?;
-    let set = cpu_set(&cpus);
+/// Sets the calling thread's affinity to `cpus`.
+pub fn bind_thread(cpus: &[usize]) -> std::io::Result<()> {
+    let set = cpu_set(cpus);
     // SAFETY: `set` is a valid cpu_set_t of the size passed.
     if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok(cpus)
+    Ok(())
+}
+
+/// Whether init binds the calling thread to the network interface's NUMA node
+/// (`GRADSYNC_NUMA_BIND`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NumaBind {
+    /// Unset: bind only a thread that may run on every online CPU (nobody bound it yet).
+    #[default]
+    WhenUnbound,
+    /// `1`: bind, to the node's CPUs among those the thread may already use (never more).
+    On,
+    /// `0`: never bind.
+    Off,
 }
 
 /// What [`numa_placement`] decided.
@@ -210,7 +255,7 @@ pub enum Placement {
         nodes: usize,
         /// The node.
         node: usize,
-        /// Its CPUs.
+        /// The CPUs the thread may now use: the node's, within what it had.
         cpus: Vec<usize>,
     },
     /// Several nodes, binding turned off (`GRADSYNC_NUMA_BIND=0`).
@@ -218,13 +263,28 @@ pub enum Placement {
         /// The interface's node.
         node: usize,
     },
-    /// Binding was refused.
+    /// The thread's affinity was already narrowed (by a launcher, `taskset`, the application)
+    /// and `GRADSYNC_NUMA_BIND` is unset: left as it was.
+    Kept {
+        /// The interface's node.
+        node: usize,
+        /// The CPUs the thread may use, unchanged.
+        cpus: Vec<usize>,
+    },
+    /// Binding was refused, or would have widened the thread's affinity.
     Failed {
         /// The node.
         node: usize,
         /// Why.
         why: String,
     },
+}
+
+fn cpu_list(cpus: &[usize]) -> String {
+    cpus.iter()
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 impl std::fmt::Display for Placement {
@@ -238,14 +298,16 @@ impl std::fmt::Display for Placement {
             Placement::Bound { nodes, node, cpus } => write!(
                 f,
                 "{nodes} NUMA nodes, bound to the interface's node {node} (cpus {})",
-                cpus.iter()
-                    .map(|c| c.to_string())
-                    .collect::<Vec<_>>()
-                    .join(",")
+                cpu_list(cpus)
             ),
             Placement::Disabled { node } => write!(
                 f,
                 "interface on NUMA node {node}, not bound (GRADSYNC_NUMA_BIND=0)"
+            ),
+            Placement::Kept { node, cpus } => write!(
+                f,
+                "interface on NUMA node {node}; the thread was already bound (cpus {}), left as it is (GRADSYNC_NUMA_BIND=1 narrows it to the node)",
+                cpu_list(cpus)
             ),
             Placement::Failed { node, why } => {
                 write!(f, "binding to the interface's node {node} failed: {why}")
@@ -255,24 +317,65 @@ impl std::fmt::Display for Placement {
 }
 
 /// Binds the calling thread to the interface's NUMA node when the machine has more than one
-/// (`GRADSYNC_NUMA_BIND=0` turns it off), and says what it did.
-pub fn numa_placement(ifname: &str, bind: bool) -> Placement {
-    let nodes = numa_nodes();
+/// and `mode` allows it, and says what it did. It never widens or replaces an affinity the
+/// thread already has: it binds to the node's CPUs among those the thread may use, and with
+/// [`NumaBind::WhenUnbound`] only a thread that may use every online CPU.
+pub fn numa_placement(ifname: &str, mode: NumaBind) -> Placement {
+    placement_in(Sysfs::HOST, ifname, mode, &allowed_cpus(), bind_thread)
+}
+
+/// [`numa_placement`] on the facts of `sys`, for a thread whose affinity is `allowed`,
+/// binding with `bind`.
+pub fn placement_in(
+    sys: Sysfs<'_>,
+    ifname: &str,
+    mode: NumaBind,
+    allowed: &[usize],
+    bind: impl FnOnce(&[usize]) -> std::io::Result<()>,
+) -> Placement {
+    let nodes = sys.numa_nodes();
     if nodes <= 1 {
         return Placement::SingleNode;
     }
-    let Some(node) = interface_numa_node(ifname) else {
+    let Some(node) = sys.interface_numa_node(ifname) else {
         return Placement::Unknown { nodes };
     };
-    if !bind {
-        return Placement::Disabled { node };
+    let failed = |why: String| Placement::Failed { node, why };
+    match mode {
+        NumaBind::Off => return Placement::Disabled { node },
+        NumaBind::WhenUnbound => {
+            let online = sys.online_cpus().unwrap_or_default();
+            let unbound = !online.is_empty() && online.iter().all(|c| allowed.contains(c));
+            if !unbound {
+                return Placement::Kept {
+                    node,
+                    cpus: allowed.to_vec(),
+                };
+            }
+        }
+        NumaBind::On => {}
     }
-    match bind_thread_to_node(node) {
-        Ok(cpus) => Placement::Bound { nodes, node, cpus },
-        Err(e) => Placement::Failed {
-            node,
-            why: e.to_string(),
-        },
+    let Some(node_cpus) = sys.node_cpus(node) else {
+        return failed(format!("no CPU list for NUMA node {node}"));
+    };
+    let cpus: Vec<usize> = node_cpus
+        .iter()
+        .copied()
+        .filter(|c| allowed.contains(c))
+        .collect();
+    if cpus.is_empty() {
+        return failed(format!(
+            "none of its cpus ({}) is among the thread's (cpus {}), which are kept",
+            cpu_list(&node_cpus),
+            cpu_list(allowed)
+        ));
+    }
+    if cpus == allowed {
+        return Placement::Bound { nodes, node, cpus };
+    }
+    match bind(&cpus) {
+        Ok(()) => Placement::Bound { nodes, node, cpus },
+        Err(e) => failed(e.to_string()),
     }
 }
 
@@ -388,6 +491,84 @@ mod tests {
         assert!(numa_nodes() >= 1);
         assert_eq!(interface_numa_node("lo"), None);
         assert!(interface_mtu("lo").is_some());
+    }
+
+    /// A fake machine: two NUMA nodes (cpus 0-1 and 2-3), `eth0` on node 1.
+    fn two_nodes() -> std::path::PathBuf {
+        let root = std::env::temp_dir().join(format!("gradsync-sysfs-{}", std::process::id()));
+        for (path, text) in [
+            ("devices/system/node/node0/cpulist", "0-1\n"),
+            ("devices/system/node/node1/cpulist", "2-3\n"),
+            ("devices/system/cpu/online", "0-3\n"),
+            ("class/net/eth0/device/numa_node", "1\n"),
+            ("class/net/veth0/device/numa_node", "-1\n"),
+        ] {
+            let p = root.join(path);
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(p, text).unwrap();
+        }
+        root
+    }
+
+    #[test]
+    fn numa_binding_never_widens_or_replaces_an_affinity() {
+        let root = two_nodes();
+        let sys = Sysfs::at(root.to_str().unwrap());
+        assert_eq!(sys.numa_nodes(), 2);
+        let place = |mode, allowed: &[usize]| {
+            let mut bound = None;
+            let p = placement_in(sys, "eth0", mode, allowed, |c| {
+                bound = Some(c.to_vec());
+                Ok(())
+            });
+            (p, bound)
+        };
+        // Nobody bound the thread: by default it goes to the interface's node.
+        let (p, bound) = place(NumaBind::WhenUnbound, &[0, 1, 2, 3]);
+        assert_eq!(bound, Some(vec![2, 3]));
+        assert_eq!(
+            p,
+            Placement::Bound {
+                nodes: 2,
+                node: 1,
+                cpus: vec![2, 3]
+            }
+        );
+        // A launcher's `--bind spread` or the user's taskset: left alone by default...
+        let (p, bound) = place(NumaBind::WhenUnbound, &[0]);
+        assert_eq!(bound, None);
+        assert_eq!(
+            p,
+            Placement::Kept {
+                node: 1,
+                cpus: vec![0]
+            }
+        );
+        assert!(p.to_string().contains("left as it is"), "{p}");
+        // ... narrowed to the node when asked, never widened ...
+        let (p, bound) = place(NumaBind::On, &[1, 2]);
+        assert_eq!(bound, Some(vec![2]));
+        assert!(matches!(p, Placement::Bound { ref cpus, .. } if cpus == &[2]));
+        // ... and kept when the node has none of its CPUs.
+        let (p, bound) = place(NumaBind::On, &[0, 1]);
+        assert_eq!(bound, None);
+        assert!(
+            matches!(p, Placement::Failed { node: 1, ref why } if why.contains("kept")),
+            "{p}"
+        );
+        // Turned off, or a virtual interface: nothing happens.
+        assert_eq!(
+            place(NumaBind::Off, &[0, 1, 2, 3]),
+            (Placement::Disabled { node: 1 }, None)
+        );
+        let (p, bound) = place(NumaBind::On, &[0, 1, 2, 3]);
+        assert_eq!(bound, Some(vec![2, 3]));
+        assert!(matches!(p, Placement::Bound { .. }));
+        let p = placement_in(sys, "veth0", NumaBind::On, &[0, 1, 2, 3], |_| {
+            panic!("bound")
+        });
+        assert_eq!(p, Placement::Unknown { nodes: 2 });
+        let _ = fs::remove_dir_all(root);
     }
 
     #[test]
