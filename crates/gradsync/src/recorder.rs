@@ -633,8 +633,9 @@ pub fn dump_all(reason: &str) -> Vec<io::Result<PathBuf>> {
 /// The handler only writes one byte to a pipe (`write(2)` is async-signal-safe); a thread named
 /// `gradsync-flight` reads the pipe and writes the dumps, so the process keeps running and no
 /// lock or allocation happens in signal context. Signals that arrive while a dump is being
-/// written are coalesced into the next one. The handler replaces any earlier `SIGUSR1`
-/// disposition of the process. On platforms other than Linux this does nothing.
+/// written are coalesced into the next one. A handler the application installed earlier is
+/// chained: it runs after this one, with the same arguments (the default disposition,
+/// terminating the process, is replaced). On platforms other than Linux this does nothing.
 pub fn install_sigusr1_dump() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
@@ -649,89 +650,7 @@ pub fn install_sigusr1_dump() {
 }
 
 #[cfg(target_os = "linux")]
-mod signal {
-    use std::io::{self, Read as _};
-    use std::os::fd::{FromRawFd as _, OwnedFd};
-    use std::sync::atomic::{AtomicI32, Ordering};
-
-    /// Write end of the self-pipe, `-1` until installed; never closed once set.
-    static WRITE_FD: AtomicI32 = AtomicI32::new(-1);
-
-    extern "C" fn on_sigusr1(_sig: libc::c_int) {
-        let fd = WRITE_FD.load(Ordering::Relaxed);
-        if fd < 0 {
-            return;
-        }
-        // SAFETY: `__errno_location` returns the calling thread's errno slot, valid for the
-        // thread's lifetime; saving and restoring it keeps the interrupted code's errno intact.
-        let errno = unsafe { libc::__errno_location() };
-        // SAFETY: see above; reading an int the thread owns.
-        let saved = unsafe { *errno };
-        let byte = 1u8;
-        // SAFETY: write(2) is async-signal-safe; the buffer is one valid byte on this stack and
-        // `fd` is the pipe's non-blocking write end, open for the life of the process. A full
-        // pipe (EAGAIN) drops the byte, which is fine: a wake-up is already pending.
-        unsafe { libc::write(fd, (&raw const byte).cast(), 1) };
-        // SAFETY: as above.
-        unsafe { *errno = saved };
-    }
-
-    pub(super) fn install() -> io::Result<()> {
-        let mut fds = [0 as libc::c_int; 2];
-        // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: pipe2 succeeded, so both descriptors are open and owned by nobody else.
-        let (reader, writer) =
-            unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        // SAFETY: fcntl on a descriptor we own, with valid flags.
-        if unsafe { libc::fcntl(fds[1], libc::F_SETFL, libc::O_NONBLOCK) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let mut reader = std::fs::File::from(reader);
-        std::thread::Builder::new()
-            .name("gradsync-flight".into())
-            .spawn(move || {
-                let mut buf = [0u8; 64];
-                loop {
-                    match reader.read(&mut buf) {
-                        Ok(0) => break,
-                        Ok(_) => {
-                            // A bug in one dump must not end the thread and with it every
-                            // later dump.
-                            let dumped = std::panic::catch_unwind(|| super::dump_all("SIGUSR1"));
-                            if dumped.is_err() {
-                                tracing::error!(
-                                    target: "gradsync::coll",
-                                    "flight recorder: SIGUSR1 dump panicked"
-                                );
-                            }
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(_) => break,
-                    }
-                }
-            })?;
-        // The handler may run at any time from now on: the write end stays open for good.
-        let raw = std::os::fd::IntoRawFd::into_raw_fd(writer);
-        WRITE_FD.store(raw, Ordering::Relaxed);
-        // SAFETY: an all-zero `sigaction` is a valid starting value (no flags, empty mask once
-        // sigemptyset runs); the handler is an `extern "C" fn(c_int)` as SA_SIGINFO-less
-        // handlers must be, and it only calls async-signal-safe functions.
-        let rc = unsafe {
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_sigusr1 as extern "C" fn(libc::c_int) as libc::sighandler_t;
-            sa.sa_flags = libc::SA_RESTART;
-            libc::sigemptyset(&mut sa.sa_mask);
-            libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut())
-        };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
-    }
-}
+mod signal;
 
 #[cfg(test)]
 mod tests {
