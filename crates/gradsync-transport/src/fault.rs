@@ -27,6 +27,11 @@
 //!   copied out, at or past `corrupt_skip`. A posting is read by every peer, so the fault sits
 //!   on the reading side, where it names one link.
 //!
+//! - **Replay**: a [`Replayer`] taken from the wrapper (it may be moved to another thread)
+//!   records where the writes went and posts one of them again, with a payload of its own, at
+//!   the wrapper's next poll: the write a replayed clear-to-send or a buggy peer would make
+//!   after its operation has ended.
+//!
 //! `only_peer` restricts all of this to one peer (a single bad link): the writes and sends to
 //! it and the postings read from it; the rest and registrations pass through untouched. The
 //! wrapper forwards every capability of the inner endpoint ([`Endpoint::caps`], its board and
@@ -37,6 +42,7 @@ use crate::error::{Result, TransportError};
 use crate::verbs::{Access, Completion, Endpoint, MemoryRegion, Sge};
 use crate::wire::RemoteRegion;
 use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// What a [`FaultyEndpoint`] injects. [`Default`] injects nothing.
@@ -95,8 +101,62 @@ pub struct FaultStats {
     pub corrupted_sends: u64,
     /// Board postings read with a flipped byte.
     pub corrupted_postings: u64,
+    /// Writes replayed through the [`Replayer`].
+    pub replayed: u64,
     /// Whether the endpoint has been killed.
     pub killed: bool,
+}
+
+/// Where one write went: its peer, the remote region and the span in it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WriteRecord {
+    /// The target rank.
+    pub peer: usize,
+    /// The region the write named.
+    pub remote: RemoteRegion,
+    /// Offset of the write in the region.
+    pub offset: u64,
+    /// Bytes written.
+    pub len: u64,
+}
+
+#[derive(Debug, Default)]
+struct ReplayState {
+    record: bool,
+    log: Vec<WriteRecord>,
+    queue: VecDeque<(WriteRecord, u8)>,
+}
+
+/// Most writes a [`Replayer`] remembers (the oldest are forgotten first).
+const REPLAY_LOG: usize = 4096;
+
+/// Work request ids of replayed writes: their completions are the wrapper's, not the caller's.
+const REPLAY_WR_ID: u64 = 0xfa17_0000_0000_0000;
+
+/// Replays writes through a [`FaultyEndpoint`] from any thread (see the module documentation).
+#[derive(Clone, Debug, Default)]
+pub struct Replayer(Arc<Mutex<ReplayState>>);
+
+impl Replayer {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ReplayState> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts (or stops) recording where the writes go.
+    pub fn record(&self, on: bool) {
+        self.lock().record = on;
+    }
+
+    /// The writes recorded so far, oldest first.
+    pub fn writes(&self) -> Vec<WriteRecord> {
+        self.lock().log.clone()
+    }
+
+    /// Posts a write to `w`'s peer, region and span again at the wrapper's next poll, its
+    /// payload `w.len` bytes of `fill`.
+    pub fn replay(&self, w: WriteRecord, fill: u8) {
+        self.lock().queue.push_back((w, fill));
+    }
 }
 
 /// A write held for the delay.
@@ -137,6 +197,7 @@ pub struct FaultyEndpoint<E: Endpoint> {
     stats: FaultStats,
     /// The inner endpoint's board capacity, if it has a board.
     board_capacity: Option<usize>,
+    replayer: Replayer,
 }
 
 impl<E: Endpoint> FaultyEndpoint<E> {
@@ -152,7 +213,62 @@ impl<E: Endpoint> FaultyEndpoint<E> {
             held: VecDeque::new(),
             acked: Vec::new(),
             stats: FaultStats::default(),
+            replayer: Replayer::default(),
         }
+    }
+
+    /// A handle that records this endpoint's writes and replays them.
+    pub fn replayer(&self) -> Replayer {
+        self.replayer.clone()
+    }
+
+    /// Notes where a write goes, when the replayer records.
+    fn note(&self, peer: usize, remote: RemoteRegion, offset: u64, sges: &[Sge]) {
+        let mut st = self.replayer.lock();
+        if st.record {
+            if st.log.len() >= REPLAY_LOG {
+                st.log.remove(0);
+            }
+            let len = sges.iter().map(|s| s.len as u64).sum();
+            st.log.push(WriteRecord {
+                peer,
+                remote,
+                offset,
+                len,
+            });
+        }
+    }
+
+    /// Posts the writes queued on the replayer, each from a registered buffer of its own.
+    fn post_replays(&mut self) -> Result<()> {
+        let queued: Vec<(WriteRecord, u8)> = self.replayer.lock().queue.drain(..).collect();
+        for (w, fill) in queued {
+            let mut buf: Box<[u8]> = vec![fill; w.len as usize].into();
+            // SAFETY: the buffer is owned by `self.copies` until the write's WriteDone has
+            // been polled, as for corrupted copies.
+            let mr = unsafe {
+                self.inner
+                    .register(buf.as_mut_ptr(), buf.len(), Access::LOCAL_READ)
+            }?;
+            let wr_id = REPLAY_WR_ID + self.stats.replayed;
+            self.stats.replayed += 1;
+            self.copies.push(OwnedCopy {
+                wr_id,
+                mr,
+                _buf: buf,
+            });
+            let sge = Sge {
+                addr: mr.addr,
+                len: mr.len,
+                lkey: mr.lkey,
+            };
+            // SAFETY: the span is the registered buffer kept above.
+            unsafe {
+                self.inner
+                    .post_write(w.peer, &[sge], w.remote, w.offset, None, wr_id)
+            }?;
+        }
+        Ok(())
     }
 
     /// The wrapped endpoint.
@@ -335,6 +451,7 @@ impl<E: Endpoint> Endpoint for FaultyEndpoint<E> {
         if self.stats.killed {
             return Err(self.dead(peer, "post_write"));
         }
+        self.note(peer, remote, offset, sges);
         if self.cfg.only_peer.is_some_and(|p| p != peer) {
             // SAFETY: forwarded with the caller's guarantees.
             return unsafe {
@@ -414,6 +531,7 @@ impl<E: Endpoint> Endpoint for FaultyEndpoint<E> {
             return Err(self.dead(self.some_peer(), "poll"));
         }
         self.release_due()?;
+        self.post_replays()?;
         out.extend(
             self.acked
                 .drain(..)
@@ -429,6 +547,15 @@ impl<E: Endpoint> Endpoint for FaultyEndpoint<E> {
                     let copy = self.copies.swap_remove(i);
                     self.inner.deregister(&copy.mr);
                 }
+            }
+            // The caller never posted the replayed writes: their completions stay here.
+            if self.stats.replayed > 0 {
+                let replay = |c: &Completion| {
+                    matches!(c, Completion::WriteDone { wr_id }
+                        if (REPLAY_WR_ID..REPLAY_WR_ID + (1 << 32)).contains(wr_id))
+                };
+                let tail: Vec<Completion> = out.drain(from..).filter(|c| !replay(c)).collect();
+                out.extend(tail);
             }
         }
         Ok(())

@@ -462,7 +462,11 @@ impl Engine {
         } else {
             Access::LOCAL_READ.union(Access::REMOTE_WRITE)
         };
-        let cacheable = i < 2;
+        // Only the input's registration is kept between operations: it allows no remote
+        // access. The output accepts peers' writes only while its operation runs (registered
+        // here, deregistered when it ends), so a late or replayed write for a finished
+        // operation finds no key and never lands in memory the caller may have freed.
+        let cacheable = i == 0;
         let cached = if cacheable {
             self.regs.lookup(b.addr, b.len, access)
         } else if pooled {
@@ -476,8 +480,8 @@ impl Engine {
         // SAFETY: the caller keeps these buffers valid for the operation and leaves them alone
         // until it ends; peers write into them only during our progress calls (tcp, shm) or
         // before the completion we wait for (mem), and only after a clear-to-send of the running
-        // operation. A cached registration outlives the operation, but no clear-to-send names
-        // it afterwards.
+        // operation. A cached registration (the input's) outlives the operation, but allows
+        // no remote access.
         let mr = unsafe { self.ep.register(b.addr as *mut u8, b.len, access) }
             .map_err(|e| Error::transport(self.rank, "register buffer", e))?;
         if !cacheable {

@@ -90,9 +90,10 @@ pub(super) fn slice(bufs: &[RawBuf; 3], loc: Loc, len: usize, dt: DataType) -> R
     }
 }
 
-/// Caller buffers are registered once and reused while the same span comes back (a training
-/// loop passes the same gradient buffers every step), never per operation: a bounded cache of
-/// `(address, length, access)` -> region, least recently used out first.
+/// Caller input buffers are registered once and reused while the same span comes back (a
+/// training loop passes the same gradient buffers every step): a bounded cache of
+/// `(address, length, access)` -> region, least recently used out first. It holds only
+/// registrations without remote access; an output buffer is registered for its operation only.
 #[derive(Debug, Default)]
 pub(super) struct RegCache {
     pub(super) entries: Vec<(MemoryRegion, u64)>,
