@@ -11,8 +11,14 @@
 //!   GIDs, as `ibv_devinfo` shows them;
 //! - the bandwidth and latency matrices;
 //! - one line per link with its slower direction, flagged `SLOW` when that is below
-//!   `--threshold` (default 80%) of the median link;
-//! - a verdict naming the host all of whose links are slow, when there is one.
+//!   `--threshold` (default 80%) of its reference: the fastest link between hosts for a link
+//!   between two hosts, the median link inside a host for one inside a host (ranks with the
+//!   same address are one host);
+//! - the verdict: every host all of whose links to other hosts are slow, with its address and
+//!   ranks; the slow links between hosts that no such host explains, named as one link when
+//!   they all join the same two hosts; the slow links inside each host (see [`verdict`]).
+
+mod verdict;
 
 use std::time::Instant;
 
@@ -20,6 +26,7 @@ use anyhow::{Context, ensure};
 use gradsync::Communicator;
 use gradsync::cost::median;
 use gradsync::topology;
+use verdict::{Finding, Link, Reference};
 
 /// Options of `gradsync doctor`.
 #[derive(Debug, clap::Args)]
@@ -33,7 +40,8 @@ pub struct DoctorArgs {
     /// Round trips of the latency ping-pong.
     #[arg(long, default_value_t = 200)]
     pub lat_iters: usize,
-    /// A link is slow below this fraction of the median link bandwidth.
+    /// A link is slow below this fraction of its reference: the fastest link between hosts,
+    /// or the median link inside a host.
     #[arg(long, default_value_t = 0.8)]
     pub threshold: f64,
     /// Start N local ranks (as `gradsync launch --nproc N` would) instead of joining a job.
@@ -215,15 +223,6 @@ fn measure(args: &DoctorArgs, comm: &mut Communicator) -> anyhow::Result<Report>
     Ok(render(args, n, &infos, &transports, &bw, &lat))
 }
 
-/// One measured link (a pair of ranks, both directions).
-struct Link {
-    a: usize,
-    b: usize,
-    /// The slower direction, bytes/s.
-    bw: f64,
-    lat: f64,
-}
-
 /// An `n` x `n` matrix of the report under `title`: row and column numbers, `cell(i, j)` off
 /// the diagonal, `-` on it.
 fn matrix(title: &str, n: usize, cell: impl Fn(usize, usize) -> String) -> String {
@@ -293,61 +292,59 @@ fn render(
             .map(str::to_string)
             .unwrap_or_else(|| format!("rank {r}"))
     };
+    let (hosts, host_of) = verdict::group_hosts(&(0..n).map(host).collect::<Vec<_>>());
+    let reference = Reference::of(&links, &host_of);
+    let pct = args.threshold * 100.0;
+    let gbs = |r: Option<f64>| r.map_or("-".to_string(), |r| format!("{:.3} GB/s", gb(r)));
     s += &format!(
-        "#\n# links (slower direction), median {:.3} GB/s, slow below {:.0}%\n",
-        gb(med),
-        args.threshold * 100.0
+        "#\n# links (slower direction), slow below {pct:.0}% of the fastest link between hosts ({}) \
+         or of the median link inside a host ({})\n",
+        gbs(reference.between),
+        gbs(reference.inside),
     );
-    let mut slow: Vec<&Link> = Vec::new();
+    let mut slow: Vec<(usize, usize)> = Vec::new();
     for l in &links {
-        let frac = if med > 0.0 { l.bw / med } else { 1.0 };
+        let of = reference.for_link(l, &host_of);
+        let frac = if of > 0.0 { l.bw / of } else { 1.0 };
         let bad = frac < args.threshold;
         if bad {
-            slow.push(l);
+            slow.push((l.a, l.b));
         }
         s += &format!(
-            "{} rank {:>3} ({}) <-> rank {:>3} ({})  {}  {:.3} GB/s  {:>4.0}% of median  {:.1} us\n",
+            "{} rank {:>3} ({}) <-> rank {:>3} ({})  {}  {:.3} GB/s  {:>4.0}% of {}  {:.1} us\n",
             if bad { "SLOW" } else { "  ok" },
             l.a,
-            host(l.a),
+            hosts[host_of[l.a]].label,
             l.b,
-            host(l.b),
+            hosts[host_of[l.b]].label,
             tname(transports[l.a * n + l.b]),
             gb(l.bw),
             frac * 100.0,
+            if host_of[l.a] == host_of[l.b] {
+                "median"
+            } else {
+                "fastest"
+            },
             l.lat * 1e6
         );
     }
-    // A rank all of whose links are slow while other links are fine: its host's link is the
-    // problem.
-    let culprits: Vec<usize> = (0..n)
-        .filter(|&r| {
-            n > 2
-                && !slow.is_empty()
-                && slow.len() < links.len()
-                && links
-                    .iter()
-                    .filter(|l| l.a == r || l.b == r)
-                    .all(|l| slow.iter().any(|s| s.a == l.a && s.b == l.b))
+    let findings = verdict::diagnose(&host_of, &slow);
+    if findings.is_empty() {
+        s += "# verdict: no slow link\n";
+    }
+    for f in &findings {
+        s += &format!(
+            "# verdict: {}\n",
+            verdict::describe(f, &hosts, &host_of, pct)
+        );
+    }
+    let slow_hosts: Vec<&verdict::Host> = findings
+        .iter()
+        .filter_map(|f| match f {
+            Finding::Host { host, .. } => Some(&hosts[*host]),
+            _ => None,
         })
         .collect();
-    if slow.is_empty() {
-        s += "# verdict: no slow link\n";
-    } else if culprits.is_empty() {
-        s += &format!(
-            "# verdict: {} slow link(s), no single host explains them\n",
-            slow.len()
-        );
-    } else {
-        for r in &culprits {
-            s += &format!(
-                "# verdict: slow host {} (rank {r}): all {} of its links below {:.0}% of the median\n",
-                host(*r),
-                n - 1,
-                args.threshold * 100.0
-            );
-        }
-    }
     let json = serde_json::json!({
         "ranks": n,
         "size": args.size,
@@ -356,8 +353,18 @@ fn render(
         "bandwidth_bytes_per_s": (0..n).map(|i| bw[i * n..(i + 1) * n].to_vec()).collect::<Vec<_>>(),
         "latency_s": (0..n).map(|i| lat[i * n..(i + 1) * n].to_vec()).collect::<Vec<_>>(),
         "median_link_bytes_per_s": med,
-        "slow_links": slow.iter().map(|l| [l.a, l.b]).collect::<Vec<_>>(),
-        "slow_ranks": culprits,
+        "fastest_link_between_hosts_bytes_per_s": reference.between,
+        "median_link_inside_hosts_bytes_per_s": reference.inside,
+        "slow_links": slow.iter().map(|&(a, b)| [a, b]).collect::<Vec<_>>(),
+        "slow_hosts": slow_hosts
+            .iter()
+            .map(|h| serde_json::json!({"address": h.label, "ranks": h.ranks}))
+            .collect::<Vec<_>>(),
+        "slow_ranks": slow_hosts.iter().flat_map(|h| h.ranks.iter().copied()).collect::<Vec<_>>(),
+        "verdict": findings
+            .iter()
+            .map(|f| verdict::describe(f, &hosts, &host_of, pct))
+            .collect::<Vec<_>>(),
     });
     Report {
         text: s,
@@ -396,6 +403,113 @@ mod tests {
         assert_eq!(slow.len(), 3, "{}", r.text);
         assert!(slow.iter().all(|l| l.contains("rank   3")), "{}", r.text);
         assert!(r.text.contains("slow host 10.0.0.3 (rank 3)"), "{}", r.text);
+    }
+
+    /// `hosts` emulated hosts of `per` ranks each (10.0.0.H), 2 GB/s shared memory inside a
+    /// host, 120 MB/s between hosts except where `rate(host, host)` says otherwise; rank 0's
+    /// report.
+    fn hosts_of(hosts: usize, per: usize, rate: impl Fn(usize, usize) -> Option<f64>) -> String {
+        let n = hosts * per;
+        let infos: Vec<String> = (0..n)
+            .map(|r| format!("host vm addr 10.0.0.{} if eth0 mtu 1500 numa: 1", r / per))
+            .collect();
+        let (mut bw, mut routes) = (vec![0.0; n * n], vec![0u8; n * n]);
+        for i in 0..n {
+            for j in 0..n {
+                let (x, y) = (i / per, j / per);
+                let (b, route) = if x == y {
+                    (2e9, gradsync::Route::Shm)
+                } else {
+                    (rate(x, y).unwrap_or(120e6), gradsync::Route::Tcp)
+                };
+                bw[i * n + j] = b;
+                routes[i * n + j] = route.code();
+            }
+        }
+        render(&args(), n, &infos, &routes, &bw, &vec![2e-5; n * n]).text
+    }
+
+    fn verdicts(text: &str) -> Vec<&str> {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("# verdict: "))
+            .collect()
+    }
+
+    fn slow_lines(text: &str) -> Vec<&str> {
+        text.lines().filter(|l| l.starts_with("SLOW")).collect()
+    }
+
+    #[test]
+    fn names_the_slow_host_of_two_ranks() {
+        // Host 2 (ranks 4, 5) at 300 Mbit/s, the others at 1 Gbit/s.
+        let text = hosts_of(4, 2, |x, y| (x == 2 || y == 2).then_some(36e6));
+        let slow = slow_lines(&text);
+        assert_eq!(slow.len(), 12, "{text}");
+        assert!(slow.iter().all(|l| l.contains("(10.0.0.2)")), "{text}");
+        assert_eq!(
+            verdicts(&text),
+            [
+                "slow host 10.0.0.2 (ranks 4, 5): all 12 of its links to other hosts below 80% \
+              of the fastest link between hosts"
+            ],
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn names_two_slow_hosts() {
+        let text = hosts_of(4, 2, |x, y| {
+            [x, y].iter().any(|h| *h == 1 || *h == 2).then_some(36e6)
+        });
+        assert_eq!(slow_lines(&text).len(), 20, "{text}");
+        assert_eq!(
+            verdicts(&text),
+            [
+                "slow host 10.0.0.1 (ranks 2, 3): all 12 of its links to other hosts below 80% \
+                 of the fastest link between hosts",
+                "slow host 10.0.0.2 (ranks 4, 5): all 12 of its links to other hosts below 80% \
+                 of the fastest link between hosts"
+            ],
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn names_a_slow_pair_of_hosts_as_a_link() {
+        let text = hosts_of(4, 2, |x, y| {
+            ((x.min(y), x.max(y)) == (1, 3)).then_some(36e6)
+        });
+        assert_eq!(slow_lines(&text).len(), 4, "{text}");
+        assert_eq!(
+            verdicts(&text),
+            [
+                "slow link between hosts 10.0.0.1 (ranks 2, 3) and 10.0.0.3 (ranks 6, 7): all 4 \
+              links between them below 80% of the fastest link between hosts"
+            ],
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn names_a_slow_rank_pair_as_a_link() {
+        let text = hosts_of(4, 1, |x, y| {
+            ((x.min(y), x.max(y)) == (0, 2)).then_some(36e6)
+        });
+        assert_eq!(
+            verdicts(&text),
+            [
+                "slow link rank 0 (10.0.0.0) <-> rank 2 (10.0.0.2): below 80% of the fastest link \
+              between hosts"
+            ],
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn hosts_of_two_ranks_without_slow_links_pass() {
+        let text = hosts_of(4, 2, |_, _| None);
+        assert!(slow_lines(&text).is_empty(), "{text}");
+        assert_eq!(verdicts(&text), ["no slow link"], "{text}");
     }
 
     #[test]
