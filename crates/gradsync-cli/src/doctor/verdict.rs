@@ -85,14 +85,17 @@ impl Reference {
         }
     }
 
-    /// What link `l` is measured against.
-    pub fn for_link(&self, l: &Link, host_of: &[usize]) -> f64 {
-        let r = if host_of[l.a] == host_of[l.b] {
+    /// The bandwidth of link `l` as a fraction of its reference (1 where that is 0).
+    pub fn fraction(&self, l: &Link, host_of: &[usize]) -> f64 {
+        let of = if host_of[l.a] == host_of[l.b] {
             self.inside
         } else {
             self.between
         };
-        r.unwrap_or(0.0)
+        match of {
+            Some(of) if of > 0.0 => l.bw / of,
+            _ => 1.0,
+        }
     }
 }
 
@@ -487,8 +490,8 @@ mod tests {
         let r = Reference::of(&links, &host_of);
         assert_eq!(r.between, Some(120e6));
         assert_eq!(r.inside, Some(2e9));
-        assert_eq!(r.for_link(&links[0], &host_of), 2e9);
-        assert_eq!(r.for_link(&links[3], &host_of), 120e6);
+        assert_eq!(r.fraction(&links[0], &host_of), 1.5);
+        assert_eq!(r.fraction(&links[3], &host_of), 0.25);
         let r = Reference::of(&links[..1], &[0, 0]);
         assert_eq!((r.between, r.inside), (None, Some(3e9)));
     }
