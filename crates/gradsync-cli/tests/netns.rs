@@ -1,6 +1,7 @@
 //! Jobs across emulated hosts: network namespaces on a bridge, each with a veth link (optionally
-//! rate-limited with `tc qdisc tbf`), set up with the naming of `scripts/emuhosts.py` so that
-//! `emuhosts.py down --all` also removes what a killed test left behind.
+//! rate-limited with `tc qdisc tbf`, and the traffic between two hosts with an HTB class),
+//! set up with the naming of `scripts/emuhosts.py` so that `emuhosts.py down --all` also
+//! removes what a killed test left behind.
 //!
 //! Every test needs root and working `ip netns`; without them it prints why it skipped and
 //! passes (under CI, `GRADSYNC_CI=1`, it fails instead). Every wait has a deadline, and the guard that owns the hosts removes them (and
@@ -19,6 +20,9 @@ const BIN: &str = env!("CARGO_BIN_EXE_gradsync");
 
 /// Port of the rendezvous store on host 0 (each namespace has its own port space).
 const STORE_PORT: u16 = 29500;
+
+/// Token bucket size of every rate limit, bytes: as in emuhosts.py, above a 64 KiB GSO packet.
+const BURST: &str = "131072";
 
 /// The jobs of these tests use every core; run them one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -82,6 +86,8 @@ struct Hosts {
     tag: String,
     subnet: u32,
     n: usize,
+    /// The rate of every host's link, Mbit/s, where limited.
+    rates: Vec<Option<u32>>,
     /// Where the jobs' output goes.
     dir: PathBuf,
 }
@@ -95,6 +101,7 @@ impl Hosts {
             tag: format!("emu{:06x}", h & 0xff_ffff),
             subnet: h >> 24,
             n,
+            rates: vec![None; n],
             dir: std::env::temp_dir().join(format!("gradsync-{pfx}")),
         }
     }
@@ -103,7 +110,8 @@ impl Hosts {
     /// in both directions when given.
     fn up_with_rates(pfx: &str, rates: &[Option<u32>]) -> Hosts {
         let n = rates.len();
-        let hosts = Hosts::named(pfx, n);
+        let mut hosts = Hosts::named(pfx, n);
+        hosts.rates = rates.to_vec();
         hosts.teardown();
         fs::create_dir_all(&hosts.dir).expect("create the output directory");
         let alias = format!("emuhosts:{pfx}");
@@ -134,7 +142,7 @@ impl Hosts {
                 // The same token bucket as emuhosts.py: the burst stays above a 64 KiB GSO
                 // packet, and at 1 Gbit/s a TCP stream gets ~956 Mbit/s of goodput.
                 let rate = format!("{rate}mbit");
-                let tbf = ["tbf", "rate", &rate, "burst", "131072", "latency", "10ms"];
+                let tbf = ["tbf", "rate", &rate, "burst", BURST, "latency", "10ms"];
                 let mut upload = vec![
                     "netns", "exec", &ns, "tc", "qdisc", "replace", "dev", "eth0", "root",
                 ];
@@ -146,6 +154,38 @@ impl Hosts {
             }
         }
         hosts
+    }
+
+    /// Limits the traffic between hosts `a` and `b` to `mbit` Mbit/s in both directions: the
+    /// upload of each (its `eth0`) becomes an HTB whose default class keeps the host's own rate
+    /// and whose second class, chosen by a u32 filter on the other host's address, has `mbit`.
+    fn limit_pair(&self, a: usize, b: usize, mbit: u32) {
+        for (x, y) in [(a, b), (b, a)] {
+            let own = self.rates[x].expect("limit_pair needs hosts with a rate");
+            let ns = self.ns(x);
+            let tc = |args: &[&str]| {
+                let mut all = vec!["netns", "exec", &ns, "tc"];
+                all.extend_from_slice(args);
+                must("ip", &all);
+            };
+            // r2q 1000 keeps HTB's quantum (rate / r2q) within its limits at these rates.
+            tc(&[
+                "qdisc", "replace", "dev", "eth0", "root", "handle", "1:", "htb", "default", "1",
+                "r2q", "1000",
+            ]);
+            for (class, rate) in [("1:1", own), ("1:2", mbit)] {
+                let rate = format!("{rate}mbit");
+                tc(&[
+                    "class", "add", "dev", "eth0", "parent", "1:", "classid", class, "htb", "rate",
+                    &rate, "ceil", &rate, "burst", BURST, "cburst", BURST,
+                ]);
+            }
+            let dst = format!("{}/32", self.addr(y));
+            tc(&[
+                "filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "prio", "1",
+                "u32", "match", "ip", "dst", &dst, "flowid", "1:2",
+            ]);
+        }
     }
 
     fn ns(&self, i: usize) -> String {
@@ -469,29 +509,12 @@ fn netns_four_hosts_ring_fills_link() {
     );
 }
 
-/// Four hosts, host 2's link at half the rate of the others: `gradsync doctor` flags exactly the
-/// three links of host 2 and names that host.
-#[test]
-fn netns_doctor_names_the_slow_host() {
-    let Some((_serial, hosts)) = hosts_or_skip(3, &[Some(1000), Some(1000), Some(500), Some(1000)])
-    else {
-        return;
-    };
-    let results = run_job(
-        &hosts,
-        1,
-        &[
-            "doctor",
-            "--size",
-            "2M",
-            "--iters",
-            "3",
-            "--lat-iters",
-            "50",
-        ],
-        &[],
-        Duration::from_secs(60),
-    );
+/// Rank 0's `gradsync doctor ARGS...` report (lines without `[0] `) on every host with `nproc`
+/// ranks each; fails the test with every node's output unless every node succeeded.
+fn doctor(hosts: &Hosts, nproc: usize, args: &[&str]) -> String {
+    let mut all = vec!["doctor"];
+    all.extend_from_slice(args);
+    let results = run_job(hosts, nproc, &all, &[], Duration::from_secs(60));
     for (i, r) in results.iter().enumerate() {
         assert!(
             r.status.success(),
@@ -500,27 +523,138 @@ fn netns_doctor_names_the_slow_host() {
             r.stderr
         );
     }
-    let out = &results[0].stdout;
-    let slow: Vec<&str> = out
+    let report: Vec<&str> = results[0]
+        .stdout
         .lines()
         .filter_map(|l| l.strip_prefix("[0] "))
-        .filter(|l| l.starts_with("SLOW"))
         .collect();
-    let ok = out
+    report.join("\n")
+}
+
+/// One link line of a doctor report.
+struct DoctorLink {
+    slow: bool,
+    ranks: (usize, usize),
+    addrs: (String, String),
+}
+
+/// The link lines of a doctor report.
+fn doctor_links(report: &str) -> Vec<DoctorLink> {
+    report
         .lines()
-        .filter_map(|l| l.strip_prefix("[0] "))
-        .filter(|l| l.starts_with("  ok"))
-        .count();
+        .filter(|l| l.starts_with("SLOW") || l.starts_with("  ok"))
+        .map(|l| {
+            // `SLOW rank   0 (10.77.18.10) <-> rank   2 (10.77.18.12)  tcp ...`
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let rank = |s: &str| s.parse::<usize>().expect("a rank");
+            let addr = |s: &str| s.trim_matches(|c| c == '(' || c == ')').to_string();
+            DoctorLink {
+                slow: f[0] == "SLOW",
+                ranks: (rank(f[2]), rank(f[6])),
+                addrs: (addr(f[3]), addr(f[7])),
+            }
+        })
+        .collect()
+}
+
+/// The verdict lines of a doctor report, without `# verdict: `.
+fn doctor_verdicts(report: &str) -> Vec<&str> {
+    report
+        .lines()
+        .filter_map(|l| l.strip_prefix("# verdict: "))
+        .collect()
+}
+
+/// Runs the doctor on `hosts` with two ranks each (small messages: the limits differ by more
+/// than three times, and `--threshold 0.5` leaves room on both sides for a loaded machine,
+/// where a fast link measured over a few milliseconds can lose a third of its rate),
+/// checks that a link between hosts x and y is SLOW exactly where `slow(x, y)` says, and
+/// that the verdict lines are `expected`, apart from lines about links inside a host (shared
+/// memory between ranks that share two cores varies with the load). Returns the report.
+fn check_doctor_two_ranks(
+    hosts: &Hosts,
+    slow: impl Fn(usize, usize) -> bool,
+    expected: &[String],
+) -> String {
+    let started = Instant::now();
+    let args = [
+        "--size",
+        "1M",
+        "--iters",
+        "2",
+        "--lat-iters",
+        "20",
+        "--threshold",
+        "0.5",
+    ];
+    let out = doctor(hosts, 2, &args);
+    let host = |addr: &str| {
+        (0..hosts.n)
+            .position(|i| hosts.addr(i) == addr)
+            .unwrap_or_else(|| panic!("unknown address {addr}:\n{out}"))
+    };
+    let links = doctor_links(&out);
+    let n = 2 * hosts.n;
+    assert_eq!(links.len(), n * (n - 1) / 2, "one line per link:\n{out}");
+    for l in &links {
+        let (x, y) = (host(&l.addrs.0), host(&l.addrs.1));
+        assert_eq!(
+            (x, y),
+            (l.ranks.0 / 2, l.ranks.1 / 2),
+            "ranks 2i and 2i+1 on host i:\n{out}"
+        );
+        if x != y {
+            assert_eq!(
+                l.slow,
+                slow(x, y),
+                "link {:?} between hosts {x} and {y}:\n{out}",
+                l.ranks
+            );
+        }
+    }
+    let verdicts: Vec<&str> = doctor_verdicts(&out)
+        .into_iter()
+        .filter(|v| !v.contains(" inside host "))
+        .collect();
+    assert_eq!(verdicts, expected, "verdict:\n{out}");
+    eprintln!(
+        "{}\n{} hosts x 2 ranks: doctor in {:.1} s",
+        out.lines()
+            .filter(|l| l.starts_with("# verdict") || l.starts_with("SLOW"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        hosts.n,
+        started.elapsed().as_secs_f64()
+    );
+    out
+}
+
+/// Four hosts, host 2's link at half the rate of the others: `gradsync doctor` flags exactly the
+/// three links of host 2 and names that host.
+#[test]
+fn netns_doctor_names_the_slow_host() {
+    let Some((_serial, hosts)) = hosts_or_skip(3, &[Some(1000), Some(1000), Some(500), Some(1000)])
+    else {
+        return;
+    };
+    let out = doctor(
+        &hosts,
+        1,
+        &["--size", "2M", "--iters", "3", "--lat-iters", "50"],
+    );
     eprintln!("{out}");
+    let links = doctor_links(&out);
+    let slow: Vec<&DoctorLink> = links.iter().filter(|l| l.slow).collect();
     assert_eq!(
         slow.len(),
         3,
         "exactly host 2's three links are slow:\n{out}"
     );
-    assert_eq!(ok, 3, "the other three links are fine:\n{out}");
+    assert_eq!(links.len(), 6, "the other three links are fine:\n{out}");
     let host2 = hosts.addr(2);
     assert!(
-        slow.iter().all(|l| l.contains(&format!("({host2})"))),
+        slow.iter()
+            .all(|l| l.addrs.0 == host2 || l.addrs.1 == host2),
         "every slow link involves host 2 ({host2}):\n{out}"
     );
     assert!(
@@ -529,6 +663,69 @@ fn netns_doctor_names_the_slow_host() {
     );
     assert!(out.contains(" mtu 1500 "), "MTU reported:\n{out}");
     assert!(out.contains("numa: "), "NUMA placement reported:\n{out}");
+}
+
+/// The verdict line of a slow host of two ranks on four hosts of two ranks.
+fn slow_host_verdict(hosts: &Hosts, i: usize) -> String {
+    format!(
+        "slow host {} (ranks {}, {}): all 12 of its links to other hosts below 50% of the \
+         fastest link between hosts",
+        hosts.addr(i),
+        2 * i,
+        2 * i + 1
+    )
+}
+
+/// Four hosts of two ranks, host 2's link at 300 Mbit/s and the others at 1 Gbit/s: the 12
+/// links between host 2 and the others are slow, and the verdict names host 2 with its two
+/// ranks, whatever the links inside the hosts do.
+#[test]
+fn netns_doctor_names_the_slow_host_of_two_ranks() {
+    let Some((_serial, hosts)) = hosts_or_skip(4, &[Some(1000), Some(1000), Some(300), Some(1000)])
+    else {
+        return;
+    };
+    check_doctor_two_ranks(
+        &hosts,
+        |x, y| x == 2 || y == 2,
+        &[slow_host_verdict(&hosts, 2)],
+    );
+}
+
+/// Four hosts of two ranks, hosts 1 and 2 at 300 Mbit/s: 20 of the 24 links between hosts are
+/// slow, and the verdict names both hosts.
+#[test]
+fn netns_doctor_names_two_slow_hosts() {
+    let Some((_serial, hosts)) = hosts_or_skip(5, &[Some(1000), Some(300), Some(300), Some(1000)])
+    else {
+        return;
+    };
+    check_doctor_two_ranks(
+        &hosts,
+        |x, y| [x, y].iter().any(|&h| h == 1 || h == 2),
+        &[slow_host_verdict(&hosts, 1), slow_host_verdict(&hosts, 2)],
+    );
+}
+
+/// Four hosts of two ranks at 1 Gbit/s, the traffic between hosts 1 and 3 at 300 Mbit/s (an
+/// HTB class for the other's address on the upload of each): the four links between them are
+/// slow, and the verdict names that pair of hosts as a link, no host.
+#[test]
+fn netns_doctor_names_a_slow_pair_as_a_link() {
+    let Some((_serial, hosts)) = hosts_or_skip(6, &[Some(1000); 4]) else {
+        return;
+    };
+    hosts.limit_pair(1, 3, 300);
+    check_doctor_two_ranks(
+        &hosts,
+        |x, y| (x.min(y), x.max(y)) == (1, 3),
+        &[format!(
+            "slow link between hosts {} (ranks 2, 3) and {} (ranks 6, 7): all 4 links between \
+             them below 50% of the fastest link between hosts",
+            hosts.addr(1),
+            hosts.addr(3)
+        )],
+    );
 }
 
 #[test]
