@@ -469,7 +469,7 @@ impl Engine {
         let cacheable = i == 0;
         let cached = if cacheable {
             self.regs.lookup(b.addr, b.len, access)
-        } else if pooled {
+        } else if i == 2 && pooled {
             self.scratch_pool.as_ref().map(|(_, mr)| *mr)
         } else {
             None
