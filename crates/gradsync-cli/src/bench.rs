@@ -550,15 +550,6 @@ fn time_calls(
     Ok(t[0])
 }
 
-/// Wrong elements summed over ranks. Each rank's count is capped at 2^40 first, so that the
-/// sum of any world fits and a total is never wrapped around to 0 (or below).
-pub(crate) fn total_wrong(comm: &mut Communicator, local: u64) -> anyhow::Result<u64> {
-    let mut w = [local.min(1 << 40) as i64];
-    comm.all_reduce(&mut w, ReduceOp::Sum)
-        .context("all_reduce of the wrong counts")?;
-    Ok(u64::try_from(w[0]).unwrap_or(u64::MAX))
-}
-
 /// Measures (and validates) one row with elements of type `T`.
 fn measure<T: CheckElem>(comm: &mut Communicator, cfg: &RowConfig) -> anyhow::Result<Row> {
     let (world, rank) = (comm.world_size(), comm.rank());
@@ -579,7 +570,7 @@ fn measure<T: CheckElem>(comm: &mut Communicator, cfg: &RowConfig) -> anyhow::Re
             output.fill(zero);
             out_of_place(comm, cfg, &input, &mut output)?;
             let local = check::count_wrong(&output, cfg.coll, op, world, rank, cfg.root);
-            Some(total_wrong(comm, local)?)
+            Some(check::total_wrong(comm, local)?)
         } else {
             None
         };
@@ -595,7 +586,7 @@ fn measure<T: CheckElem>(comm: &mut Communicator, cfg: &RowConfig) -> anyhow::Re
             buf.copy_from_slice(&input);
             in_place(comm, cfg, &mut buf)?;
             let local = check::count_wrong(&buf, cfg.coll, op, world, rank, cfg.root);
-            Some(total_wrong(comm, local)?)
+            Some(check::total_wrong(comm, local)?)
         } else {
             None
         };
@@ -634,7 +625,7 @@ mod tests {
                 .into_iter()
                 .zip(locals)
                 .map(|(mut c, local)| {
-                    std::thread::spawn(move || total_wrong(&mut c, local).unwrap())
+                    std::thread::spawn(move || check::total_wrong(&mut c, local).unwrap())
                 })
                 .collect::<Vec<_>>()
                 .into_iter()

@@ -27,7 +27,8 @@
 //! Every expected value is at least 1, so outputs are cleared to 0 before the validated call:
 //! an operation that leaves its output untouched is caught.
 
-use gradsync::{Collective, Element, ReduceOp};
+use anyhow::Context;
+use gradsync::{Collective, Communicator, Element, ReduceOp};
 
 /// The period of the part of the inputs that repeats (a prime, so that no block size of a
 /// power of two or a small multiple of one lines two blocks up with the same values).
@@ -326,6 +327,15 @@ pub fn count_wrong<T: CheckElem>(
             count_mismatches(out, offset, |i| expected.at(i))
         }
     }
+}
+
+/// Wrong elements summed over ranks. Each rank's count is capped at 2^40 first, so that the
+/// sum of any world fits and a total is never wrapped around to 0 (or below).
+pub fn total_wrong(comm: &mut Communicator, local: u64) -> anyhow::Result<u64> {
+    let mut w = [local.min(1 << 40) as i64];
+    comm.all_reduce(&mut w, ReduceOp::Sum)
+        .context("all_reduce of the wrong counts")?;
+    Ok(u64::try_from(w[0]).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]

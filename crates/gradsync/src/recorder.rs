@@ -640,7 +640,9 @@ pub fn install_sigusr1_dump() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         #[cfg(target_os = "linux")]
-        if let Err(e) = signal::install() {
+        if let Err(e) = signal::install(|| {
+            dump_all("SIGUSR1");
+        }) {
             tracing::warn!(
                 target: "gradsync::init",
                 "flight recorder: cannot install the SIGUSR1 dump handler: {e}"

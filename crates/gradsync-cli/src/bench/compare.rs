@@ -20,8 +20,7 @@
 use std::io::Write;
 use std::time::Instant;
 
-use super::total_wrong;
-use crate::check;
+use crate::check::{self, total_wrong};
 use anyhow::Context;
 use gradsync::cost::median;
 use gradsync::{Algorithm, Collective, Communicator, ReduceOp};

@@ -53,7 +53,8 @@ fn wake_dumper() {
     unsafe { *errno = saved };
 }
 
-pub(super) fn install() -> io::Result<()> {
+/// Installs the handler; `on_signal` runs on the dumping thread once per (coalesced) signal.
+pub(super) fn install(on_signal: fn()) -> io::Result<()> {
     let mut fds = [0 as libc::c_int; 2];
     // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -76,7 +77,7 @@ pub(super) fn install() -> io::Result<()> {
                     Ok(_) => {
                         // A bug in one dump must not end the thread and with it every
                         // later dump.
-                        let dumped = std::panic::catch_unwind(|| super::dump_all("SIGUSR1"));
+                        let dumped = std::panic::catch_unwind(on_signal);
                         if dumped.is_err() {
                             tracing::error!(
                                 target: "gradsync::coll",
