@@ -1,5 +1,6 @@
 use super::*;
 
+mod halving;
 mod internal;
 
 #[test]
