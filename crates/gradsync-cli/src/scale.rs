@@ -16,20 +16,21 @@
 //! building the programs alone takes seconds). Two things keep the sweep short:
 //!
 //! - **symmetry**: when every rank's program is rank 0's with the peers relabeled (rings whose
-//!   blocks are all alike, recursive doubling on a power of two), every rank goes through the same
-//!   events at the same times, and the timing model runs rank 0 alone, its messages mirrored
-//!   ([`gradsync_core::sim::predict_symmetric`]; programs are compared op by op first, on a
-//!   sample of ranks in large worlds). The result equals the full run's;
-//! - **a budget**: the other schedules (trees, Rabenseifner, rings whose blocks differ by an
-//!   element) run every rank, which is skipped, and said so in the table and in the crossover
-//!   line, when the ops of all ranks would exceed `--max-ops` (0: no limit). Their ops are
-//!   estimated from a sample of ranks.
+//!   blocks are all alike, recursive doubling on a power of two, Rabenseifner on a power of two
+//!   when its blocks are alike and a halving step is one message), every rank goes through the
+//!   same events at the same times, and the timing model runs rank 0 alone, its messages
+//!   mirrored ([`gradsync_core::sim::predict_symmetric`]; programs are compared op by op first,
+//!   on a sample of ranks in large worlds). The result equals the full run's;
+//! - **a budget**: the other schedules (trees, the other Rabenseifner cells, rings whose blocks
+//!   differ by an element) run every rank, which is skipped, and said so in the table and in the
+//!   crossover line, when the ops of all ranks would exceed `--max-ops` (0: no limit). Their ops
+//!   are estimated from a sample of ranks.
 //!
 //! The pipeline segment is never changed: every time is for `--segment-bytes`, the library's
 //! default chunk unless given. Cells run on `--jobs` threads. On two shared vCPUs the default
-//! sweep (10 worlds, 15 sizes, budget 8M ops) takes about two minutes and skips 30 of its 750
-//! cells, mostly Rabenseifner on 2048 and 4096 ranks; with `--max-ops 0` it takes about half an
-//! hour, most of it Rabenseifner on 4096 ranks (67 million ops per size).
+//! sweep (10 worlds, 15 sizes, budget 8M ops) takes about a minute and skips 12 of its 750
+//! cells, the largest sizes of the trees and Rabenseifner on 2048 and 4096 ranks; with
+//! `--max-ops 0` it takes two to three minutes and about 3 GB.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;

@@ -354,8 +354,10 @@ fn info_log_explains_every_all_reduce_choice_once_per_size_class() {
 }
 
 /// The automatic all-reduce choice follows the cost model: on a model where latency dominates,
-/// a 1 MiB all-reduce on 4 ranks runs recursive doubling (2 steps), where bandwidth dominates
-/// it runs one of the bandwidth-optimal schedules.
+/// a 256 KiB all-reduce on 4 ranks runs recursive doubling (2 steps of one 512 KiB segment,
+/// where halving-doubling takes 4), where bandwidth dominates it runs one of the
+/// bandwidth-optimal schedules. (At 1 MiB recursive doubling's steps are two segments each, as
+/// many messages as halving-doubling's four, which then wins by its smaller ones.)
 #[test]
 fn automatic_choice_follows_the_cost_model() {
     let dir = std::env::temp_dir().join(format!("gradsync-choice-{}", std::process::id()));
@@ -373,9 +375,9 @@ fn automatic_choice_follows_the_cost_model() {
             "--nproc",
             "4",
             "-b",
-            "1M",
+            "256K",
             "-e",
-            "1M",
+            "256K",
             "-n",
             "1",
             "-w",
@@ -384,7 +386,7 @@ fn automatic_choice_follows_the_cost_model() {
         let (_, err) = bench_logging_choices(&args, &f);
         let line = err
             .lines()
-            .find(|l| l.contains("all_reduce of 1048576 bytes on 4 ranks"))
+            .find(|l| l.contains("all_reduce of 262144 bytes on 4 ranks"))
             .unwrap_or_else(|| panic!("no choice logged: {err}"));
         let tail = line.rsplit("model's choice ").next().unwrap();
         let (choice, ran) = tail.split_once(", runs ").expect("choice and run");

@@ -16,6 +16,14 @@
 //! With `GRADSYNC_DEBUG=INFO` and the `COLL` subsystem, rank 0 logs the predicted time of every
 //! candidate and the choice, once per size class.
 //!
+//! What a candidate is charged therefore follows from the messages its schedule sends (the
+//! formulas are in [`gradsync_core::schedule::plan`]). For a buffer of `B` bytes on `n` ranks,
+//! when a step fits one segment: the ring `2 (n - 1)` latencies and `2 (n - 1) / n * B` bytes
+//! on the critical path; recursive doubling `log2 n` latencies and `log2(n) * B` bytes;
+//! Rabenseifner `2 log2 n` latencies and the ring's `2 (n - 1) / n * B` bytes on a power of two,
+//! and on other worlds, with `p` the largest power of two below `n`, `2 log2(p) + 2` latencies
+//! and `(2 (p - 1) / p + 2) * B` bytes (the fold sends the whole buffer in and the result back).
+//!
 //! The model cannot see everything that sets an algorithm's time (ranks sharing cores, how a
 //! schedule's reductions overlap its transfers), so the cost file can also hold measured
 //! all-reduce times ([`Measured`], written by `gradsync bench --compare ALGOS --tune`): for a
@@ -510,6 +518,51 @@ mod tests {
         assert!((t(None) * 1e6 - 34.768).abs() < 0.01);
         assert!((t(Some(Algorithm::RecursiveDoubling)) * 1e6 - 34.768).abs() < 0.01);
         assert!((t(Some(Algorithm::Ring)) * 1e6 - 36.768).abs() < 0.01);
+    }
+
+    /// The model charges Rabenseifner `2 log2 p` latencies (two more for the fold when `n` is not
+    /// a power of two) and the ring's bandwidth term `2 (p - 1) / p * B` (plus `2 B` for the
+    /// fold), against the ring's `2 (n - 1)` latencies.
+    #[test]
+    fn rabenseifner_is_charged_log2_latencies_and_the_rings_bandwidth() {
+        let predict = |world: usize, bytes: usize, algo, link: &LinkModel| {
+            predict_all_reduce(
+                world,
+                0,
+                1 << 20,
+                DataType::F32,
+                bytes,
+                Some(algo),
+                link,
+                link,
+            )
+            .unwrap()
+        };
+        // Latency only (1 us per message, a link too fast to matter), and bandwidth only (1 GB/s).
+        let alpha = LinkModel::new(1e-6, 1e18);
+        let beta = LinkModel::new(0.0, 1e9);
+        let bytes = 4 << 10;
+        for n in (2..=17usize).chain([31, 32, 33, 64]) {
+            let p = 1usize << (usize::BITS - 1 - n.leading_zeros());
+            let fold = usize::from(n != p);
+            let steps = 2 * p.trailing_zeros() as usize + 2 * fold;
+            let us = predict(n, bytes, Algorithm::Rabenseifner, &alpha) * 1e6;
+            assert!((us - steps as f64).abs() < 1e-6, "n = {n}: {us} us");
+            let ring = predict(n, bytes, Algorithm::Ring, &alpha) * 1e6;
+            assert!(
+                (ring - 2.0 * (n - 1) as f64).abs() < 1e-6,
+                "n = {n}: ring {ring} us"
+            );
+            assert!(us <= ring + 1e-6, "n = {n}: {us} us, ring {ring} us");
+            // 4 KiB is 1024 f32, a whole number of elements per block for every p here.
+            let pf = p as f64;
+            let want = (2.0 * (pf - 1.0) / pf + 2.0 * fold as f64) * bytes as f64 / 1e9;
+            let got = predict(n, bytes, Algorithm::Rabenseifner, &beta);
+            assert!(
+                (got - want).abs() < 1e-9 * want,
+                "n = {n}: {got} s, want {want}"
+            );
+        }
     }
 
     /// One tuning run in which `fastest` took 1 us and every other candidate 2 us.

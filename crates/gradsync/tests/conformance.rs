@@ -549,6 +549,7 @@ suite! {
     hosts_4x1_hier: hosts_suite(4, 4, true, Some(Algorithm::Hierarchical));
     hosts_3x2_central: hosts_suite(6, 3, true, Some(Algorithm::Central));
     mem_w6_rabenseifner_tiny: mem_forced(6, true, Algorithm::Rabenseifner);
+    mem_w7_rabenseifner_tiny: mem_forced(7, true, Algorithm::Rabenseifner);
     mem_w8_rabenseifner: mem_forced(8, false, Algorithm::Rabenseifner);
     tcp_w3_rabenseifner: tcp_forced(3, false, Algorithm::Rabenseifner);
     shm_w4_rabenseifner_tiny: shm_forced(4, true, Algorithm::Rabenseifner);

@@ -1,10 +1,11 @@
 //! Helpers the generators share: how a buffer is cut into blocks and segments, local copies, the
-//! program of a rank alone, and read/write hazard tracking.
+//! program of a rank alone, and read/write hazard tracking (per segment, or per element range).
 
+use std::collections::BTreeMap;
 use std::ops::Range;
 
 use super::params::Params;
-use super::program::{Buf, Loc, Op, OpId, Program};
+use super::program::{Buf, Extent, Loc, Op, OpId, Program};
 use crate::ReduceOp;
 
 /// The range of block `b` when `count` elements are split into `world` blocks whose sizes differ
@@ -133,4 +134,122 @@ impl Hazards {
         }
         id
     }
+}
+
+/// Read/write hazards over element ranges, for generators whose messages do not follow one
+/// segmentation of the buffer (the halving and doubling steps of Rabenseifner cut runs of
+/// blocks that start anywhere into segments): an op waits for the last writer of every element
+/// it reads or writes, and an op that writes an element also waits for every reader of it since.
+/// What an op reads and writes is taken from the op itself ([`Op::extents`]).
+///
+/// Each buffer is a map of disjoint spans, split where an op's range begins or ends and merged
+/// where an op writes, so a program of `k` ops keeps at most about `2 k` spans.
+pub(crate) struct RangeHazards {
+    world: usize,
+    spans: [BTreeMap<usize, Span>; 3],
+}
+
+/// Elements `start..end` (`start` is the key in the map) of one buffer, with their last writer
+/// and the ops that read them since.
+#[derive(Clone)]
+struct Span {
+    end: usize,
+    writer: Option<OpId>,
+    readers: Vec<OpId>,
+}
+
+impl RangeHazards {
+    /// No hazards yet, for the programs of a world of `world` ranks (the extent of the parts of
+    /// an [`Op::ReduceParts`]).
+    pub(crate) fn new(world: usize) -> Self {
+        let all = || {
+            BTreeMap::from([(
+                0,
+                Span {
+                    end: usize::MAX,
+                    writer: None,
+                    readers: Vec::new(),
+                },
+            )])
+        };
+        RangeHazards {
+            world,
+            spans: [all(), all(), all()],
+        }
+    }
+
+    fn map(&mut self, buf: Buf) -> &mut BTreeMap<usize, Span> {
+        &mut self.spans[match buf {
+            Buf::Input => 0,
+            Buf::Output => 1,
+            Buf::Scratch => 2,
+        }]
+    }
+
+    /// Makes a span start at `at` (the spans cover every element from 0 on).
+    fn split(&mut self, buf: Buf, at: usize) {
+        let map = self.map(buf);
+        let (&start, span) = map
+            .range_mut(..=at)
+            .next_back()
+            .expect("the spans start at 0");
+        if start < at {
+            let tail = Span {
+                end: span.end,
+                ..span.clone()
+            };
+            span.end = at;
+            map.insert(at, tail);
+        }
+    }
+
+    /// Appends `op` after the hazards on the elements it reads and writes.
+    pub(crate) fn push(&mut self, prog: &mut Program, op: Op) -> OpId {
+        let (read, write) = op.extents(self.world);
+        let (read, write) = (extent(read), extent(write));
+        for (buf, range) in read.iter().chain(&write) {
+            self.split(*buf, range.start);
+            self.split(*buf, range.end);
+        }
+        let mut deps = Vec::new();
+        if let Some((buf, range)) = &read {
+            let spans = self.map(*buf).range(range.clone());
+            deps.extend(spans.filter_map(|s| s.1.writer));
+        }
+        if let Some((buf, range)) = &write {
+            for (_, s) in self.map(*buf).range(range.clone()) {
+                deps.extend(s.writer);
+                deps.extend_from_slice(&s.readers);
+            }
+        }
+        deps.sort_unstable();
+        deps.dedup();
+        let id = prog.push(op, &deps);
+        if let Some((buf, range)) = read {
+            for (_, s) in self.map(buf).range_mut(range) {
+                s.readers.push(id);
+            }
+        }
+        if let Some((buf, range)) = write {
+            // The written elements become one span: one writer, no reader since.
+            let map = self.map(buf);
+            let starts: Vec<usize> = map.range(range.clone()).map(|s| *s.0).collect();
+            for start in starts {
+                map.remove(&start);
+            }
+            let span = Span {
+                end: range.end,
+                writer: Some(id),
+                readers: Vec::new(),
+            };
+            map.insert(range.start, span);
+        }
+        id
+    }
+}
+
+/// The range of `(start, length)` in its buffer, none when it is empty.
+fn extent(at: Option<Extent>) -> Option<(Buf, Range<usize>)> {
+    at.filter(|&(_, len)| len > 0)
+        .map(|(l, len)| (l.buf, l.start..l.start + len))
 }

@@ -34,7 +34,7 @@
 //! directly or through others, from the `2^(k+1)` ranks before it, so after the last round from
 //! everyone: no rank leaves before all have entered.
 
-use super::common::{Hazards, alone, block_range, finalizes, segments};
+use super::common::{Hazards, alone, finalizes, segments};
 use super::params::Params;
 use super::program::{Buf, Loc, Op, OpId, Program};
 
@@ -148,8 +148,9 @@ pub(crate) fn all_reduce(p: &Params) -> Program {
 }
 
 /// The rank folded out of a world that is not a power of two: it contributes its buffer (in
-/// `base`) to `partner` and receives the result into `Output`, segment by segment.
-fn fold_out(
+/// `base`) to `partner` and receives the result into `Output`, segment by segment (also the
+/// fold of [`super::halving`]).
+pub(super) fn fold_out(
     prog: &mut Program,
     hz: &mut Hazards,
     base: Buf,
@@ -228,146 +229,6 @@ pub(crate) fn barrier(p: &Params) -> Program {
             },
             &[],
         ));
-    }
-    prog
-}
-
-/// Recursive halving-doubling (Rabenseifner) all-reduce: a reduce-scatter by recursive halving,
-/// then an all-gather by recursive doubling.
-///
-/// The buffer is cut into `p` blocks (`p` the largest power of two `<= n`, other worlds folded as
-/// for recursive doubling). In halving step `i` rank `v` pairs with `v xor p / 2^(i+1)`: of the
-/// blocks it still holds, it sends the half its partner keeps and reduces the half it keeps with
-/// what the partner sends, so after `log2 p` steps it holds block `v` fully reduced. The doubling
-/// steps then exchange the reduced blocks with partners at distance 1, 2, 4, ... until everyone
-/// has all of them. The cost is `2 log2(p) alpha + 2 (p - 1) / p * B * beta`: the ring's bandwidth
-/// term with recursive doubling's number of latencies, the choice for medium buffers.
-///
-/// **Identical bits.** Each block is reduced at one rank only and then copied to the others.
-///
-/// **Buffers.** A halving step reads the blocks it sends and writes the disjoint blocks it keeps,
-/// so the reduction lands in `Output` with no scratch (the first step reads `Input` when out of
-/// place).
-pub(crate) fn rabenseifner(p: &Params) -> Program {
-    let mut prog = Program::new();
-    let (n, r, count, seg) = (p.world, p.rank, p.count, p.segment);
-    let base = if p.in_place { Buf::Output } else { Buf::Input };
-    let loc = |b: Buf, off: usize| Loc::new(b, off);
-    if n == 1 {
-        return alone(p);
-    }
-    let pow = if n.is_power_of_two() {
-        n
-    } else {
-        n.next_power_of_two() / 2
-    };
-    let rem = n - pow;
-    let steps = pow.trailing_zeros() as usize;
-    // The segments of every block, each with its index for the hazard table.
-    let mut nsegs = 0;
-    let blocks: Vec<Vec<(usize, usize, usize)>> = (0..pow)
-        .map(|b| {
-            let range = block_range(count, pow, b);
-            segments(range.len(), seg)
-                .map(|(off, len)| {
-                    nsegs += 1;
-                    (range.start + off, len, nsegs - 1)
-                })
-                .collect()
-        })
-        .collect();
-    // Every message, the fold's included, is one segment of one block, so the hazards of each
-    // operation are exactly those of its block segment.
-    let all: Vec<(usize, usize, usize)> = blocks.iter().flatten().copied().collect();
-    let mut hz = Hazards::new(nsegs);
-
-    if r < 2 * rem && r % 2 == 0 {
-        fold_out(&mut prog, &mut hz, base, r + 1, &all);
-        return prog;
-    }
-    let fold = r < 2 * rem;
-    let vrank = if fold { r / 2 } else { r - rem };
-    let real = |v: usize| if v < rem { 2 * v + 1 } else { v + rem };
-    let mut cur = base;
-    if fold {
-        for &(off, len, j) in &all {
-            let op = Op::Recv {
-                peer: r - 1,
-                dst: loc(Buf::Output, off),
-                reduce_with: Some(loc(cur, off)),
-                len,
-            };
-            hz.push(&mut prog, op, j, &[cur], &[Buf::Output], &[]);
-        }
-        cur = Buf::Output;
-    }
-    // Reduce-scatter by recursive halving over the blocks [lo, hi) still held.
-    let (mut lo, mut hi) = (0, pow);
-    for i in 0..steps {
-        let d = pow >> (i + 1);
-        let partner = real(vrank ^ d);
-        let mid = lo + (hi - lo) / 2;
-        let (keep, give) = if vrank & d == 0 {
-            (lo..mid, mid..hi)
-        } else {
-            (mid..hi, lo..mid)
-        };
-        for blk in &blocks[give.clone()] {
-            for &(off, len, j) in blk {
-                let op = Op::Send {
-                    peer: partner,
-                    src: loc(cur, off),
-                    len,
-                };
-                hz.push(&mut prog, op, j, &[cur], &[], &[]);
-            }
-        }
-        for blk in &blocks[keep.clone()] {
-            for &(off, len, j) in blk {
-                let op = Op::Recv {
-                    peer: partner,
-                    dst: loc(Buf::Output, off),
-                    reduce_with: Some(loc(cur, off)),
-                    len,
-                };
-                hz.push(&mut prog, op, j, &[cur], &[Buf::Output], &[]);
-            }
-        }
-        (lo, hi) = (keep.start, keep.end);
-        cur = Buf::Output;
-    }
-    debug_assert_eq!((lo, hi), (vrank, vrank + 1));
-    // All-gather by recursive doubling: the reduced blocks [own, own + d) grow to everything.
-    for i in 0..steps {
-        let d = 1usize << i;
-        let partner = real(vrank ^ d);
-        let own = vrank & !(d - 1);
-        let theirs = (vrank ^ d) & !(d - 1);
-        for blk in &blocks[own..own + d] {
-            for &(off, len, j) in blk {
-                let op = Op::Send {
-                    peer: partner,
-                    src: loc(Buf::Output, off),
-                    len,
-                };
-                hz.push(&mut prog, op, j, &[Buf::Output], &[], &[]);
-            }
-        }
-        for blk in &blocks[theirs..theirs + d] {
-            for &(off, len, j) in blk {
-                let op = Op::Recv {
-                    peer: partner,
-                    dst: loc(Buf::Output, off),
-                    reduce_with: None,
-                    len,
-                };
-                hz.push(&mut prog, op, j, &[], &[Buf::Output], &[]);
-            }
-        }
-    }
-    for &seg in &all {
-        // The result goes back to r - 1 segment by segment, each once it is final.
-        finish_segment(&mut prog, &mut hz, p, fold.then(|| r - 1), seg);
     }
     prog
 }

@@ -40,13 +40,14 @@
 //! - [`params`]: the parameters of a call ([`Params`]), the algorithms and the buffer
 //!   conventions;
 //! - [`plan`]: [`build`], the dispatch from parameters to the generators;
-//! - the generators: [`ring`], [`doubling`], [`tree`], [`hier`], [`eager`], [`deterministic`],
-//!   which share the helpers of `common`.
+//! - the generators: [`ring`], [`doubling`], [`halving`], [`tree`], [`hier`], [`eager`],
+//!   [`deterministic`], which share the helpers of `common`.
 
 mod common;
 pub mod deterministic;
 pub mod doubling;
 pub mod eager;
+pub mod halving;
 pub mod hier;
 pub mod machine;
 pub mod params;

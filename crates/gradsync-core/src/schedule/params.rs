@@ -70,8 +70,9 @@ pub enum Algorithm {
     /// world.
     Hierarchical,
     /// Recursive halving-doubling (Rabenseifner, all-reduce only): a reduce-scatter by recursive
-    /// halving, then an all-gather by recursive doubling; `2 log2 n` latencies and the ring's
-    /// bandwidth term, for medium buffers.
+    /// halving, then an all-gather by recursive doubling, one message per step when a step fits
+    /// a segment; `2 log2 n` latencies and the ring's bandwidth term on a power of two (two more
+    /// of each, for the fold, on other worlds), for medium buffers.
     Rabenseifner,
     /// Double binary tree (all-reduce only): each half of the buffer is reduced up and broadcast
     /// down its own binary tree, pipelined by segment; every rank is interior in at most one of

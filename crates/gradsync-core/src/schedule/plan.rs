@@ -48,6 +48,10 @@
 //!   (see [`super::ring`]);
 //! - recursive doubling: `log2(n) alpha + log2(n) * B * beta` — latency-optimal, but it moves the
 //!   whole buffer at every step (see [`super::doubling`]);
+//! - Rabenseifner (recursive halving, then doubling): `2 log2(n) alpha + 2 (n - 1) / n * B * beta`
+//!   on a power of two, the ring's bandwidth term in `2 log2 n` steps; other worlds fold into the
+//!   largest power of two `p < n` for two more messages of the whole buffer,
+//!   `(2 log2(p) + 2) alpha + (2 (p - 1) / p + 2) * B * beta` (see [`super::halving`]);
 //! - tree: `2 log2(n) alpha + 2 log2(n) * B * beta` unpipelined; with segments the bandwidth term
 //!   approaches `2 * (fan-out) * B * beta` (see [`super::tree`]);
 //! - double binary tree: `2 log2(n)` latencies like the tree, but each tree carries half the
@@ -79,7 +83,7 @@
 //! [`Program`]: super::program::Program
 
 use super::program::Program;
-use super::{deterministic, doubling, eager, hier, ring, tree};
+use super::{deterministic, doubling, eager, halving, hier, ring, tree};
 use crate::Collective;
 
 pub use super::common::block_range;
@@ -96,7 +100,7 @@ pub fn build(p: &Params) -> Result<Program, PlanError> {
     Ok(match (p.coll, p.algorithm) {
         (AllReduce, Ring) => ring::all_reduce(p),
         (AllReduce, RecursiveDoubling) => doubling::all_reduce(p),
-        (AllReduce, Rabenseifner) => doubling::rabenseifner(p),
+        (AllReduce, Rabenseifner) => halving::all_reduce(p),
         (AllReduce, Tree) => tree::all_reduce(p, tree::Shape::Binomial),
         (AllReduce, DoubleTree) => tree::double_tree_all_reduce(p),
         (ReduceScatter, Ring) => ring::reduce_scatter(p),

@@ -32,6 +32,9 @@ impl Loc {
     }
 }
 
+/// Elements of one buffer: where they start and how many.
+pub type Extent = (Loc, usize);
+
 /// One operation of a program.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
@@ -121,6 +124,27 @@ impl Op {
     /// Whether the op touches no element.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The elements the op reads and the elements it writes, each as `(start, length)` when
+    /// there are any, in a world of `world` ranks (the parts of a [`Op::ReduceParts`] span
+    /// `world * len` elements). A reducing receive reads its local operand, a finalize reads and
+    /// writes the same elements.
+    pub fn extents(&self, world: usize) -> (Option<Extent>, Option<Extent>) {
+        match *self {
+            Op::Send { src, len, .. } | Op::Post { src, len } => (Some((src, len)), None),
+            Op::Recv {
+                dst,
+                reduce_with,
+                len,
+                ..
+            } => (reduce_with.map(|w| (w, len)), Some((dst, len))),
+            Op::Copy { src, dst, len } => (Some((src, len)), Some((dst, len))),
+            Op::ReduceParts { src, dst, len } => {
+                (Some((src, world.saturating_mul(len))), Some((dst, len)))
+            }
+            Op::Finalize { loc, len } => (Some((loc, len)), Some((loc, len))),
+        }
     }
 
     /// Whether the op is local: no message leaves or arrives for it (`Copy`, `ReduceParts`,

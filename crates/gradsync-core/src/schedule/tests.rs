@@ -1,5 +1,6 @@
 use super::*;
 
+mod halving;
 mod internal;
 
 #[test]
@@ -522,21 +523,8 @@ mod plan_tests {
 
     /// What `op` reads and writes in a world of `world` ranks.
     fn locs(op: &Op, world: usize) -> (Ranges, Ranges) {
-        match *op {
-            Op::Send { src, len, .. } | Op::Post { src, len } => (vec![(src, len)], vec![]),
-            Op::Recv {
-                dst,
-                reduce_with,
-                len,
-                ..
-            } => (
-                reduce_with.map(|w| (w, len)).into_iter().collect(),
-                vec![(dst, len)],
-            ),
-            Op::Copy { src, dst, len } => (vec![(src, len)], vec![(dst, len)]),
-            Op::ReduceParts { src, dst, len } => (vec![(src, world * len)], vec![(dst, len)]),
-            Op::Finalize { loc, len } => (vec![(loc, len)], vec![(loc, len)]),
-        }
+        let (read, write) = op.extents(world);
+        (read.into_iter().collect(), write.into_iter().collect())
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //! The hierarchical schedules run the same sweep over two-level topologies (hosts x ranks per
 //! host in [`TOPOLOGIES`]) instead of flat worlds. The internal all-reduces (eager and
 //! deterministic) run it too (see [`internal`] for where they run less), and in addition every
-//! world from 9 to 16 ([`internal_every_world`]).
+//! world from 9 to 16 ([`internal_every_world`]); Rabenseifner, whose fold differs from world to
+//! world, also runs on every world from 9 to 17 and on 31 to 33 ([`rabenseifner_every_world`]).
 
 use super::*;
 
@@ -390,6 +391,46 @@ fn internal_every_world() {
                             segment,
                             in_place,
                             seed: i % SEEDS,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    sweep(cases);
+}
+
+/// Rabenseifner over every world from 9 to 17 and the worlds around 32, where the fold differs
+/// from world to world (`n - p` ranks folded, `p` the largest power of two `<= n`): the small
+/// counts and odd ones (`2 n + 1`, 1001, 10007 unsegmented), with every segment, in place and out
+/// of place, every seed (the third with rendezvous sends), and the dtype x op pairs in rotation.
+#[test]
+fn rabenseifner_every_world() {
+    let pairs = dtype_ops(Collective::AllReduce);
+    let mut cases = Vec::new();
+    let mut i = 0usize;
+    for world in (9..=17).chain([31, 32, 33]) {
+        for count in [0, 1, 3, world - 1, 2 * world + 1, 1001, 10007] {
+            for segment in SEGMENTS {
+                if count == 10007 && segment != usize::MAX {
+                    continue;
+                }
+                for in_place in [false, true] {
+                    for seed in 0..SEEDS {
+                        i += 1;
+                        let (dtype, op) = pairs[(i * 11) % pairs.len()];
+                        cases.push(Case {
+                            coll: Collective::AllReduce,
+                            algorithm: Algorithm::Rabenseifner,
+                            world,
+                            local_size: 0,
+                            count,
+                            root: 0,
+                            dtype,
+                            op,
+                            segment,
+                            in_place,
+                            seed,
                         });
                     }
                 }
