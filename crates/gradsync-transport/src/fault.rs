@@ -42,6 +42,7 @@ use crate::error::{Result, TransportError};
 use crate::verbs::{Access, Completion, Endpoint, MemoryRegion, Sge};
 use crate::wire::RemoteRegion;
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -122,9 +123,17 @@ pub struct WriteRecord {
 
 #[derive(Debug, Default)]
 struct ReplayState {
-    record: bool,
-    log: Vec<WriteRecord>,
-    queue: VecDeque<(WriteRecord, u8)>,
+    log: VecDeque<WriteRecord>,
+    queue: Vec<(WriteRecord, u8)>,
+}
+
+/// The replayer's shared part: two flags the wrapper reads on every write and poll without
+/// taking the lock, and the log and queue behind it.
+#[derive(Debug, Default)]
+struct ReplayShared {
+    record: AtomicBool,
+    queued: AtomicBool,
+    state: Mutex<ReplayState>,
 }
 
 /// Most writes a [`Replayer`] remembers (the oldest are forgotten first).
@@ -135,27 +144,28 @@ const REPLAY_WR_ID: u64 = 0xfa17_0000_0000_0000;
 
 /// Replays writes through a [`FaultyEndpoint`] from any thread (see the module documentation).
 #[derive(Clone, Debug, Default)]
-pub struct Replayer(Arc<Mutex<ReplayState>>);
+pub struct Replayer(Arc<ReplayShared>);
 
 impl Replayer {
     fn lock(&self) -> std::sync::MutexGuard<'_, ReplayState> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.0.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Starts (or stops) recording where the writes go.
     pub fn record(&self, on: bool) {
-        self.lock().record = on;
+        self.0.record.store(on, Ordering::Relaxed);
     }
 
     /// The writes recorded so far, oldest first.
     pub fn writes(&self) -> Vec<WriteRecord> {
-        self.lock().log.clone()
+        self.lock().log.iter().copied().collect()
     }
 
     /// Posts a write to `w`'s peer, region and span again at the wrapper's next poll, its
     /// payload `w.len` bytes of `fill`.
     pub fn replay(&self, w: WriteRecord, fill: u8) {
-        self.lock().queue.push_back((w, fill));
+        self.lock().queue.push((w, fill));
+        self.0.queued.store(true, Ordering::Release);
     }
 }
 
@@ -224,24 +234,28 @@ impl<E: Endpoint> FaultyEndpoint<E> {
 
     /// Notes where a write goes, when the replayer records.
     fn note(&self, peer: usize, remote: RemoteRegion, offset: u64, sges: &[Sge]) {
-        let mut st = self.replayer.lock();
-        if st.record {
-            if st.log.len() >= REPLAY_LOG {
-                st.log.remove(0);
-            }
-            let len = sges.iter().map(|s| s.len as u64).sum();
-            st.log.push(WriteRecord {
-                peer,
-                remote,
-                offset,
-                len,
-            });
+        if !self.replayer.0.record.load(Ordering::Relaxed) {
+            return;
         }
+        let len = sges.iter().map(|s| s.len as u64).sum();
+        let mut st = self.replayer.lock();
+        if st.log.len() >= REPLAY_LOG {
+            st.log.pop_front();
+        }
+        st.log.push_back(WriteRecord {
+            peer,
+            remote,
+            offset,
+            len,
+        });
     }
 
     /// Posts the writes queued on the replayer, each from a registered buffer of its own.
     fn post_replays(&mut self) -> Result<()> {
-        let queued: Vec<(WriteRecord, u8)> = self.replayer.lock().queue.drain(..).collect();
+        if !self.replayer.0.queued.swap(false, Ordering::Acquire) {
+            return Ok(());
+        }
+        let queued = std::mem::take(&mut self.replayer.lock().queue);
         for (w, fill) in queued {
             let mut buf: Box<[u8]> = vec![fill; w.len as usize].into();
             // SAFETY: the buffer is owned by `self.copies` until the write's WriteDone has
