@@ -372,29 +372,23 @@ pub(crate) fn reduce_scatter(p: &Params) -> Program {
     prog
 }
 
-/// Ring all-gather.
+/// Ring all-gather. Out of place, this rank's own block is copied from `Input` into `Output`
+/// piece by piece, each piece right after its first-step send has read it: the copy then reads
+/// the piece from the cache, and `Input` crosses the memory bus once instead of twice.
 pub(crate) fn all_gather(p: &Params) -> Program {
     let mut prog = Program::new();
     let (n, count, r) = (p.world, p.count, p.rank);
     let own = Loc::new(Buf::Output, r * count);
-    let first_src = if p.in_place {
-        own
-    } else {
-        copy_segments(
-            &mut prog,
-            Loc::new(Buf::Input, 0),
-            own,
-            count,
-            p.segment,
-            |_| None,
-        );
-        Loc::new(Buf::Input, 0)
-    };
+    let input = Loc::new(Buf::Input, 0);
     if n == 1 {
+        if !p.in_place {
+            copy_segments(&mut prog, input, own, count, p.segment, |_| None);
+        }
         return prog;
     }
+    let first_src = if p.in_place { own } else { input };
     let blocks = segmented((0..n).map(|_| count), p.segment);
-    ag_phase(
+    let ag = ag_phase(
         &mut prog,
         RingPos::flat(p),
         &blocks,
@@ -404,5 +398,11 @@ pub(crate) fn all_gather(p: &Params) -> Program {
             recv_deps: &|_, _, _| Vec::new(),
         },
     );
+    if !p.in_place {
+        let first_sends = &ag.sends[0].1;
+        copy_segments(&mut prog, input, own, count, p.segment, |j| {
+            first_sends.get(j).copied()
+        });
+    }
     prog
 }

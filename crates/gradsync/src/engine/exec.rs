@@ -5,7 +5,7 @@ use super::driver::{EAGER_HDR, Engine, Running};
 use super::memory::{RawBuf, buf_index, slice};
 use crate::error::Error;
 use gradsync_core::proto::{Action, ProtoError, Target};
-use gradsync_core::schedule::{Loc, Op};
+use gradsync_core::schedule::{Buf, Loc, Op};
 use gradsync_core::wire::{Control, ControlRepr, DATA_HEADER_LEN, DataHeader, Signature};
 use gradsync_core::{DataType, ReduceOp};
 use gradsync_transport::{Board, Completion, RemoteRegion, Sge, TransportError};
@@ -382,7 +382,19 @@ impl Engine {
         match op {
             Op::Copy { src, dst, len } => {
                 let (s, d) = (slice(&r.bufs, src, len, dt), slice(&r.bufs, dst, len, dt));
-                if s.addr != d.addr && len > 0 {
+                if r.streaming && len > 0 && dst.buf == Buf::Output && !s.overlaps(d) {
+                    // A large operation's copy into its output places a result there that this
+                    // operation does not read again (as the last copy of a receive does).
+                    // SAFETY: both spans were bounds-checked at start and do not overlap; the
+                    // engine has exclusive access to the output while the operation runs.
+                    let (sb, db) = unsafe {
+                        (
+                            std::slice::from_raw_parts(s.addr as *const u8, s.len),
+                            std::slice::from_raw_parts_mut(d.addr as *mut u8, d.len),
+                        )
+                    };
+                    gradsync_reduce::copy_streaming(db, sb);
+                } else if s.addr != d.addr && len > 0 {
                     // SAFETY: both spans were bounds-checked at start; distinct buffers (or
                     // distinct positions) of one operation never overlap partially in generated
                     // programs, and `copy` tolerates overlap anyway.

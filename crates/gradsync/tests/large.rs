@@ -1,0 +1,95 @@
+//! Operations large enough (at least 8 MiB per rank) that the engine places results with
+//! non-temporal stores, on the in-memory, TCP and shared-memory transports: every element of
+//! every output is checked, over an output first filled with values no rank sends.
+
+use gradsync::{Communicator, Config, ReduceOp, TransportMode};
+use gradsync_store::StoreServer;
+use std::time::Duration;
+
+/// Elements per rank: just over 8 MiB of `f32`, and not a multiple of a cache line.
+const COUNT: usize = (8 << 20) / 4 + 5;
+
+fn val(rank: usize, i: usize) -> f32 {
+    ((rank * 7 + i * 13) % 1021) as f32 + rank as f32 * 1024.0
+}
+
+fn run_rank(mut c: Communicator) {
+    let (r, w) = (c.rank(), c.world_size());
+    let input: Vec<f32> = (0..COUNT).map(|i| val(r, i)).collect();
+    let mut out = vec![f32::NAN; COUNT * w];
+    for round in 0..2 {
+        c.all_gather(&input, &mut out).unwrap();
+        for (j, x) in out.iter().enumerate() {
+            let want = val(j / COUNT, j % COUNT);
+            assert_eq!(
+                x.to_bits(),
+                want.to_bits(),
+                "rank {r} of {w}, round {round}: all_gather element {j}"
+            );
+        }
+        out.fill(-1.0);
+    }
+    let mut sum = vec![f32::NAN; COUNT];
+    c.all_reduce_into(&input, &mut sum, ReduceOp::Sum).unwrap();
+    for (i, x) in sum.iter().enumerate() {
+        let want: f32 = (0..w).map(|q| val(q, i)).sum();
+        assert_eq!(*x, want, "rank {r} of {w}: all_reduce element {i}");
+    }
+}
+
+fn run(world: usize, transport: Option<TransportMode>) {
+    let mut base = Config::new("unused:0", 0, 1);
+    base.timeout = Duration::from_secs(120);
+    let Some(transport) = transport else {
+        let comms = Communicator::mem_group(world, &base).unwrap();
+        let hs: Vec<_> = comms
+            .into_iter()
+            .map(|c| std::thread::spawn(move || run_rank(c)))
+            .collect();
+        for h in hs {
+            h.join().expect("rank thread panicked");
+        }
+        return;
+    };
+    let server = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = server.local_addr().to_string();
+    let hs: Vec<_> = (0..world)
+        .map(|rank| {
+            let mut cfg = base.clone();
+            cfg.store_addr = addr.clone();
+            cfg.host_store = false;
+            cfg.rank = rank;
+            cfg.world = world;
+            cfg.transport = transport;
+            std::thread::spawn(move || run_rank(Communicator::init(cfg).unwrap()))
+        })
+        .collect();
+    for h in hs {
+        h.join().expect("rank thread panicked");
+    }
+}
+
+#[test]
+fn large_mem_w1() {
+    run(1, None);
+}
+
+#[test]
+fn large_mem_w3() {
+    run(3, None);
+}
+
+#[test]
+fn large_shm_w2() {
+    run(2, Some(TransportMode::Shm));
+}
+
+#[test]
+fn large_shm_w3() {
+    run(3, Some(TransportMode::Shm));
+}
+
+#[test]
+fn large_tcp_w2() {
+    run(2, Some(TransportMode::Tcp));
+}
