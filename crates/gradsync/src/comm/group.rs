@@ -195,7 +195,8 @@ impl<'a> Group<'a> {
     /// Starts the group: its first operation is launched at once, the others as it is driven.
     pub fn start(self) -> Result<GroupPending<'a>> {
         let rank = self.comm.rank;
-        let (mut p2p, colls): (Vec<(usize, Call)>, Vec<(usize, Call)>) = self
+        type Numbered = Vec<(usize, Call)>;
+        let (mut p2p, colls): (Numbered, Numbered) = self
             .calls
             .into_iter()
             .enumerate()
