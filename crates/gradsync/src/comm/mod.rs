@@ -14,9 +14,9 @@
 //!   planning;
 //! - [`queue`]: [`Pending`] and the queue of operations on owned buffers ([`Work`]);
 //! - `call`: a call checked before it starts, shared by the blocking, async and grouped forms;
-//! - [`exchange`]: all-to-all(v), gather, scatter, the in-place all-gather and reduce-scatter,
+//! - `exchange`: all-to-all(v), gather, scatter, the in-place all-gather and reduce-scatter,
 //!   and the async form of every collective;
-//! - [`group`]: several operations started together and waited for together ([`Group`]).
+//! - `group`: several operations started together and waited for together ([`Group`]).
 
 mod bootstrap;
 mod calibrate;
