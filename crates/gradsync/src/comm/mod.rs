@@ -12,14 +12,19 @@
 //!   explanation of that choice;
 //! - [`collectives`]: the public collective calls and point-to-point send/receive, with their
 //!   planning;
-//! - [`queue`]: [`Pending`] and the queue of operations on owned buffers ([`Work`]).
+//! - [`queue`]: [`Pending`] and the queue of operations on owned buffers ([`Work`]);
+//! - [`exchange`]: how the ranks of a communicator being built swap their setup records
+//!   (through the store at init, over the parent's messages in a split);
+//! - [`split`]: communicators made out of an existing one without a new rendezvous.
 
 mod bootstrap;
 mod calibrate;
 mod choice;
 mod collectives;
 mod communicator;
+mod exchange;
 mod queue;
+mod split;
 mod state;
 
 pub use communicator::Communicator;
