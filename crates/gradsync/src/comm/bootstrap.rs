@@ -1,7 +1,8 @@
 //! How a communicator comes to be: init from the environment or a [`Config`], the interface
-//! and addresses of the data connections, the rendezvous exchange through the store, the
-//! shared-memory and RDMA backends, the settings every rank's inbox must agree on
-//! ([`SlotLayout`]), in-process groups over given endpoints, and shrink.
+//! and addresses of the data connections, the setup that init and split share
+//! ([`Communicator::connect`]: records swapped through an [`Exchange`], the network,
+//! shared-memory and RDMA backends, the settings every rank's inbox must agree on,
+//! [`SlotLayout`]), in-process groups over given endpoints, and shrink.
 
 use super::choice::no_choices;
 use super::communicator::Communicator;

@@ -42,7 +42,7 @@ use gradsync_transport::mem::MemEndpoint;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Mutex, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// In-memory fabrics of split communicators, by communicator id, until every member has taken
 /// its endpoint.
@@ -279,7 +279,13 @@ impl Communicator {
             None => Self::mem_child(&mut ex, comm_id, config)?,
         };
         child.set_costs(costs.0, costs.1, costs.2);
-        child.barrier().map_err(|e| Error::Split {
+        // The first barrier too ends by the split's deadline.
+        let full = child.timeout();
+        let left = deadline.saturating_duration_since(Instant::now());
+        child.set_timeout(left.min(full).max(Duration::from_millis(1)));
+        let met = child.barrier();
+        child.set_timeout(full);
+        met.map_err(|e| Error::Split {
             rank,
             op,
             msg: format!("the first barrier of the new communicator (rank {me} of {n})"),
