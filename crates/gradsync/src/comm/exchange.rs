@@ -154,10 +154,14 @@ impl<'a> ParentExchange<'a> {
         let left = self.deadline.saturating_duration_since(Instant::now());
         let saved = self.parent.timeout();
         if left.is_zero() {
-            return Err(self.error(
+            let e = self.error(
                 format!("{step}: the deadline of {saved:?} passed before it"),
                 None,
-            ));
+            );
+            // As when a message times out: the parent is unusable and its peers are told, so
+            // that none of them waits for this rank's next message.
+            self.parent.engine.fail(&e);
+            return Err(e);
         }
         self.parent.set_timeout(left.min(saved));
         let peer = self.members[q];

@@ -111,8 +111,9 @@ impl Communicator {
     ///
     /// The call is bounded by this communicator's timeout: a rank that never calls it, or
     /// dies, fails the others with an error naming `split`, the step and the rank waited on.
-    /// A failed split leaves this communicator as a failed collective does (unusable when a
-    /// message timed out).
+    /// A failed split leaves this communicator as a failed collective does: unusable on every
+    /// rank when a message timed out or the deadline passed; usable when the members found
+    /// that they disagree.
     pub fn split(&mut self, color: Option<u32>, key: i64) -> Result<Option<Communicator>> {
         const OP: &str = "split";
         let deadline = Instant::now() + self.timeout();
