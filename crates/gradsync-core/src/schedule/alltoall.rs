@@ -3,10 +3,11 @@
 //!
 //! - [`all_to_allv`]: pairwise exchange for any counts per pair of ranks. At step `s`
 //!   (`1 <= s < n`) rank `r` sends its block for rank `r + s` and receives the block of rank
-//!   `r - s` (mod `n`); its own block is a local copy. Steps run `window` at a time: step `s`
-//!   starts when step `s - window` has completed, so at most `window` peers are in flight
-//!   towards and from each rank (bounded memory and connections, as with NCCL's and Open MPI's
-//!   windowed pairwise schedules) while several links stay busy. Each pair exchanges exactly
+//!   `r - s` (mod `n`); its own block is a local copy, made once the first step's sends are
+//!   out (the peers wait for those, not for it). Steps run `window` at a time: step `s` starts
+//!   when step `s - window` has completed, so at most `window` peers are in flight towards and
+//!   from each rank (bounded memory and connections, as with NCCL's and Open MPI's windowed
+//!   pairwise schedules) while several links stay busy. Each pair exchanges exactly
 //!   one block in each direction, so FIFO matching per pair holds trivially. `(n - 1)` latencies,
 //!   `window` of them overlapped, and every byte sent once: bandwidth-optimal.
 //! - `bruck`: Bruck's log-step algorithm for small uniform blocks: after a local rotation, at
@@ -76,18 +77,11 @@ pub fn all_to_allv(
     assert_eq!(send[rank].len, recv[rank].len, "the local block");
     let window = window.max(1);
     let mut prog = Program::new();
-    for (off, len) in segments(send[rank].len, segment) {
-        prog.push(
-            Op::Copy {
-                src: Loc::new(Buf::Input, send[rank].start + off),
-                dst: Loc::new(Buf::Output, recv[rank].start + off),
-                len,
-            },
-            &[],
-        );
-    }
     // joins[s]: an empty op that completes when every op of step s has (the window's gate).
     let mut joins: Vec<Option<OpId>> = vec![None; n];
+    // The sends of the first step: the local copy waits for them, so that the peers' data
+    // leaves before this rank spends time on its own block.
+    let mut first_sends = Vec::new();
     for s in 1..n {
         let gate: Vec<OpId> = s
             .checked_sub(window)
@@ -99,6 +93,9 @@ pub fn all_to_allv(
         for (off, len) in segments(send[to].len, segment) {
             let src = Loc::new(Buf::Input, send[to].start + off);
             step.push(prog.push(Op::Send { peer: to, src, len }, &gate));
+        }
+        if s == 1 {
+            first_sends.clone_from(&step);
         }
         for (off, len) in segments(recv[from].len, segment) {
             let dst = Loc::new(Buf::Output, recv[from].start + off);
@@ -120,6 +117,16 @@ pub fn all_to_allv(
         } else if s + window < n {
             joins[s] = s.checked_sub(window).and_then(|g| joins[g]);
         }
+    }
+    for (off, len) in segments(send[rank].len, segment) {
+        prog.push(
+            Op::Copy {
+                src: Loc::new(Buf::Input, send[rank].start + off),
+                dst: Loc::new(Buf::Output, recv[rank].start + off),
+                len,
+            },
+            &first_sends,
+        );
     }
     prog
 }
