@@ -1,6 +1,7 @@
 //! Operations large enough (at least 8 MiB per rank) that the engine places results with
-//! non-temporal stores, on the in-memory, TCP and shared-memory transports: every element of
-//! every output is checked, over an output first filled with values no rank sends.
+//! non-temporal stores, and all-to-alls whose blocks go as several messages smaller than a
+//! slot (over shared memory), on the in-memory, TCP and shared-memory transports: every element
+//! of every output is checked, over an output first filled with values no rank sends.
 
 use gradsync::{Communicator, Config, ReduceOp, TransportMode};
 use gradsync_store::StoreServer;
@@ -9,8 +10,10 @@ use std::time::Duration;
 /// Elements per rank: just over 8 MiB of `f32`, and not a multiple of a cache line.
 const COUNT: usize = (8 << 20) / 4 + 5;
 
+/// Distinct for every rank and, within a rank, for indices less than a prime near 2^20
+/// apart; exact in `f32`.
 fn val(rank: usize, i: usize) -> f32 {
-    ((rank * 7 + i * 13) % 1021) as f32 + rank as f32 * 1024.0
+    ((rank << 20) + (i * 13) % 1_048_573) as f32
 }
 
 fn run_rank(mut c: Communicator) {
@@ -28,6 +31,22 @@ fn run_rank(mut c: Communicator) {
             );
         }
         out.fill(-1.0);
+    }
+    // Blocks of 8 MiB (a local copy with non-temporal stores), and of about 1 MiB (split into
+    // messages of a quarter of a block, with a remainder, where every peer is on shared memory).
+    for block in [COUNT, (1 << 18) + 3] {
+        let input: Vec<f32> = (0..block * w).map(|k| val(r, k)).collect();
+        let mut out = vec![f32::NAN; block * w];
+        c.all_to_all(&input, &mut out).unwrap();
+        for (k, x) in out.iter().enumerate() {
+            let (src, j) = (k / block, k % block);
+            let want = val(src, r * block + j);
+            assert_eq!(
+                x.to_bits(),
+                want.to_bits(),
+                "rank {r} of {w}: all_to_all of {block}-element blocks, element {k}"
+            );
+        }
     }
     let mut sum = vec![f32::NAN; COUNT];
     c.all_reduce_into(&input, &mut sum, ReduceOp::Sum).unwrap();
