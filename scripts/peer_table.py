@@ -125,28 +125,37 @@ def main():
         sys.exit("cannot build ../shared/peers/mpi_coll.c")
 
     cases = [(c, s, n, t) for c in colls for n in nprocs for t in transports for s in sizes]
+    loads = []
     res = {k: {"gradsync": [], "ompi": []} for k in cases}
     failed = False
     for rep in range(args.reps):
         load = open("/proc/loadavg").read().split()[:3]
+        loads.append(float(load[0]))
         print(f"# rep {rep + 1}/{args.reps} loadavg {' '.join(load)}", file=sys.stderr, flush=True)
         for case in cases:
             coll, size, n, transport = case
             order = ("gradsync", "ompi") if rep % 2 == 0 else ("ompi", "gradsync")
             for who in order:
-                if who == "gradsync":
-                    iters = 20 if size >= 16 << 20 else 400
-                    bw, err = gradsync(args.gradsync, coll, n, size, transport, iters, work)
-                else:
-                    bw, err = ompi(mpi_bin, coll, n, size, transport, args.budget)
-                if err:
+                # One more try after a failure: Open MPI's TCP runs of 4 ranks now and then
+                # crash in MPI_Finalize after their results are out.
+                for _ in range(2):
+                    if who == "gradsync":
+                        iters = 20 if size >= 16 << 20 else 400
+                        bw, err = gradsync(args.gradsync, coll, n, size, transport, iters, work)
+                    else:
+                        bw, err = ompi(mpi_bin, coll, n, size, transport, args.budget)
+                    if not err:
+                        break
                     print(f"# {who} {coll} {human(size)} {n} ranks {transport}: {err}", file=sys.stderr)
+                if err:
                     failed = True
                     continue
                 res[case][who].append(bw)
                 print(f"  {coll:14s} {human(size):>7s} {n} ranks {transport:3s} {who:8s} busbw {bw:7.2f} GB/s",
                       file=sys.stderr, flush=True)
 
+    print(f"{args.reps} alternating runs each, medians; load average {min(loads):.1f}-{max(loads):.1f} "
+          f"at the start of the repetitions ({os.cpu_count()} CPUs)\n")
     print(f"| collective | size | ranks | transport | gradsync busbw GB/s | Open MPI busbw GB/s | ratio |")
     print("|---|---|---|---|---|---|---|")
     for case in cases:
