@@ -400,7 +400,12 @@ pub fn expected(
     if world == 0 {
         return Vec::new();
     }
-    check_lens(dtype, &inputs.iter().map(Vec::len).collect::<Vec<_>>());
+    if coll == Collective::Scatter {
+        // Only the root has an input.
+        check_lens(dtype, &[inputs[root].len()]);
+    } else {
+        check_lens(dtype, &inputs.iter().map(Vec::len).collect::<Vec<_>>());
+    }
     match coll {
         Collective::AllReduce => vec![reduce_all(dtype, op, inputs); world],
         Collective::ReduceScatter => {
@@ -420,6 +425,32 @@ pub fn expected(
             let mut out = vec![Vec::new(); world];
             out[root] = reduce_all(dtype, op, inputs);
             out
+        }
+        Collective::AllToAll | Collective::AllToAllV => {
+            let block = inputs[0].len() / world;
+            assert!(
+                inputs[0].len().is_multiple_of(world * dtype.size()),
+                "input not divisible into blocks"
+            );
+            (0..world)
+                .map(|r| {
+                    inputs
+                        .iter()
+                        .flat_map(|x| x[r * block..(r + 1) * block].iter().copied())
+                        .collect()
+                })
+                .collect()
+        }
+        Collective::Gather => {
+            let mut out = vec![Vec::new(); world];
+            out[root] = inputs.concat();
+            out
+        }
+        Collective::Scatter => {
+            let block = inputs[root].len() / world;
+            (0..world)
+                .map(|r| inputs[root][r * block..(r + 1) * block].to_vec())
+                .collect()
         }
         Collective::Barrier | Collective::SendRecv => vec![Vec::new(); world],
     }

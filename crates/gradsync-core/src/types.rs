@@ -199,11 +199,21 @@ pub enum Collective {
     Barrier = 5,
     /// Point-to-point message (send side and receive side share this kind).
     SendRecv = 6,
+    /// Rank r sends block p of its input to rank p, which stores it as block r of its output;
+    /// every block has the same size.
+    AllToAll = 7,
+    /// All-to-all with a count per pair of ranks (`all_to_allv`): the signature's count is 0,
+    /// and each message's length is checked against what its receiver expects.
+    AllToAllV = 8,
+    /// The root ends with the concatenation of all inputs (rank r's at block r).
+    Gather = 9,
+    /// Rank r ends with block r of the root's input.
+    Scatter = 10,
 }
 
 impl Collective {
     /// Every kind, in code order.
-    pub const ALL: [Collective; 7] = [
+    pub const ALL: [Collective; 11] = [
         Collective::AllReduce,
         Collective::ReduceScatter,
         Collective::AllGather,
@@ -211,6 +221,10 @@ impl Collective {
         Collective::Reduce,
         Collective::Barrier,
         Collective::SendRecv,
+        Collective::AllToAll,
+        Collective::AllToAllV,
+        Collective::Gather,
+        Collective::Scatter,
     ];
 
     /// Name in snake case (`all_reduce`, ...).
@@ -223,6 +237,10 @@ impl Collective {
             Collective::Reduce => "reduce",
             Collective::Barrier => "barrier",
             Collective::SendRecv => "send_recv",
+            Collective::AllToAll => "all_to_all",
+            Collective::AllToAllV => "all_to_allv",
+            Collective::Gather => "gather",
+            Collective::Scatter => "scatter",
         }
     }
 

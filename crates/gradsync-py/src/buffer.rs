@@ -81,6 +81,17 @@ impl Buffer {
         (self.addr, self.addr + self.len * self.dtype.size())
     }
 
+    /// Whether this buffer is exactly block `index` of `whole` cut into blocks of this
+    /// buffer's length (NCCL's rule for an in-place all-gather or reduce-scatter).
+    pub(crate) fn is_block_of(&self, whole: &Buffer, index: usize) -> bool {
+        self.dtype == whole.dtype
+            && self.len > 0
+            && index
+                .checked_mul(self.len * self.dtype.size())
+                .and_then(|off| whole.addr.checked_add(off))
+                == Some(self.addr)
+    }
+
     /// Whether two buffers share memory.
     pub(crate) fn overlaps(&self, other: &Buffer) -> bool {
         let (a0, a1) = self.span();

@@ -47,6 +47,8 @@ macro_rules! with_element {
     };
 }
 
+pub(crate) use with_element;
+
 // The worker thread owns the Rust communicator: it must be allowed to move there.
 const _: () = {
     const fn assert_send<T: Send>() {}
@@ -57,7 +59,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn parse_op(op: &str, rank: usize, name: &str) -> PyResult<ReduceOp> {
+pub(crate) fn parse_op(op: &str, rank: usize, name: &str) -> PyResult<ReduceOp> {
     match op.to_ascii_lowercase().as_str() {
         "sum" => Ok(ReduceOp::Sum),
         "prod" | "product" => Ok(ReduceOp::Prod),
@@ -222,13 +224,27 @@ impl Communicator {
         })
     }
 
-    fn rank(&self) -> usize {
+    pub(crate) fn world(&self) -> usize {
+        self.info.world
+    }
+
+    pub(crate) fn info_rank(&self) -> usize {
+        self.info.rank
+    }
+
+    pub(crate) fn rank(&self) -> usize {
         self.info.rank
     }
 
     /// Queues `task` with the owners of its buffers, first bumping the version counters of
     /// the torch tensors it writes (outside the worker's lock: that calls into Python).
-    fn submit(&self, py: Python<'_>, op: &'static str, task: Task, keep: Keep) -> PyResult<Work> {
+    pub(crate) fn submit(
+        &self,
+        py: Python<'_>,
+        op: &'static str,
+        task: Task,
+        keep: Keep,
+    ) -> PyResult<Work> {
         bump_versions(py, &keep.written)?;
         let w = lock(&self.worker);
         let Some(worker) = w.as_ref() else {
@@ -255,14 +271,14 @@ impl Communicator {
         ))
     }
 
-    fn check_open(&self, op: &str) -> PyResult<()> {
+    pub(crate) fn check_open(&self, op: &str) -> PyResult<()> {
         if lock(&self.worker).is_none() {
             return Err(self.closed_error(op));
         }
         Ok(())
     }
 
-    fn ctx<'a>(&self, op: &'a str, arg: &'a str) -> Ctx<'a> {
+    pub(crate) fn ctx<'a>(&self, op: &'a str, arg: &'a str) -> Ctx<'a> {
         Ctx {
             op,
             rank: self.info.rank,
@@ -270,11 +286,11 @@ impl Communicator {
         }
     }
 
-    fn invalid(&self, op: &str, msg: impl std::fmt::Display) -> PyErr {
+    pub(crate) fn invalid(&self, op: &str, msg: impl std::fmt::Display) -> PyErr {
         PyValueError::new_err(format!("rank {}: {op}: {msg}", self.info.rank))
     }
 
-    fn same_dtype(&self, op: &str, input: &Buffer, output: &Buffer) -> PyResult<()> {
+    pub(crate) fn same_dtype(&self, op: &str, input: &Buffer, output: &Buffer) -> PyResult<()> {
         if input.dtype != output.dtype {
             return Err(PyTypeError::new_err(format!(
                 "rank {}: {op}: input is {} but output is {}",
@@ -287,7 +303,7 @@ impl Communicator {
     }
 
     /// Checks that buffer `big` holds world size x `small`'s elements.
-    fn world_multiple(
+    pub(crate) fn world_multiple(
         &self,
         op: &str,
         (big, big_len): (&str, usize),
@@ -306,14 +322,37 @@ impl Communicator {
         ))
     }
 
-    fn no_overlap(&self, op: &str, input: &Buffer, output: &Buffer) -> PyResult<()> {
+    pub(crate) fn no_overlap(&self, op: &str, input: &Buffer, output: &Buffer) -> PyResult<()> {
         if input.overlaps(output) {
             return Err(self.invalid(op, "input and output share memory; pass separate arrays"));
         }
         Ok(())
     }
 
-    fn check_root(&self, op: &str, root: usize) -> PyResult<()> {
+    /// The error for a `small` buffer that shares memory with `big` without being its block
+    /// `rank` (the only overlap NCCL's in-place rule allows).
+    fn no_overlap_unless_block(
+        &self,
+        op: &str,
+        big: &Buffer,
+        small: &Buffer,
+        small_name: &str,
+        big_name: &str,
+    ) -> PyResult<()> {
+        if big.overlaps(small) {
+            let r = self.info.rank;
+            return Err(self.invalid(
+                op,
+                format!(
+                    "input and output share memory, but {small_name} is not block {r} of the {big_name} ({} elements from element {r} x {}): in place, {small_name} must be exactly this rank's block; otherwise pass separate arrays",
+                    small.len, small.len
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn check_root(&self, op: &str, root: usize) -> PyResult<()> {
         if root >= self.info.world {
             return Err(self.invalid(
                 op,
@@ -340,7 +379,7 @@ impl Communicator {
     }
 
     /// Runs `work` to its end: a blocking call.
-    fn finish(py: Python<'_>, work: PyResult<Work>) -> PyResult<()> {
+    pub(crate) fn finish(py: Python<'_>, work: PyResult<Work>) -> PyResult<()> {
         work?.wait_inner(py, None)
     }
 
@@ -378,11 +417,24 @@ impl Communicator {
         let o = extract(output, Access::Write, self.ctx(NAME, "output"))?;
         self.same_dtype(NAME, &i, &o)?;
         self.world_multiple(NAME, ("input", i.len), ("output", o.len))?;
-        self.no_overlap(NAME, &i, &o)?;
+        let in_place = o.is_block_of(&i, self.info.rank);
+        if !in_place {
+            self.no_overlap_unless_block(NAME, &i, &o, "the output", "input")?;
+        }
         let dt = i.dtype;
         let (si, mut keep) = i.into_parts();
         let (so, k) = o.into_parts();
         keep.extend(k);
+        if in_place {
+            let task: Task = with_element!(dt, T => Box::new(move |c: &mut gradsync::Communicator| {
+                // SAFETY: the output is block `rank` of the input (checked), so the input is
+                // the one buffer; typed, writable (the output's memory is the input's and the
+                // input was checked readable; the output writable), alive with this job.
+                let buf = unsafe { si.slice_mut::<T>() };
+                c.reduce_scatter_in_place(buf, rop)
+            }));
+            return self.submit(py, NAME, task, keep);
+        }
         let task: Task = with_element!(dt, T => Box::new(move |c: &mut gradsync::Communicator| {
             // SAFETY: both describe `T`s whose owners travel with this job; the output is
             // writable and does not overlap the input (both checked); the caller does not
@@ -405,11 +457,23 @@ impl Communicator {
         let o = extract(output, Access::Write, self.ctx(NAME, "output"))?;
         self.same_dtype(NAME, &i, &o)?;
         self.world_multiple(NAME, ("output", o.len), ("input", i.len))?;
-        self.no_overlap(NAME, &i, &o)?;
+        let in_place = i.is_block_of(&o, self.info.rank);
+        if !in_place {
+            self.no_overlap_unless_block(NAME, &o, &i, "the input", "output")?;
+        }
         let dt = i.dtype;
         let (si, mut keep) = i.into_parts();
         let (so, k) = o.into_parts();
         keep.extend(k);
+        if in_place {
+            let task: Task = with_element!(dt, T => Box::new(move |c: &mut gradsync::Communicator| {
+                // SAFETY: the input is block `rank` of the output (checked), so the output is
+                // the one buffer: typed, writable (checked), alive with this job.
+                let buf = unsafe { so.slice_mut::<T>() };
+                c.all_gather_in_place(buf)
+            }));
+            return self.submit(py, NAME, task, keep);
+        }
         let task: Task = with_element!(dt, T => Box::new(move |c: &mut gradsync::Communicator| {
             // SAFETY: as in reduce_scatter: typed, alive, output writable, no overlap.
             let (input, output) = unsafe { (si.slice::<T>(), so.slice_mut::<T>()) };

@@ -10,6 +10,7 @@
 //!   order; Python waits for them with the GIL released;
 //! - `comm`: the `Communicator` and `Work` classes, dispatching on the element type to the
 //!   generic Rust calls;
+//! - `exchange`: all-to-all(v), gather and scatter on `Communicator`;
 //! - `store`: `StoreServer`, the rendezvous store for explicitly built communicators.
 //!
 //! Build it with maturin (`maturin develop --release` in `crates/gradsync-py`); see the README
@@ -20,6 +21,7 @@ use pyo3::prelude::*;
 mod buffer;
 mod comm;
 mod error;
+mod exchange;
 mod store;
 mod worker;
 

@@ -410,6 +410,44 @@ pub fn choose_all_reduce(
     }
 }
 
+/// The all-to-all algorithm for blocks of `block_bytes` bytes on `world` ranks, with `link` the
+/// model of the links the exchange crosses: the pairwise exchange unless Bruck's log-step
+/// algorithm is predicted faster by more than [`RING_MARGIN`].
+///
+/// Under the alpha-beta model, where a rank's messages leave one after the other on its link,
+/// the pairwise exchange with `w` steps in flight costs `ceil((n - 1) / w) alpha + (n - 1) b
+/// beta`; Bruck's costs `ceil(log2 n) alpha + s b beta` plus its local copies (`2 +
+/// ceil(log2 n)` passes over `n b` bytes at [`COPY_BYTES_PER_S`]), where `s b` is what each
+/// rank sends over all steps (the blocks whose index has the step's bit set, about
+/// `n log2(n) / 2` blocks). Returns the choice, then the pairwise and Bruck predictions in
+/// seconds.
+pub fn choose_all_to_all(
+    world: usize,
+    block_bytes: usize,
+    window: usize,
+    link: &LinkModel,
+) -> (Algorithm, f64, f64) {
+    let n = world.max(1);
+    let b = block_bytes as f64;
+    let steps = n.saturating_sub(1);
+    let rounds = steps.div_ceil(window.max(1)) as f64;
+    let pairwise = rounds * link.alpha_s + steps as f64 * b * link.beta_s_per_byte;
+    let logn = n.next_power_of_two().trailing_zeros() as f64;
+    let sent = gradsync_core::schedule::alltoall::bruck_elems_sent(n, 1) as f64 * b;
+    let copies = (2.0 + logn) * n as f64 * b / COPY_BYTES_PER_S;
+    let bruck = logn * link.alpha_s + sent * link.beta_s_per_byte + copies;
+    let algo = if n > 2 && bruck * (1.0 + RING_MARGIN) < pairwise {
+        Algorithm::Bruck
+    } else {
+        Algorithm::Pairwise
+    };
+    (algo, pairwise, bruck)
+}
+
+/// Bytes per second of a local copy in the cost model (the lower end of what this kind of
+/// machine measures for `memcpy`).
+pub const COPY_BYTES_PER_S: f64 = 10e9;
+
 /// The all-reduce algorithms the model compares on `world` ranks in hosts of `local_size`
 /// (0: one host).
 pub fn all_reduce_candidates(world: usize, local_size: usize) -> Vec<Algorithm> {

@@ -194,6 +194,7 @@ fn run_dtype<T: TestElem>(c: &mut Communicator, dt: &str, tiny: bool) {
                 T::from_i64(val(root, i, ReduceOp::Sum))
             });
         }
+        exchange::<T>(c, &ctx, count);
         // send/recv around the ring (even ranks send first)
         if w > 1 {
             let next = (r + 1) % w;
@@ -211,6 +212,160 @@ fn run_dtype<T: TestElem>(c: &mut Communicator, dt: &str, tiny: bool) {
             });
         }
         c.barrier().unwrap();
+    }
+}
+
+/// Element `j` of the block rank `s` sends rank `d` in the all-to-all tests.
+fn a2a_val(s: usize, d: usize, j: usize) -> i64 {
+    ((s * 31 + d * 7 + j * 3) % 97) as i64
+}
+
+/// Elements rank `s` sends rank `d` in the all-to-allv test: uneven, some zero.
+fn a2av_count(s: usize, d: usize, count: usize) -> usize {
+    (s * 3 + d * 5 + count) % 7 + if (s + d) % 3 == 0 { 0 } else { count }
+}
+
+/// All-to-all(v), in-place all-gather and reduce-scatter, gather and scatter from every root,
+/// the async forms, and a group of sends and receives both ways plus collectives.
+fn exchange<T: TestElem>(c: &mut Communicator, ctx: &dyn Fn(&str) -> String, count: usize) {
+    let (r, w) = (c.rank(), c.world_size());
+    // all_to_all
+    let input: Vec<T> = (0..w * count)
+        .map(|k| T::from_i64(a2a_val(r, k / count.max(1), k % count.max(1))))
+        .collect();
+    let mut out = vec![T::default(); w * count];
+    c.all_to_all(&input, &mut out)
+        .unwrap_or_else(|e| panic!("{}: {e}", ctx("all_to_all")));
+    check(&ctx("all_to_all"), &out, |k| {
+        T::from_i64(a2a_val(k / count.max(1), r, k % count.max(1)))
+    });
+    let mut out2 = vec![T::default(); w * count];
+    c.all_to_all_async(&input, &mut out2)
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert!(
+        out2.iter().zip(&out).all(|(a, b)| a.bits() == b.bits()),
+        "{}",
+        ctx("all_to_all_async")
+    );
+    // all_to_allv with uneven counts
+    let sc: Vec<usize> = (0..w).map(|d| a2av_count(r, d, count)).collect();
+    let rc: Vec<usize> = (0..w).map(|s| a2av_count(s, r, count)).collect();
+    let input: Vec<T> = (0..w)
+        .flat_map(|d| (0..sc[d]).map(move |j| T::from_i64(a2a_val(r, d, j))))
+        .collect();
+    let mut out = vec![T::default(); rc.iter().sum()];
+    c.all_to_allv(&input, &sc, &mut out, &rc)
+        .unwrap_or_else(|e| panic!("{} counts {sc:?}/{rc:?}: {e}", ctx("all_to_allv")));
+    let want: Vec<T> = (0..w)
+        .flat_map(|s| (0..rc[s]).map(move |j| T::from_i64(a2a_val(s, r, j))))
+        .collect();
+    check(&ctx("all_to_allv"), &out, |k| want[k]);
+    // in-place all_gather: this rank's input already in block r
+    let mut buf: Vec<T> = (0..w * count)
+        .map(|k| {
+            if k / count.max(1) == r {
+                T::from_i64(val(r, k % count.max(1), ReduceOp::Sum))
+            } else {
+                T::from_i64(99)
+            }
+        })
+        .collect();
+    c.all_gather_in_place(&mut buf)
+        .unwrap_or_else(|e| panic!("{}: {e}", ctx("all_gather in place")));
+    check(&ctx("all_gather in place"), &buf, |k| {
+        T::from_i64(val(k / count.max(1), k % count.max(1), ReduceOp::Sum))
+    });
+    // in-place reduce_scatter: block r ends with the sum, the others keep their contents
+    let orig: Vec<T> = (0..w * count)
+        .map(|i| T::from_i64(val(r, i, ReduceOp::Sum)))
+        .collect();
+    let mut buf = orig.clone();
+    c.reduce_scatter_in_place_async(&mut buf, ReduceOp::Sum)
+        .unwrap()
+        .wait()
+        .unwrap_or_else(|e| panic!("{}: {e}", ctx("reduce_scatter in place")));
+    check(&ctx("reduce_scatter in place"), &buf, |k| {
+        if k / count.max(1) == r {
+            expect::<T>(ReduceOp::Sum, w, k)
+        } else {
+            orig[k]
+        }
+    });
+    // gather and scatter from every root
+    for root in 0..w {
+        let input: Vec<T> = (0..count)
+            .map(|i| T::from_i64(val(r, i, ReduceOp::Sum)))
+            .collect();
+        let mut out = if r == root {
+            vec![T::default(); w * count]
+        } else {
+            Vec::new()
+        };
+        c.gather(&input, &mut out, root)
+            .unwrap_or_else(|e| panic!("{} root {root}: {e}", ctx("gather")));
+        if r == root {
+            check(&ctx("gather"), &out, |k| {
+                T::from_i64(val(k / count.max(1), k % count.max(1), ReduceOp::Sum))
+            });
+        }
+        let input: Vec<T> = if r == root {
+            (0..w * count)
+                .map(|k| T::from_i64(a2a_val(root, k / count.max(1), k % count.max(1))))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mut out = vec![T::default(); count];
+        c.scatter_async(&input, &mut out, root)
+            .unwrap()
+            .wait()
+            .unwrap_or_else(|e| panic!("{} root {root}: {e}", ctx("scatter")));
+        check(&ctx("scatter"), &out, |j| T::from_i64(a2a_val(root, r, j)));
+    }
+    // a group: every rank sends to and receives from both neighbours (sends added first on
+    // every rank, which blocking calls in this order could not complete for large messages),
+    // with an all-reduce and an all-gather added after them
+    if w > 1 {
+        let (next, prev) = ((r + 1) % w, (r + w - 1) % w);
+        let mine: Vec<T> = (0..count).map(|i| T::from_i64(a2a_val(r, 0, i))).collect();
+        let mut from_prev = vec![T::default(); count];
+        let mut from_next = vec![T::default(); count];
+        let mut sum: Vec<T> = (0..count)
+            .map(|i| T::from_i64(val(r, i, ReduceOp::Sum)))
+            .collect();
+        let mut gathered = vec![T::default(); w * count];
+        let mut g = c.group().send(&mine, next).unwrap();
+        if w > 2 {
+            g = g
+                .send(&mine, prev)
+                .unwrap()
+                .recv(&mut from_next, next)
+                .unwrap();
+        }
+        g.recv(&mut from_prev, prev)
+            .unwrap()
+            .all_reduce(&mut sum, ReduceOp::Sum)
+            .unwrap()
+            .all_gather(&mine, &mut gathered)
+            .unwrap()
+            .wait()
+            .unwrap_or_else(|e| panic!("{}: {e}", ctx("group")));
+        check(&ctx("group recv from prev"), &from_prev, |i| {
+            T::from_i64(a2a_val(prev, 0, i))
+        });
+        if w > 2 {
+            check(&ctx("group recv from next"), &from_next, |i| {
+                T::from_i64(a2a_val(next, 0, i))
+            });
+        }
+        check(&ctx("group all_reduce"), &sum, |i| {
+            expect::<T>(ReduceOp::Sum, w, i)
+        });
+        check(&ctx("group all_gather"), &gathered, |k| {
+            T::from_i64(a2a_val(k / count.max(1), 0, k % count.max(1)))
+        });
     }
 }
 

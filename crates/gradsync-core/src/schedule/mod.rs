@@ -41,8 +41,9 @@
 //!   conventions;
 //! - [`plan`]: [`build`], the dispatch from parameters to the generators;
 //! - the generators: [`ring`], [`doubling`], [`halving`], [`tree`], [`hier`], [`eager`],
-//!   [`deterministic`], which share the helpers of `common`.
+//!   [`deterministic`], [`alltoall`], [`rooted`], which share the helpers of `common`.
 
+pub mod alltoall;
 mod common;
 pub mod deterministic;
 pub mod doubling;
@@ -54,6 +55,7 @@ pub mod params;
 pub mod plan;
 pub mod program;
 pub mod ring;
+pub mod rooted;
 pub mod tree;
 
 pub use machine::Schedule;

@@ -92,12 +92,19 @@ pub enum Algorithm {
     /// depend on neither the algorithm nor the chunking. `(n - 1) * B` bytes out of every rank;
     /// see [`super::deterministic`].
     Deterministic,
+    /// Pairwise exchange (all-to-all only): at step `s` rank `r` sends to `r + s` and receives
+    /// from `r - s`, a bounded window of steps at once; every byte sent once. See
+    /// [`super::alltoall`].
+    Pairwise,
+    /// Bruck's log-step all-to-all (all-to-all only): `ceil(log2 n)` messages, each block
+    /// forwarded up to `log2 n` times; for small blocks. See [`super::alltoall`].
+    Bruck,
 }
 
 impl Algorithm {
     /// Every algorithm a user may force (`GRADSYNC_ALGO`) and that the tools sweep: all but the
     /// internal ones ([`Algorithm::is_internal`]).
-    pub const ALL: [Algorithm; 7] = [
+    pub const ALL: [Algorithm; 9] = [
         Algorithm::Ring,
         Algorithm::RecursiveDoubling,
         Algorithm::Rabenseifner,
@@ -105,10 +112,12 @@ impl Algorithm {
         Algorithm::DoubleTree,
         Algorithm::Hierarchical,
         Algorithm::Central,
+        Algorithm::Pairwise,
+        Algorithm::Bruck,
     ];
 
     /// Every variant, the internal ones included: what a sweep over every program covers.
-    pub const EVERY: [Algorithm; 9] = [
+    pub const EVERY: [Algorithm; 11] = [
         Algorithm::Ring,
         Algorithm::RecursiveDoubling,
         Algorithm::Rabenseifner,
@@ -116,6 +125,8 @@ impl Algorithm {
         Algorithm::DoubleTree,
         Algorithm::Hierarchical,
         Algorithm::Central,
+        Algorithm::Pairwise,
+        Algorithm::Bruck,
         Algorithm::Eager,
         Algorithm::Deterministic,
     ];
@@ -128,7 +139,8 @@ impl Algorithm {
     }
 
     /// Name in snake case (`ring`, `recursive_doubling`, `rabenseifner`, `tree`, `double_tree`,
-    /// `hierarchical`, `central`, and the internal `eager` and `deterministic`).
+    /// `hierarchical`, `central`, `pairwise`, `bruck`, and the internal `eager` and
+    /// `deterministic`).
     pub const fn name(self) -> &'static str {
         match self {
             Algorithm::Ring => "ring",
@@ -140,11 +152,14 @@ impl Algorithm {
             Algorithm::Central => "central",
             Algorithm::Eager => "eager",
             Algorithm::Deterministic => "deterministic",
+            Algorithm::Pairwise => "pairwise",
+            Algorithm::Bruck => "bruck",
         }
     }
 
     /// Parses a name (`ring`, `recursive_doubling` or `rd`, `rabenseifner`, `halving_doubling` or
-    /// `rhd`, `tree`, `double_tree` or `dbtree`, `hierarchical` or `hier`, `central`),
+    /// `rhd`, `tree`, `double_tree` or `dbtree`, `hierarchical` or `hier`, `central`,
+    /// `pairwise`, `bruck`),
     /// case-insensitively, as `GRADSYNC_ALGO` spells it. The internal algorithms
     /// ([`Algorithm::is_internal`]) are not accepted: nobody can force them.
     pub fn parse(s: &str) -> Result<Self, PlanError> {
@@ -156,6 +171,8 @@ impl Algorithm {
             "double_tree" | "doubletree" | "dbtree" => Algorithm::DoubleTree,
             "hierarchical" | "hier" => Algorithm::Hierarchical,
             "central" => Algorithm::Central,
+            "pairwise" => Algorithm::Pairwise,
+            "bruck" => Algorithm::Bruck,
             _ => return Err(PlanError::UnknownAlgorithm(s.to_string())),
         })
     }
@@ -182,7 +199,7 @@ pub enum PlanError {
         /// The world size.
         world: usize,
     },
-    /// `root >= world` for a rooted collective (broadcast, reduce).
+    /// `root >= world` for a rooted collective (broadcast, reduce, gather, scatter).
     #[error("root {root} of {coll} is out of range for world size {world}")]
     RootOutOfRange {
         /// The collective.
@@ -220,9 +237,16 @@ pub enum PlanError {
     /// An algorithm name was not recognised.
     #[error(
         "unknown algorithm {0:?} (expected one of ring, recursive_doubling, rabenseifner, tree, \
-         double_tree, hierarchical, central)"
+         double_tree, hierarchical, central, pairwise, bruck)"
     )]
     UnknownAlgorithm(String),
+    /// The collective has no in-place form (all-to-all, gather, scatter: their input and output
+    /// differ in size or layout).
+    #[error("{coll} has no in-place form: pass separate input and output buffers")]
+    InPlace {
+        /// The collective.
+        coll: Collective,
+    },
     /// A hierarchical schedule was asked for, but the ranks do not split into hosts of
     /// `local_size` ranks each (`local_size` does not divide `world`). Callers fall back to
     /// [`Algorithm::Ring`].
@@ -278,8 +302,10 @@ impl Params {
                 world: self.world,
             });
         }
-        if matches!(self.coll, Collective::Broadcast | Collective::Reduce)
-            && self.root >= self.world
+        if matches!(
+            self.coll,
+            Collective::Broadcast | Collective::Reduce | Collective::Gather | Collective::Scatter
+        ) && self.root >= self.world
         {
             return Err(PlanError::RootOutOfRange {
                 coll: self.coll,
@@ -289,6 +315,17 @@ impl Params {
         }
         if self.segment == 0 {
             return Err(PlanError::ZeroSegment);
+        }
+        if self.in_place
+            && matches!(
+                self.coll,
+                Collective::AllToAll
+                    | Collective::AllToAllV
+                    | Collective::Gather
+                    | Collective::Scatter
+            )
+        {
+            return Err(PlanError::InPlace { coll: self.coll });
         }
         if self.algorithm == Algorithm::Hierarchical
             && matches!(
@@ -319,16 +356,26 @@ impl Params {
                 all.checked_mul(2).ok_or(too_large.clone())?;
             }
             let log = self.world.next_power_of_two().trailing_zeros() as usize;
-            let per_peer = matches!(self.coll, Collective::ReduceScatter | Collective::AllGather)
-                || matches!(
-                    self.algorithm,
-                    Algorithm::Central | Algorithm::Deterministic
-                );
+            let per_peer = matches!(
+                self.coll,
+                Collective::ReduceScatter
+                    | Collective::AllGather
+                    | Collective::AllToAll
+                    | Collective::Gather
+                    | Collective::Scatter
+            ) || matches!(
+                self.algorithm,
+                Algorithm::Central | Algorithm::Deterministic
+            );
             let mut segs = self.count.div_ceil(self.segment);
             if per_peer {
                 segs = segs.checked_mul(self.world).ok_or(too_large.clone())?;
             }
-            let segs = segs.checked_add(self.world).ok_or(too_large.clone())?;
+            let mut segs = segs.checked_add(self.world).ok_or(too_large.clone())?;
+            if self.algorithm == Algorithm::Bruck {
+                // Every block is copied into, out of and between packs, once per step.
+                segs = segs.checked_mul(4 * (log + 1)).ok_or(too_large.clone())?;
+            }
             let bound = segs.checked_mul(8 * (log + 2)).ok_or(too_large.clone())?;
             if bound > (u32::MAX / 2) as usize {
                 return Err(too_large);
@@ -340,8 +387,11 @@ impl Params {
     /// Elements of this rank's logical input: the size of `Input` in an out-of-place call.
     pub fn input_elems(&self) -> usize {
         match self.coll {
-            Collective::ReduceScatter => self.count * self.world,
-            Collective::Barrier | Collective::SendRecv => 0,
+            Collective::ReduceScatter | Collective::AllToAll | Collective::AllToAllV => {
+                self.count * self.world
+            }
+            Collective::Scatter if self.rank == self.root => self.count * self.world,
+            Collective::Scatter | Collective::Barrier | Collective::SendRecv => 0,
             _ => self.count,
         }
     }
@@ -350,9 +400,12 @@ impl Params {
     /// `Output`.
     pub fn output_elems(&self) -> usize {
         match self.coll {
-            Collective::AllGather => self.count * self.world,
+            Collective::AllGather | Collective::AllToAll | Collective::AllToAllV => {
+                self.count * self.world
+            }
             Collective::ReduceScatter if self.in_place => self.count * self.world,
-            Collective::Barrier | Collective::SendRecv => 0,
+            Collective::Gather if self.rank == self.root => self.count * self.world,
+            Collective::Gather | Collective::Barrier | Collective::SendRecv => 0,
             _ => self.count,
         }
     }
@@ -407,6 +460,8 @@ pub fn default_algorithm(coll: Collective, world: usize, bytes: usize) -> Algori
     match coll {
         Collective::AllReduce if bytes <= SMALL_ALL_REDUCE_BYTES => Algorithm::RecursiveDoubling,
         Collective::Broadcast | Collective::Reduce => Algorithm::Tree,
+        Collective::AllToAll | Collective::AllToAllV => Algorithm::Pairwise,
+        Collective::Gather | Collective::Scatter => Algorithm::Central,
         _ => Algorithm::Ring,
     }
 }
@@ -423,7 +478,12 @@ pub fn bus_bandwidth_factor(coll: Collective, world: usize) -> f64 {
     let n = world.max(1) as f64;
     match coll {
         Collective::AllReduce => 2.0 * (n - 1.0) / n,
-        Collective::ReduceScatter | Collective::AllGather => (n - 1.0) / n,
+        Collective::ReduceScatter
+        | Collective::AllGather
+        | Collective::AllToAll
+        | Collective::AllToAllV
+        | Collective::Gather
+        | Collective::Scatter => (n - 1.0) / n,
         Collective::Broadcast | Collective::Reduce | Collective::SendRecv => 1.0,
         Collective::Barrier => 0.0,
     }

@@ -29,6 +29,11 @@
 //! | `reduce`         | -                                           | -                      |
 //! | `barrier`        | dissemination                               | dissemination          |
 //!
+//! `Pairwise` and `Bruck` (all-to-all only): see [`super::alltoall`]; `all_to_allv`, whose
+//! counts differ per pair, is planned by [`super::alltoall::all_to_allv`] directly. `Central`
+//! is also the gather and the scatter: the root exchanges a block with each rank (see
+//! [`super::rooted`]).
+//!
 //! `Rabenseifner` (all-reduce only): a reduce-scatter by recursive halving, then an all-gather
 //! by recursive doubling. `DoubleTree` (all-reduce only): each half of the buffer reduced up and
 //! broadcast down its own binary tree, every rank interior in at most one of the two.
@@ -83,7 +88,7 @@
 //! [`Program`]: super::program::Program
 
 use super::program::Program;
-use super::{deterministic, doubling, eager, halving, hier, ring, tree};
+use super::{alltoall, deterministic, doubling, eager, halving, hier, ring, rooted, tree};
 use crate::Collective;
 
 pub use super::common::block_range;
@@ -115,6 +120,9 @@ pub fn build(p: &Params) -> Result<Program, PlanError> {
         (Broadcast, Ring) => tree::broadcast(p, tree::Shape::Chain),
         (Reduce, Tree) => tree::reduce(p, tree::Shape::Binomial),
         (Reduce, Ring) => tree::reduce(p, tree::Shape::Chain),
+        (AllToAll, Pairwise | Bruck) => alltoall::all_to_all(p),
+        (Gather, Central) => rooted::gather(p),
+        (Scatter, Central) => rooted::scatter(p),
         (Barrier, a) if !a.is_internal() => doubling::barrier(p),
         (coll, algorithm) => return Err(PlanError::Unsupported { coll, algorithm }),
     })
@@ -126,10 +134,12 @@ pub fn supports(coll: Collective, algorithm: Algorithm) -> bool {
     use Algorithm::*;
     use Collective::*;
     match coll {
-        AllReduce => true,
+        AllReduce => !matches!(algorithm, Pairwise | Bruck),
         Barrier => !algorithm.is_internal(),
         ReduceScatter | AllGather => matches!(algorithm, Ring | Hierarchical),
         Broadcast | Reduce => matches!(algorithm, Ring | Tree),
-        SendRecv => false,
+        AllToAll => matches!(algorithm, Pairwise | Bruck),
+        Gather | Scatter => algorithm == Central,
+        AllToAllV | SendRecv => false,
     }
 }

@@ -66,7 +66,9 @@ impl Communicator {
     /// The schedule a call of `coll` on `bytes` bytes per rank runs: `None` for the eager path of
     /// a small all-reduce, else the algorithm as the flight recorder names it: forced by
     /// `GRADSYNC_ALGO`, or for an all-reduce the cost model's fastest for the size class of
-    /// `bytes` ([`crate::cost::choose_all_reduce`]), or the default of the collective.
+    /// `bytes` ([`crate::cost::choose_all_reduce`]), for an all-to-all (`bytes` per block) the
+    /// model's pairwise or Bruck ([`crate::cost::choose_all_to_all`]), or the default of the
+    /// collective.
     pub fn algorithm_for(&self, coll: Collective, bytes: usize) -> Option<Algorithm> {
         if coll == Collective::AllReduce
             && self.algorithm.is_none()
@@ -83,6 +85,16 @@ impl Communicator {
             }
             (c, _) => match self.coll_algorithms.iter().find(|(k, _)| *k == c) {
                 Some(&(_, a)) => a,
+                None if c == Collective::AllToAll => {
+                    let local = self.layout.local_size;
+                    let link = if local > 0 && local < self.world {
+                        self.costs.inter.link()
+                    } else {
+                        self.costs.intra.link()
+                    };
+                    let window = gradsync_core::schedule::alltoall::DEFAULT_WINDOW;
+                    crate::cost::choose_all_to_all(self.world, bytes, window, &link).0
+                }
                 None => plan::default_algorithm(coll, self.world, bytes),
             },
         })

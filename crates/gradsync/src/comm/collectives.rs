@@ -228,6 +228,42 @@ impl Communicator {
         buf: RawBuf,
         send: bool,
     ) -> Result<()> {
+        let started = tracing::enabled!(target: "gradsync::p2p", tracing::Level::TRACE)
+            .then(std::time::Instant::now);
+        // SAFETY: the buffer is borrowed by the caller for the whole call.
+        let seq = unsafe { self.p2p_start(peer, dtype, count, buf, send)? };
+        self.engine.progress(true)?;
+        if let Some(t) = started {
+            let (op_name, dir) = if send {
+                ("send", "to")
+            } else {
+                ("recv", "from")
+            };
+            tracing::trace!(
+                target: "gradsync::p2p",
+                "rank {}: {op_name} #{seq} {dir} rank {peer} complete: {} B in {:.1} us",
+                self.rank,
+                count * dtype.size(),
+                t.elapsed().as_secs_f64() * 1e6
+            );
+        }
+        Ok(())
+    }
+
+    /// Checks, numbers and starts a send (`send`) or receive of `count` elements; returns its
+    /// number in the pair's sequence.
+    ///
+    /// # Safety
+    ///
+    /// As [`start`](Self::start): `buf` stays valid and untouched until the operation ends.
+    pub(super) unsafe fn p2p_start(
+        &mut self,
+        peer: usize,
+        dtype: gradsync_core::DataType,
+        count: usize,
+        buf: RawBuf,
+        send: bool,
+    ) -> Result<u64> {
         let op_name = if send { "send" } else { "recv" };
         if peer >= self.world || peer == self.rank {
             return Err(self.invalid(
@@ -298,20 +334,9 @@ impl Communicator {
             "rank {}: {op_name} #{seq} {dir} rank {peer} posted: {count} x {dtype:?} ({bytes} B), matched with rank {peer}'s {other} #{seq}",
             self.rank
         );
-        let started = tracing::enabled!(target: "gradsync::p2p", tracing::Level::TRACE)
-            .then(std::time::Instant::now);
-        // SAFETY: the buffer is borrowed by the caller for the whole call.
+        // SAFETY: forwarded from the caller.
         unsafe { self.engine.start(sig, planned, "p2p", i, o)? };
-        self.engine.progress(true)?;
-        if let Some(t) = started {
-            tracing::trace!(
-                target: "gradsync::p2p",
-                "rank {}: {op_name} #{seq} {dir} rank {peer} complete: {bytes} B in {:.1} us",
-                self.rank,
-                t.elapsed().as_secs_f64() * 1e6
-            );
-        }
-        Ok(())
+        Ok(seq)
     }
 
     /// Plans a collective and takes its sequence number.
@@ -368,7 +393,13 @@ impl Communicator {
             dtype,
             op: if reduces { op } else { ReduceOp::Sum },
             count: count as u64,
-            root: if matches!(coll, Collective::Broadcast | Collective::Reduce) {
+            root: if matches!(
+                coll,
+                Collective::Broadcast
+                    | Collective::Reduce
+                    | Collective::Gather
+                    | Collective::Scatter
+            ) {
                 root as u32
             } else {
                 0
@@ -407,7 +438,7 @@ impl Communicator {
     /// As [`Engine::start`](crate::engine::Engine::start): the buffers stay valid and untouched
     /// until the operation ends.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn start(
+    pub(super) unsafe fn start(
         &mut self,
         coll: Collective,
         dtype: gradsync_core::DataType,
@@ -426,7 +457,7 @@ impl Communicator {
     }
 
     /// Checks that the `big` buffer has `world` times the elements of the `small` one.
-    fn check_world_multiple(
+    pub(super) fn check_world_multiple(
         &self,
         op: &'static str,
         big: (&str, usize),
@@ -449,7 +480,7 @@ impl Communicator {
         Ok(())
     }
 
-    fn check_root(&self, op: &'static str, root: usize) -> Result<()> {
+    pub(super) fn check_root(&self, op: &'static str, root: usize) -> Result<()> {
         if root >= self.world {
             return Err(self.invalid(
                 op,

@@ -12,15 +12,23 @@
 //!   explanation of that choice;
 //! - [`collectives`]: the public collective calls and point-to-point send/receive, with their
 //!   planning;
-//! - [`queue`]: [`Pending`] and the queue of operations on owned buffers ([`Work`]).
+//! - [`queue`]: [`Pending`] and the queue of operations on owned buffers ([`Work`]);
+//! - `call`: a call checked before it starts, shared by the blocking, async and grouped forms;
+//! - [`exchange`]: all-to-all(v), gather, scatter, the in-place all-gather and reduce-scatter,
+//!   and the async form of every collective;
+//! - [`group`]: several operations started together and waited for together ([`Group`]).
 
 mod bootstrap;
 mod calibrate;
+mod call;
 mod choice;
 mod collectives;
 mod communicator;
+mod exchange;
+mod group;
 mod queue;
 mod state;
 
 pub use communicator::Communicator;
+pub use group::{Group, GroupPending};
 pub use queue::{Pending, Work};

@@ -798,7 +798,10 @@ fn record_start(
         rec.count = sig.count;
         rec.algorithm = algo.into();
         rec.bytes = sig.count * sig.dtype.size() as u64;
-        if matches!(sig.coll, Collective::Broadcast | Collective::Reduce) {
+        if matches!(
+            sig.coll,
+            Collective::Broadcast | Collective::Reduce | Collective::Gather | Collective::Scatter
+        ) {
             rec.root = Some(sig.root);
         }
         peers(&mut rec.peers);

@@ -505,3 +505,108 @@ fn every_root() {
     }
     sweep(cases);
 }
+
+/// All-to-all (pairwise and Bruck), gather and scatter from every root: every flat world, the
+/// small and odd counts, every segment, every seed, the dtypes in rotation (they only move
+/// data, so the op does not matter).
+#[test]
+fn all_to_all_gather_scatter() {
+    let dtypes = DataType::ALL;
+    let mut cases = Vec::new();
+    let mut i = 0usize;
+    for world in WORLDS {
+        for count in [0, 1, 3, world.saturating_sub(1), 1000] {
+            for segment in SEGMENTS {
+                if count == 1000 && segment == 1 && world > 4 {
+                    continue;
+                }
+                let mut runs: Vec<(Collective, Algorithm, usize)> = vec![
+                    (Collective::AllToAll, Algorithm::Pairwise, 0),
+                    (Collective::AllToAll, Algorithm::Bruck, 0),
+                ];
+                for root in 0..world {
+                    runs.push((Collective::Gather, Algorithm::Central, root));
+                    runs.push((Collective::Scatter, Algorithm::Central, root));
+                }
+                for (coll, algorithm, root) in runs {
+                    for seed in 0..SEEDS {
+                        i += 1;
+                        cases.push(Case {
+                            coll,
+                            algorithm,
+                            world,
+                            local_size: 0,
+                            count,
+                            root,
+                            dtype: dtypes[i % dtypes.len()],
+                            op: ReduceOp::Sum,
+                            segment,
+                            in_place: false,
+                            seed,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    sweep(cases);
+}
+
+/// The pairwise all-to-allv with counts that differ per pair (some zero), every window from 1
+/// to past the world, against a direct computation of where each element lands.
+#[test]
+fn all_to_allv_uneven_counts() {
+    use crate::schedule::alltoall::{Block, all_to_allv, contiguous};
+    for world in [1, 2, 3, 5, 8] {
+        for window in [1, 2, 3, 8] {
+            for segment in [1, 4, usize::MAX] {
+                // Rank s sends (s * 3 + d * 5) % 7 elements to rank d.
+                let n = |s: usize, d: usize| (s * 3 + d * 5) % 7;
+                let sends: Vec<Vec<Block>> = (0..world)
+                    .map(|s| contiguous(&(0..world).map(|d| n(s, d)).collect::<Vec<_>>()).unwrap())
+                    .collect();
+                let recvs: Vec<Vec<Block>> = (0..world)
+                    .map(|d| contiguous(&(0..world).map(|s| n(s, d)).collect::<Vec<_>>()).unwrap())
+                    .collect();
+                let progs: Vec<_> = (0..world)
+                    .map(|r| all_to_allv(r, &sends[r], &recvs[r], segment, window))
+                    .collect();
+                // Element j of rank s's block for d is s * 1000 + d * 10 + j.
+                let inputs: Vec<Vec<u8>> = (0..world)
+                    .map(|s| {
+                        (0..world)
+                            .flat_map(|d| (0..n(s, d)).map(move |j| (s * 1000 + d * 10 + j) as u32))
+                            .flat_map(u32::to_le_bytes)
+                            .collect()
+                    })
+                    .collect();
+                let setups: Vec<RankSetup> = progs
+                    .into_iter()
+                    .zip(inputs)
+                    .enumerate()
+                    .map(|(d, (program, input))| RankSetup {
+                        program,
+                        input,
+                        output: vec![0xee; (0..world).map(|s| n(s, d)).sum::<usize>() * 4],
+                        in_place: false,
+                        op: ReduceOp::Sum,
+                    })
+                    .collect();
+                let opts = SimOptions::new(world as u64 * 31 + window as u64);
+                let res = crate::sim::run_programs(setups, DataType::I32, &opts)
+                    .unwrap_or_else(|e| panic!("world {world} window {window}: {e}"))
+                    .outputs;
+                for d in 0..world {
+                    let want: Vec<u8> = (0..world)
+                        .flat_map(|s| (0..n(s, d)).map(move |j| (s * 1000 + d * 10 + j) as u32))
+                        .flat_map(u32::to_le_bytes)
+                        .collect();
+                    assert_eq!(
+                        res[d], want,
+                        "world {world} window {window} segment {segment} rank {d}"
+                    );
+                }
+            }
+        }
+    }
+}
