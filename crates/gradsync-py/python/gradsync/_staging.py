@@ -233,9 +233,10 @@ class CudaStaging:
         return self._on(self.to_device, ready)
 
     def record(self):
-        """An event recorded on the current stream (inside ``on_*_stream``)."""
+        """An event recorded on the device's current stream (inside ``on_*_stream``: the copy
+        stream)."""
         ev = torch.cuda.Event()
-        ev.record()
+        ev.record(torch.cuda.current_stream(self.device))
         return ev
 
 
@@ -392,7 +393,6 @@ class StagedOp:
         Raises the first error, once every submitted chunk has ended."""
         staging = self.staging
         error: Optional[BaseException] = None
-        last = None
         while True:
             left = deadline - time.monotonic()
             try:
@@ -411,7 +411,7 @@ class StagedOp:
                 if error is None and item.call.out is not None:
                     with staging.on_device_stream(self.ready):
                         _cols(item.call.out, item.cols).copy_(item.host_out, non_blocking=True)
-                        fence = last = staging.record()
+                        fence = staging.record()
             except BaseException as e:  # noqa: BLE001 - the first error is the op's
                 error = error or e
                 self._abandoned = True
@@ -419,12 +419,19 @@ class StagedOp:
                 for b in item.bufs:
                     staging.pool.give(b, fence)
                 self.slots.release()
-        if error is None and self.after is not None:
-            with staging.on_device_stream(self.ready):
-                self.after()
+        try:
+            if error is None and self.after is not None:
+                with staging.on_device_stream(self.ready):
+                    self.after()
+        except BaseException as e:  # noqa: BLE001
+            error = e
+        finally:
+            # The copies write the caller's tensors (and read temporaries the op holds): they
+            # end before the op does, failed or not. An event after everything queued on the
+            # copy-back stream marks that.
+            with staging.on_device_stream(None):
                 last = staging.record()
-        # The copies write the caller's tensors: they end before the op does, failed or not.
-        wait_event(last, self.timeout, self.where)
+            wait_event(last, self.timeout, self.where)
         if error is not None:
             raise error
 

@@ -1,13 +1,14 @@
 """gradsync under ``torch.distributed``: a process-group backend and a DDP communication hook.
 
-Importing this module registers the backend ``"gradsync"`` for CPU tensors, so that::
+Importing this module registers the backend ``"gradsync"`` for CPU and CUDA tensors, so that::
 
     import gradsync.distributed  # registers the backend
     torch.distributed.init_process_group("gradsync")
 
 works under ``torchrun`` and ``gradsync launch`` (or any ``env://``, ``tcp://`` or ``file://``
-rendezvous), and the usual collectives and an unmodified ``DistributedDataParallel`` model run
-on gradsync.
+rendezvous), and the usual collectives, an unmodified ``DistributedDataParallel`` model, FSDP2
+(``fully_shard``), HSDP on a 2-D ``DeviceMesh``, ``ZeroRedundancyOptimizer`` and MoE-style
+all-to-all run on gradsync.
 
 How a group is formed: torch's own store (the one ``init_process_group`` rendezvoused on) is
 used only to find gradsync's. Rank 0 of the group starts a :class:`gradsync.StoreServer` on a
@@ -44,12 +45,21 @@ ones already queued run to their end (each bounded by the timeout) while the com
 What the backend implements:
 
 - ``allreduce`` (and ``allreduce_coalesced``) with ``SUM``, ``PRODUCT``, ``MIN``, ``MAX``,
-  ``AVG``; bool tensors are reduced as bytes (``SUM``/``MAX`` are logical or, ``MIN``/``PRODUCT``
-  logical and);
-- ``broadcast``, ``reduce``, ``allgather`` (list form and ``all_gather_into_tensor``),
-  ``reduce_scatter`` (list form and ``reduce_scatter_tensor``), ``barrier``;
-- ``gather`` and ``scatter``, built on all-gather and broadcast (every rank moves the whole
-  data; fine for objects and metadata, not meant for bulk data);
+  ``AVG``, and ``BAND``, ``BOR``, ``BXOR`` on integer and bool tensors; bool tensors are reduced
+  as bytes (``SUM``/``MAX`` are logical or, ``MIN``/``PRODUCT`` logical and);
+- ``broadcast``, ``reduce``, ``barrier``;
+- ``allgather`` (list form, ``all_gather_into_tensor`` and its coalesced form
+  ``allgather_into_tensor_coalesced``) and ``reduce_scatter`` (list form,
+  ``reduce_scatter_tensor`` and ``reduce_scatter_tensor_coalesced``): what FSDP2, HSDP and
+  DTensor's functional collectives call. They run in place by NCCL's rule: an all-gather whose
+  input is exactly block ``rank`` of its output (what FSDP2 passes), a reduce-scatter whose
+  output is exactly block ``rank`` of its input; gradsync is then handed the aliasing buffers,
+  nothing is copied. Any other overlap of input and output raises :class:`ValueError` saying so;
+- ``gather`` and ``scatter`` on gradsync's rooted gather and scatter (each rank sends or
+  receives its own block only), and so ``gather_object`` and ``scatter_object_list``;
+- ``all_to_all_single`` without split sizes (gradsync's all-to-all) and with them, uneven, zeros
+  included (its all-to-allv: MoE token routing), and ``all_to_all`` of tensor lists (sizes may
+  differ per peer); input and output must not overlap;
 - ``send``/``recv``, ``isend``/``irecv`` and ``batch_isend_irecv``. Each direction between two
   ranks has its own two-rank gradsync communicator and its own thread; the first message either
   way between two ranks connects both directions (through the group's store, about 0.1 s on one
@@ -66,15 +76,30 @@ What the backend implements:
   ``recv`` wait for each other until the timeout and then fail (the error says so); use
   ``isend``/``irecv`` or ``batch_isend_irecv`` for exchanges.
 
-Other operations (``all_to_all``, ``recv`` from any source, sparse all-reduce, ``PREMUL_SUM`` and
-the bitwise reductions) raise :class:`NotImplementedError` naming the operation.
+Other operations (``recv`` from any source, sparse all-reduce, ``PREMUL_SUM``) raise
+:class:`NotImplementedError` naming the operation.
 
-Data movement (broadcast, gathers, scatter, send/recv) works on any dtype, moved as bytes;
-reductions need one of gradsync's types (float32, float64, float16, bfloat16, int32, int64,
-uint8) or bool. Non-contiguous tensors are reduced through a contiguous copy.
+Data movement (broadcast, gathers, scatter, all-to-all, send/recv) works on any dtype, moved as
+bytes; reductions need one of gradsync's types (float32, float64, float16, bfloat16, int32,
+int64, uint8) or bool, and the bitwise ones any integer type (reduced as bytes where gradsync has
+no such type). Non-contiguous tensors are used through a contiguous copy.
+
+CUDA tensors: gradsync moves host memory, so a collective on CUDA tensors is staged through
+pinned host buffers (see ``gradsync._staging``): it is cut in chunks of
+``GRADSYNC_STAGING_CHUNK`` bytes (4 MiB), each copied to the host on a copy stream, reduced or
+moved by gradsync as soon as it has landed, and copied back on a second copy stream, so that
+the copies of one chunk overlap the communication of others; at most ``GRADSYNC_STAGING_DEPTH``
+chunks (4) of a group are staged at once, and the pinned buffers are reused. The copies wait
+for what was queued on the caller's current stream before the call, and the work completes (its
+``wait()`` returns, its future gets its value) only once the results are in the caller's
+tensors, so kernels queued afterwards on any stream read them. A call's tensors must be on one
+device. CPU tensors are used in place as before; a CPU operation called while CUDA ones wait to
+be staged is submitted after them, so every rank runs a group's operations in call order.
+Each copy is bounded by the communicator's timeout. ``scripts/gpu-check.sh`` runs DDP and FSDP2
+on CUDA tensors against Gloo on a machine with a GPU.
 
 The DDP communication hook, for jobs that keep Gloo (or any backend) as the process group and
-let gradsync all-reduce only the gradients::
+let gradsync all-reduce only the gradients (of a model on CPU: a bucket on a GPU is refused)::
 
     state = gradsync.distributed.make_hook_state()   # after init_process_group
     model = DistributedDataParallel(model)
@@ -1155,10 +1180,7 @@ class GradsyncBackend(_C10dBackend):
                 out = _2d(flat, world)
                 afters.append(_scatter_copy(flat, outs))
 
-            def fn(i, o, dtype=src.dtype):
-                return comm.gather_async(i, o if o is not None else torch.empty(0, dtype=dtype), root)
-
-            calls.append(_Call(fn, _2d(src), out, rows=world))
+            calls.append(_Call(lambda i, o: comm.gather_async(i, o, root), _2d(src), out, rows=world))
         result = [list(o) for o in output_tensors] if rank == root else []
         return self._run("gather", device, calls, result, _chain(*afters))
 
@@ -1185,10 +1207,7 @@ class GradsyncBackend(_C10dBackend):
                         )
                 src = _2d(torch.cat([_movable(i.contiguous()).reshape(-1) for i in ins]), world)
 
-            def fn(i, o, dtype=dst.dtype):
-                return comm.scatter_async(i if i is not None else torch.empty(0, dtype=dtype), o, root)
-
-            calls.append(_Call(fn, src, _2d(dst), rows=world))
+            calls.append(_Call(lambda i, o: comm.scatter_async(i, o, root), src, _2d(dst), rows=world))
             staged.append(s)
         return self._run("scatter", device, calls, list(output_tensors), _copy_backs(staged))
 
@@ -1471,6 +1490,12 @@ def allreduce_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.F
     ``model.register_comm_hook(state, allreduce_hook)``.
     """
     buf = bucket.buffer()
+    if buf.device.type != "cpu":
+        raise ValueError(
+            f"gradsync.distributed.allreduce_hook: rank {state.comm.rank}: the gradient bucket is on "
+            f"{buf.device}; the hook all-reduces CPU buckets (for CUDA models use the process "
+            'group backend, init_process_group("gradsync"), which stages CUDA tensors)'
+        )
     buf.div_(state.world_size)
     work = state.comm.all_reduce_async(buf, "sum")
     return state._completer.submit(_Op("allreduce_hook", [work], buf, None)).future
