@@ -101,13 +101,13 @@ def _worker(args) -> dict:
             opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
             out["losses"] = _train(torch, model, opt, _batches(torch, rank, args.steps, device))
         else:
-            out["checks"] = _collectives(torch, dist, device)
+            out["checks"] = _collectives(torch, dist, device, args.mib)
     finally:
         dist.destroy_process_group()
     return out
 
 
-def _collectives(torch, dist, device) -> dict:
+def _collectives(torch, dist, device, mib) -> dict:
     """Collectives on ``device`` tensors against the expected values; ``{name: "ok" | error}``."""
     rank, world = dist.get_rank(), dist.get_world_size()
     results = {}
@@ -123,7 +123,7 @@ def _collectives(torch, dist, device) -> dict:
         except Exception:  # noqa: BLE001 - reported in the table
             results[name] = traceback.format_exc()
 
-    big = 5 << 20  # 20 MiB of float32: several chunks of 4 MiB
+    big = mib << 18  # float32 elements: 20 MiB by default, several chunks of 4 MiB
 
     def all_reduce_large():
         t = data(rank, big)
@@ -144,7 +144,7 @@ def _collectives(torch, dist, device) -> dict:
         assert torch.equal(got, sum(data(r, 1000, salt=2) for r in range(world))), "future value"
 
     def in_place_all_gather_bf16():
-        n = 3 << 20
+        n = big // 2
         buf = torch.zeros(world * n, dtype=torch.bfloat16, device=device)
         buf[rank * n : (rank + 1) * n] = data(rank, n, torch.bfloat16, salt=3)
         dist.all_gather_into_tensor(buf, buf[rank * n : (rank + 1) * n])
@@ -152,7 +152,7 @@ def _collectives(torch, dist, device) -> dict:
         assert torch.equal(buf, want), "in-place all_gather_into_tensor"
 
     def in_place_reduce_scatter():
-        n = 3 << 20
+        n = big // 2
         buf = data(rank, world * n, salt=4)
         mine = buf[rank * n : (rank + 1) * n]
         dist.reduce_scatter_tensor(mine, buf)
@@ -160,14 +160,15 @@ def _collectives(torch, dist, device) -> dict:
         assert torch.equal(mine, want), "in-place reduce_scatter_tensor"
 
     def all_to_all_uneven():
-        send = [(rank + j) % 3 * 1000 + 1 for j in range(world)]
-        recv = [(j + rank) % 3 * 1000 + 1 for j in range(world)]
+        unit = max(1, big // 5000)
+        send = [(rank + j) % 3 * unit + 1 for j in range(world)]
+        recv = [(j + rank) % 3 * unit + 1 for j in range(world)]
         inp = data(rank, sum(send) * 4, salt=5).view(-1, 4)
         out = torch.empty(sum(recv), 4, device=device)
         dist.all_to_all_single(out, inp, recv, send)
         parts = []
         for j in range(world):
-            sj = [(j + k) % 3 * 1000 + 1 for k in range(world)]
+            sj = [(j + k) % 3 * unit + 1 for k in range(world)]
             src = data(j, sum(sj) * 4, salt=5).view(-1, 4)
             parts.append(src[sum(sj[:rank]) : sum(sj[:rank]) + sj[rank]])
         assert torch.equal(out, torch.cat(parts)), "uneven all_to_all_single"
@@ -197,7 +198,7 @@ def _collectives(torch, dist, device) -> dict:
         assert torch.equal(c, torch.full((10,), float(sum(range(1, world + 1))))), "CPU all_reduce"
 
     for name, fn in (
-        ("all_reduce 20 MiB", all_reduce_large),
+        (f"all_reduce {mib} MiB", all_reduce_large),
         ("results on the stream after wait / future", all_reduce_async_then_use_on_stream),
         ("all_gather_into_tensor bf16 in place", in_place_all_gather_bf16),
         ("reduce_scatter_tensor in place", in_place_reduce_scatter),
@@ -231,7 +232,8 @@ def _run(kind, backend, device, args) -> dict:
         e = dict(env, RANK=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD))
         out = os.path.join(tmp, f"rank{rank}.json")
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--kind", kind, "--backend", backend]
-        cmd += ["--device", device, "--steps", str(args.steps), "--width", str(args.width), "--out", out]
+        cmd += ["--device", device, "--steps", str(args.steps), "--width", str(args.width), "--mib", str(args.mib)]
+        cmd += ["--out", out]
         procs.append((subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), out))
     deadline = time.monotonic() + args.timeout
     logs, failed = [], False
@@ -269,6 +271,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--width", type=int, default=1031)
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--mib", type=int, default=20, help="size of the large collectives' tensors")
     ap.add_argument("--timeout", type=int, default=600, help="seconds for each run of 2 ranks")
     ap.add_argument("--json", help="also write the results to this file")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -43,7 +43,7 @@ def test_ddp_fsdp2_and_collectives_on_cuda_tensors_match_gloo(tmp_path):
 
 
 def test_the_harness_compares_gradsync_and_gloo_on_cpu_tensors(tmp_path):
-    p, rows = run_check(tmp_path, "--device", "cpu", "--steps", "3", "--width", "129")
+    p, rows = run_check(tmp_path, "--device", "cpu", "--steps", "3", "--width", "129", "--mib", "1")
     assert p.returncode == 0, p.stdout + p.stderr
     kinds = {r[0]: r for r in rows}
     for kind in ("ddp", "fsdp2"):

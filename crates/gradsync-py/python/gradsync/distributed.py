@@ -795,8 +795,8 @@ class _Pair:
             completer = _Completer(f"gradsync-p2p-rank{self.rank}-{way}", self.rank, self._unit)
             self._completers[sending] = completer
         # A direction's first op may also wait for the connection of both: for each, the peer's
-        # address and the communicator's init.
-        units = len(bufs) + (4 if first else 0)
+        # address and the communicator's init. A staged transfer also waits for its copies.
+        units = len(bufs) * (3 if staging is not None else 1) + (4 if first else 0)
         name = "send" if sending else "recv"
         return completer.submit(_Op(name, (), result, after, run=run, units=units))
 
@@ -944,8 +944,6 @@ class GradsyncBackend(_C10dBackend):
             if staging is None:
                 sop = _staging.DeferredOp(calls)
             else:
-                if self._slots is None:  # a CPU op made the stager: slots come with staging
-                    self._staging_for(torch.device("cpu") if staging is self._host else staging.device)
                 where = f"gradsync backend: rank {self.rank()}: {name}"
                 sop = _staging.StagedOp(staging, calls, self._slots, self._comm.timeout, where, after)
                 after = None
