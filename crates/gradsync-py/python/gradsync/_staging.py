@@ -45,7 +45,7 @@ import torch
 
 from . import GradsyncError
 
-__all__ = ["Call", "CudaStaging", "HostPool", "HostStaging", "StagedOp", "Stager", "chunk_bytes", "depth"]
+__all__ = ["Call", "CudaStaging", "DeferredOp", "HostPool", "HostStaging", "StagedOp", "Stager", "chunk_bytes", "depth", "wait_event"]
 
 
 def _positive_env(name: str, default: int) -> int:

@@ -1229,16 +1229,18 @@ class GradsyncBackend(_C10dBackend):
         send = [_movable(t.contiguous()).numel() for t in input_tensors]
         recv = [t.numel() * t.element_size() // src.element_size() for t in output_tensors]
         flat = torch.empty(sum(recv), dtype=src.dtype, device=device)
-        call = self._all_to_all_call(src, send, flat, recv)
+        call = self._all_to_all_call(src, send, flat, recv, even=False)
         return self._run(where, device, [call], list(output_tensors), _split_copy(flat, recv, output_tensors))
 
-    def _all_to_all_call(self, src: torch.Tensor, send: Sequence[int], dst: torch.Tensor, recv: Sequence[int]) -> _Call:
+    def _all_to_all_call(self, src: torch.Tensor, send: Sequence[int], dst: torch.Tensor, recv: Sequence[int], even: bool) -> _Call:
         """The gradsync call of an all-to-all of flat ``src`` (blocks of ``send`` elements, in
-        rank order) into flat ``dst`` (``recv``): ``all_to_all`` when every block has one size
-        (then it is chunked), else ``all_to_allv``."""
+        rank order) into flat ``dst`` (``recv``): ``all_to_all`` (chunked when staged) when the
+        call is ``even`` on every rank (``all_to_all_single`` without split sizes), else
+        ``all_to_allv``. The choice must not depend on this rank's sizes alone: every rank makes
+        the same gradsync call."""
         world = self.size()
         comm = self._comm
-        if len(set(send)) == 1 and list(recv) == list(send):
+        if even:
             return _Call(lambda i, o: comm.all_to_all_async(i, o), _2d(src, world), _2d(dst, world), rows=world)
         send, recv = [int(c) for c in send], [int(c) for c in recv]
         return _Call(lambda i, o: comm.all_to_allv_async(i, send, o, recv), _2d(src), _2d(dst), chunked=False)
@@ -1285,7 +1287,13 @@ class GradsyncBackend(_C10dBackend):
         scale = 1 if input.dtype in _REDUCIBLE else input.element_size()  # bytes when moved as bytes
         send = [r * row * scale for r in send_rows]
         recv = [r * row * scale for r in recv_rows]
-        call = self._all_to_all_call(src, send, dst, recv)
+        even = not output_split_sizes and not input_split_sizes
+        if even and src.numel() != dst.numel():
+            raise ValueError(
+                f"gradsync backend: rank {self.rank()}: {where}: without split sizes the input and "
+                f"output must have one size, got {input.numel()} and {output.numel()} elements"
+            )
+        call = self._all_to_all_call(src, send, dst, recv, even)
         return self._run(where, device, [call], [output], _copy_backs([s]))
 
     alltoall_base = all_to_all_single
