@@ -2,7 +2,9 @@
 """Checks the torch.distributed backend "gradsync" on CUDA tensors against Gloo: DDP and FSDP2
 (``fully_shard`` per layer and at the root) train the same model for several steps on each
 backend, on 2 ranks (processes started here, sharing the GPUs round robin), and the losses of
-every rank and step must agree within 1e-5; a set of collectives on CUDA tensors (large enough
+every rank and step must agree within 1e-5, with Gloo's (on CUDA tensors, or on CPU ones where
+Gloo cannot run on CUDA) and with the same training in one process on the same device (every
+rank's gradient, averaged); a set of collectives on CUDA tensors (large enough
 for the staging pipeline to cut them in chunks, in place and not, all-to-all even and uneven,
 gather, scatter, point to point, and CUDA operations mixed with CPU ones) must give the expected
 values. Prints a table of PASS and FAIL.
@@ -257,6 +259,39 @@ def _run(kind, backend, device, args) -> dict:
     return {"ok": True, "ranks": ranks}
 
 
+def _one_process(args) -> dict:
+    """The training of every rank in this process, on one device: each step, each rank's loss
+    and gradient on its batch, the gradients averaged, one AdamW step (what DDP and FSDP2 compute,
+    the average of 2 being exact in floating point); its ``ranks`` hold the losses as the runs'
+    do."""
+    import torch
+
+    device = torch.device(args.device)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        model = _model(torch, args.width).to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        data = [_batches(torch, r, args.steps, device) for r in range(WORLD)]
+        losses = [[] for _ in range(WORLD)]
+        params = list(model.parameters())
+        for step in range(args.steps):
+            total = [torch.zeros_like(p) for p in params]
+            for r in range(WORLD):
+                x, y = data[r][step]
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                for t, g in zip(total, torch.autograd.grad(loss, params)):
+                    t.add_(g)
+                losses[r].append(loss.item())
+            for p, t in zip(params, total):
+                p.grad = t / WORLD
+            opt.step()
+            opt.zero_grad()
+        return {"ok": True, "ranks": [{"rank": r, "losses": losses[r]} for r in range(WORLD)]}
+    except Exception:  # noqa: BLE001 - reported in the table
+        return {"ok": False, "error": traceback.format_exc()}
+
+
 def _loss_diff(a: dict, b: dict) -> float:
     worst = 0.0
     for ra, rb in zip(a["ranks"], b["ranks"]):
@@ -293,24 +328,26 @@ def main() -> int:
     where = torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU"
     print(f"gpu-check: torch {torch.__version__}, {where}, {WORLD} ranks, {args.steps} steps, tolerance {TOL:g}")
     rows, report = [], {}
+    ref_one = _one_process(args)
     for kind in ("ddp", "fsdp2"):
         mine = _run(kind, "gradsync", args.device, args)
         ref = _run(kind, "gloo", args.device, args)
         ref_name = f"gloo {args.device}"
         if not ref["ok"] and args.device == "cuda":
-            # Gloo lacks some collectives on CUDA tensors; then the reference runs on CPU.
-            ref_cpu = _run(kind, "gloo", "cpu", args)
-            ref, ref_name = ref_cpu, f"gloo cpu (gloo cuda failed: {ref['error'].strip().splitlines()[-1][:80]})"
-        if mine["ok"] and ref["ok"]:
-            diff = _loss_diff(mine, ref)
-            verdict = "PASS" if diff <= TOL else "FAIL"
-            rows.append((kind, f"gradsync {args.device}", ref_name, f"{diff:.2e}", verdict))
-        else:
-            rows.append((kind, f"gradsync {args.device}", ref_name, "-", "FAIL"))
-            for what, run in (("gradsync", mine), ("reference", ref)):
-                if not run["ok"]:
-                    print(f"--- {kind} on {what} failed:\n{run['error']}")
-        report[kind] = {"gradsync": mine, "reference": ref, "reference_name": ref_name, "verdict": rows[-1][-1]}
+            # Gloo lacks some collectives on CUDA tensors; then the Gloo run is on CPU tensors.
+            why = ref["error"].strip().splitlines()[-1][:80]
+            ref, ref_name = _run(kind, "gloo", "cpu", args), f"gloo cpu (gloo cuda failed: {why})"
+        for against, run in ((ref_name, ref), (f"one process ({args.device})", ref_one)):
+            if mine["ok"] and run["ok"]:
+                diff = _loss_diff(mine, run)
+                rows.append((kind, f"gradsync {args.device}", against, f"{diff:.2e}", "PASS" if diff <= TOL else "FAIL"))
+            else:
+                rows.append((kind, f"gradsync {args.device}", against, "-", "FAIL"))
+        for what, run in (("gradsync", mine), (ref_name, ref)):
+            if not run["ok"]:
+                print(f"--- {kind} on {what} failed:\n{run['error']}")
+        report[kind] = {"gradsync": mine, "gloo": ref, "gloo_name": ref_name}
+    report["one_process"] = ref_one
     coll = _run("collectives", "gradsync", args.device, args)
     if coll["ok"]:
         for name in coll["ranks"][0]["checks"]:
