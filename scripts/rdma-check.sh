@@ -3,7 +3,8 @@
 # static programs, then, in Soft-RoCE VMs (scripts/rdma-vm.sh):
 #   1. one VM: the rdma unit tests of gradsync-transport (device tests included: writes with
 #      immediate, sends, a wrong remote key, the registration pool, RLIMIT_MEMLOCK), the
-#      conformance suites over rdma, `gradsync doctor`, and the benchmark: gradsync's 2-rank
+#      conformance suites over rdma, the split suites (children of an rdma communicator, formed
+#      over it), `gradsync doctor`, and the benchmark: gradsync's 2-rank
 #      all-reduce busbw beside `ib_write_bw` on the same device in the same boot;
 #   2. two VMs joined by a virtual wire: a 2-rank all-reduce across them (RoCE v2 packets on the
 #      wire), `gradsync bench -c 1` over every dtype, which fails on any wrong element.
@@ -42,6 +43,7 @@ bin=$(mktemp -d /tmp/gradsync-rdma-bin.XXXXXX)
 trap 'rm -rf "$bin"' EXIT
 cp "$(exe test --no-run -p gradsync-transport --lib | tail -1)" "$bin/gs-transport-tests"
 cp "$(exe test --no-run -p gradsync --test conformance | tail -1)" "$bin/gs-conformance"
+cp "$(exe test --no-run -p gradsync --test split | tail -1)" "$bin/gs-split"
 cargo build --release --locked --features rdma --target "$target" -p gradsync-cli
 cp "target/$target/release/gradsync" "$bin/gradsync"
 unset RUSTFLAGS
@@ -49,7 +51,7 @@ for b in "$bin"/*; do
     ldd "$b" 2>&1 | grep -qE "not a dynamic|statically linked" ||
         { echo "rdma-check: $b is not static"; exit 1; }
 done
-export RDMAVM_BINS="$bin/gs-transport-tests $bin/gs-conformance $bin/gradsync"
+export RDMAVM_BINS="$bin/gs-transport-tests $bin/gs-conformance $bin/gs-split $bin/gradsync"
 
 step "fallback on this host (no RDMA here; GRADSYNC_IB_HCA names a device no host has): two ranks as two hosts"
 # auto: a WARN naming the cause, then the job runs over tcp; GRADSYNC_TRANSPORT=rdma: an error.
@@ -87,6 +89,7 @@ if [ "$mode" = single ] || [ "$mode" = all ]; then
 export GRADSYNC_TRANSPORT=rdma
 gs-transport-tests rdma:: --test-threads=1
 gs-conformance rdma_ --test-threads=1
+gs-split rdma_ --test-threads=1
 gradsync doctor --nproc 2 --size 1M --iters 2 --lat-iters 50
 gradsync bench --nproc 2 all_reduce -b 8 -e 8M -f 8 -c 1 -d all -n 2 -w 1
 echo "== benchmark: 2-rank all-reduce (4 MiB, f32 sum, busbw from the time column) against ib_write_bw (1 MiB RDMA writes, average; one direction, and both directions at once as the all-reduce runs, per direction), alternating"

@@ -52,6 +52,9 @@ pub enum CollArg {
     /// Reduce (out-of-place).
     #[value(name = "reduce")]
     Reduce,
+    /// All-to-all (out-of-place): a block of `size / world` bytes to every rank.
+    #[value(name = "all_to_all", alias = "all-to-all", alias = "alltoall")]
+    AllToAll,
 }
 
 impl CollArg {
@@ -63,6 +66,7 @@ impl CollArg {
             CollArg::AllGather => Collective::AllGather,
             CollArg::Broadcast => Collective::Broadcast,
             CollArg::Reduce => Collective::Reduce,
+            CollArg::AllToAll => Collective::AllToAll,
         }
     }
 }
@@ -511,6 +515,7 @@ fn out_of_place<T: CheckElem>(
         Collective::ReduceScatter => comm.reduce_scatter(input, output, op),
         Collective::AllGather => comm.all_gather(input, output),
         Collective::Reduce => comm.reduce(input, output, op, cfg.root),
+        Collective::AllToAll => comm.all_to_all(input, output),
         other => unreachable!("{other} has no out-of-place variant"),
     }
 }

@@ -285,7 +285,7 @@ pub fn fill_input<T: CheckElem>(
     root: usize,
 ) {
     match coll {
-        Collective::AllGather => fill(buf, Pattern::Data, world, rank, 0),
+        Collective::AllGather | Collective::AllToAll => fill(buf, Pattern::Data, world, rank, 0),
         Collective::Broadcast if rank == root => fill(buf, Pattern::Data, world, root, 0),
         Collective::Broadcast => buf.fill(T::from_small(0)),
         _ => fill(buf, Pattern::Reduce(op), world, rank, 0),
@@ -312,6 +312,19 @@ pub fn count_wrong<T: CheckElem>(
             out.chunks(per_rank)
                 .enumerate()
                 .map(|(src, chunk)| count_mismatches(chunk, 0, |i| data.value(src, i)))
+                .sum()
+        }
+        Collective::AllToAll => {
+            // Block s of the output is block `rank` of rank s's input.
+            let per_peer = out.len() / world.max(1);
+            if per_peer == 0 {
+                return 0;
+            }
+            out.chunks(per_peer)
+                .enumerate()
+                .map(|(src, chunk)| {
+                    count_mismatches(chunk, rank * per_peer, |i| data.value(src, i))
+                })
                 .sum()
         }
         Collective::Broadcast => count_mismatches(out, 0, |i| data.value(root, i)),
@@ -550,6 +563,54 @@ mod tests {
         faults_are_seen::<i32>();
         faults_are_seen::<i64>();
         faults_are_seen::<u8>();
+    }
+
+    /// All-to-all: the blocks moved as the collective moves them count nothing wrong; blocks
+    /// from the wrong rank, or the wrong block of the right rank, are wrong.
+    fn all_to_all_check<T: CheckElem + std::fmt::Debug>() {
+        let (world, per) = (4, 37);
+        let c = Collective::AllToAll;
+        let inputs: Vec<Vec<T>> = (0..world)
+            .map(|r| {
+                let mut b = vec![T::from_small(0); world * per];
+                fill_input(&mut b, c, ReduceOp::Sum, world, r, 0);
+                b
+            })
+            .collect();
+        let out = |src_of: &dyn Fn(usize) -> usize, blk: &dyn Fn(usize) -> usize| {
+            (0..world)
+                .flat_map(|s| inputs[src_of(s)][blk(s) * per..(blk(s) + 1) * per].to_vec())
+                .collect::<Vec<T>>()
+        };
+        for r in 0..world {
+            let good = out(&|s| s, &|_| r);
+            assert_eq!(
+                count_wrong(&good, c, ReduceOp::Sum, world, r, 0),
+                0,
+                "rank {r}"
+            );
+            let swapped = out(&|s| (s + 1) % world, &|_| r);
+            assert!(
+                count_wrong(&swapped, c, ReduceOp::Sum, world, r, 0) > 0,
+                "rank {r}"
+            );
+            let wrong_block = out(&|s| s, &|_| (r + 1) % world);
+            assert!(
+                count_wrong(&wrong_block, c, ReduceOp::Sum, world, r, 0) > 0,
+                "rank {r}"
+            );
+        }
+    }
+
+    #[test]
+    fn all_to_all_blocks_every_type() {
+        all_to_all_check::<f32>();
+        all_to_all_check::<f64>();
+        all_to_all_check::<half::f16>();
+        all_to_all_check::<half::bf16>();
+        all_to_all_check::<i32>();
+        all_to_all_check::<i64>();
+        all_to_all_check::<u8>();
     }
 
     /// Broadcast: everybody ends with the root's buffer; a reduce is checked on its root only;

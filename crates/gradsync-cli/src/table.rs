@@ -100,6 +100,14 @@ impl Shape {
                     param: per_rank,
                 }
             }
+            Collective::AllToAll => {
+                let per_peer = count / world;
+                Shape {
+                    send: per_peer * world,
+                    recv: per_peer * world,
+                    param: per_peer,
+                }
+            }
             _ => Shape {
                 send: count,
                 recv: count,
@@ -119,14 +127,17 @@ pub fn bus_factor(coll: Collective, world: usize) -> f64 {
     let n = world as f64;
     match coll {
         Collective::AllReduce => 2.0 * (n - 1.0) / n,
-        Collective::ReduceScatter | Collective::AllGather => (n - 1.0) / n,
+        Collective::ReduceScatter | Collective::AllGather | Collective::AllToAll => (n - 1.0) / n,
         _ => 1.0,
     }
 }
 
 /// Whether the collective takes a reduction operator.
 pub fn has_op(coll: Collective) -> bool {
-    !matches!(coll, Collective::AllGather | Collective::Broadcast)
+    !matches!(
+        coll,
+        Collective::AllGather | Collective::Broadcast | Collective::AllToAll
+    )
 }
 
 /// Whether the collective takes a root (the `root` column is -1 otherwise).

@@ -31,6 +31,7 @@ fn every_collective_type_and_op_validates() {
         "all_gather",
         "broadcast",
         "reduce",
+        "all_to_all",
     ] {
         let out = bench(
             &[
@@ -46,7 +47,7 @@ fn every_collective_type_and_op_validates() {
             "{coll}:\n{text}"
         );
         let rows = rows(&out);
-        let ops = if coll == "all_gather" || coll == "broadcast" {
+        let ops = if ["all_gather", "broadcast", "all_to_all"].contains(&coll) {
             1
         } else {
             5

@@ -42,7 +42,7 @@ fn bench_refuses_bad_options_before_starting_ranks() {
         &["bench", "-b", "1M", "-e", "1K"],
         &["bench", "-f", "1"],
         &["bench", "-e", "3Q"],
-        &["bench", "alltoall"],
+        &["bench", "alltoallw"],
     ] {
         let out = run(args);
         assert!(!out.status.success(), "{args:?} accepted");

@@ -49,6 +49,12 @@ macro_rules! with_element {
 
 pub(crate) use with_element;
 
+/// What a split runs on the parent's worker thread.
+type SplitFn = Box<
+    dyn FnOnce(&mut gradsync::Communicator) -> gradsync::Result<Option<gradsync::Communicator>>
+        + Send,
+>;
+
 // The worker thread owns the Rust communicator: it must be allowed to move there.
 const _: () = {
     const fn assert_send<T: Send>() {}
@@ -81,6 +87,16 @@ fn timeout_arg(t: Option<f64>, what: &str) -> PyResult<Option<Duration>> {
         Some(s) => Err(PyValueError::new_err(format!(
             "{what}: timeout must be a non-negative number of seconds, got {s}"
         ))),
+    }
+}
+
+/// A timeout argument that must be positive when given.
+fn positive_timeout(t: Option<f64>, what: &str) -> PyResult<Option<Duration>> {
+    match timeout_arg(t, what)? {
+        Some(d) if d.is_zero() => Err(PyValueError::new_err(format!(
+            "{what}: timeout must be positive"
+        ))),
+        d => Ok(d),
     }
 }
 
@@ -186,9 +202,20 @@ impl Communicator {
     fn start(py: Python<'_>, config: Config) -> PyResult<Self> {
         let rank = config.rank;
         let timeout = config.timeout;
-        let (worker, init) = Worker::start(config).map_err(|e| {
+        let spawned = Worker::start(config).map_err(|e| {
             GradsyncError::new_err(format!("rank {rank}: cannot start a thread: {e}"))
         })?;
+        Self::await_init(py, rank, timeout, spawned)
+    }
+
+    /// Waits for the worker thread to have its communicator (bounded by `timeout` and a
+    /// margin).
+    fn await_init(
+        py: Python<'_>,
+        rank: usize,
+        timeout: Duration,
+        (worker, init): (Worker, std::sync::mpsc::Receiver<Result<Info, String>>),
+    ) -> PyResult<Self> {
         let deadline = Instant::now() + timeout + Duration::from_secs(30);
         let result = Arc::new(Mutex::new(None));
         let slot = Arc::clone(&result);
@@ -234,6 +261,33 @@ impl Communicator {
 
     pub(crate) fn rank(&self) -> usize {
         self.info.rank
+    }
+
+    /// Runs `how` on the worker thread after the operations queued before it, and gives the
+    /// communicator it makes (if any) a thread of its own.
+    fn split_impl(&self, py: Python<'_>, op: &'static str, how: SplitFn) -> PyResult<Option<Self>> {
+        self.check_open(op)?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let task: Task = Box::new(move |c: &mut gradsync::Communicator| {
+            let child = how(c)?;
+            let _ = tx.send(child);
+            Ok(())
+        });
+        Self::finish(py, self.submit(py, op, task, Keep::default()))?;
+        let rank = self.info.rank;
+        let child = rx.try_recv().map_err(|_| {
+            GradsyncError::new_err(format!(
+                "rank {rank}: {op}: the communicator's thread gave no result"
+            ))
+        })?;
+        let Some(child) = child else {
+            return Ok(None);
+        };
+        let timeout = child.timeout();
+        let spawned = Worker::adopt(child).map_err(|e| {
+            GradsyncError::new_err(format!("rank {rank}: {op}: cannot start a thread: {e}"))
+        })?;
+        Self::await_init(py, rank, timeout, spawned).map(Some)
     }
 
     /// Queues `task` with the owners of its buffers, first bumping the version counters of
@@ -787,6 +841,114 @@ impl Communicator {
     /// Blocking, and matched in order with the peer's calls (see :meth:`send`).
     fn recv(&self, py: Python<'_>, buf: &Bound<'_, PyAny>, peer: usize) -> PyResult<()> {
         self.p2p(py, buf, peer, false)
+    }
+
+    /// Splits the group into disjoint new ones, as ``ncclCommSplit`` and ``MPI_Comm_split``
+    /// do, and returns this rank's new :class:`Communicator` (``None`` when ``color`` is
+    /// ``None``).
+    ///
+    /// Every rank calls it; the ranks that pass the same ``color`` (an integer, 0 or more)
+    /// form a new communicator, in which they are numbered in the order of their ``key``,
+    /// ties broken by their rank here. A rank that passes ``color=None`` takes part and gets
+    /// no communicator. No rendezvous store is involved: the colors are all-gathered over
+    /// this communicator, and the members of each new one swap their connection records over
+    /// its point-to-point messages. The new communicator has this one's settings (transport,
+    /// tunables, timeout); this one stays usable. Runs after the operations queued before it,
+    /// bounded by this communicator's timeout; raises :class:`GradsyncError` when a rank does
+    /// not take part. ``timeout`` (seconds) sets the new communicator's deadline of each
+    /// operation (default: this one's).
+    #[pyo3(signature = (color, key=0, *, timeout=None))]
+    fn split(
+        &self,
+        py: Python<'_>,
+        color: Option<i64>,
+        key: i64,
+        timeout: Option<f64>,
+    ) -> PyResult<Option<Self>> {
+        const NAME: &str = "split";
+        let timeout = positive_timeout(timeout, "Communicator.split")?;
+        let color = match color {
+            None => None,
+            Some(c) => Some(u32::try_from(c).map_err(|_| {
+                self.invalid(
+                    NAME,
+                    format!("color {c} is out of range (0 to {}, or None)", u32::MAX),
+                )
+            })?),
+        };
+        self.split_impl(
+            py,
+            NAME,
+            Box::new(move |c| {
+                let mut child = c.split(color, key)?;
+                if let (Some(child), Some(t)) = (child.as_mut(), timeout) {
+                    child.set_timeout(t);
+                }
+                Ok(child)
+            }),
+        )
+    }
+
+    /// A new communicator of the ranks ``ranks`` of this one, built by them alone (as
+    /// ``MPI_Comm_create_group``): every rank in ``ranks`` calls it with the same list, the
+    /// others do not call it. The new rank of a member is its position in ``ranks``.
+    ///
+    /// As :meth:`split` otherwise: no rendezvous store, the records go over this
+    /// communicator's point-to-point messages between the members only. Between two
+    /// members, their splits and their other calls on this communicator must come in the same
+    /// order. ``timeout`` as in :meth:`split`. Raises :class:`ValueError` for a list that
+    /// repeats a rank, names one outside the group or leaves this rank out, and
+    /// :class:`GradsyncError` when members pass different lists or one does not call.
+    #[pyo3(signature = (ranks, *, timeout=None))]
+    fn split_ranks(&self, py: Python<'_>, ranks: Vec<i64>, timeout: Option<f64>) -> PyResult<Self> {
+        const NAME: &str = "split_ranks";
+        let timeout = positive_timeout(timeout, "Communicator.split_ranks")?;
+        let world = self.info.world;
+        let ranks = ranks
+            .iter()
+            .map(|&r| {
+                usize::try_from(r)
+                    .ok()
+                    .filter(|&r| r < world)
+                    .ok_or_else(|| {
+                        self.invalid(
+                            NAME,
+                            format!("rank {r} of {ranks:?} is not a rank of world size {world}"),
+                        )
+                    })
+            })
+            .collect::<PyResult<Vec<usize>>>()?;
+        for (i, r) in ranks.iter().enumerate() {
+            if ranks[..i].contains(r) {
+                return Err(self.invalid(NAME, format!("rank {r} appears twice in {ranks:?}")));
+            }
+        }
+        if !ranks.contains(&self.info.rank) {
+            return Err(self.invalid(
+                NAME,
+                format!(
+                    "rank {} is not among {ranks:?}: only the members call it",
+                    self.info.rank
+                ),
+            ));
+        }
+        let child = self.split_impl(
+            py,
+            NAME,
+            Box::new(move |c| {
+                let mut child = c.split_ranks(&ranks)?;
+                if let Some(t) = timeout {
+                    child.set_timeout(t);
+                }
+                Ok(Some(child))
+            }),
+        )?;
+        child.ok_or_else(|| {
+            GradsyncError::new_err(format!(
+                "rank {}: {NAME}: no communicator came back",
+                self.info.rank
+            ))
+        })
     }
 
     /// Finishes the operations already started, then closes the connections. Later calls

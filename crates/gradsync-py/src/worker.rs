@@ -1,5 +1,6 @@
-//! One worker thread per communicator: it builds the communicator, then runs the submitted
-//! operations one after the other, in submission order, without the GIL.
+//! One worker thread per communicator: it builds the communicator (or takes one split from
+//! another), then runs the submitted operations one after the other, in submission order,
+//! without the GIL.
 //!
 //! A blocking call from Python is a submission followed by a wait; an async call returns the
 //! [`Completion`] to wait on later. Each job carries the Python objects that own its buffers,
@@ -115,13 +116,29 @@ impl Worker {
     pub(crate) fn start(
         config: Config,
     ) -> std::io::Result<(Worker, Receiver<Result<Info, String>>)> {
+        let name = format!("gradsync-rank{}", config.rank);
+        Self::spawn(name, move || Communicator::init(config))
+    }
+
+    /// Starts the thread of a communicator that is already built (split from another).
+    pub(crate) fn adopt(
+        comm: Communicator,
+    ) -> std::io::Result<(Worker, Receiver<Result<Info, String>>)> {
+        let name = format!("gradsync-rank{}of{}", comm.rank(), comm.world_size());
+        Self::spawn(name, move || Ok(comm))
+    }
+
+    fn spawn(
+        name: String,
+        build: impl FnOnce() -> gradsync::Result<Communicator> + Send + 'static,
+    ) -> std::io::Result<(Worker, Receiver<Result<Info, String>>)> {
         let (tx, rx) = mpsc::channel::<Job>();
         let (init_tx, init_rx) = mpsc::sync_channel(1);
         let pending = Arc::new(AtomicUsize::new(0));
         let p = Arc::clone(&pending);
         let thread = std::thread::Builder::new()
-            .name(format!("gradsync-rank{}", config.rank))
-            .spawn(move || run(config, &rx, &init_tx, &p))?;
+            .name(name)
+            .spawn(move || run(build, &rx, &init_tx, &p))?;
         Ok((
             Worker {
                 tx,
@@ -180,12 +197,12 @@ impl Worker {
 }
 
 fn run(
-    config: Config,
+    build: impl FnOnce() -> gradsync::Result<Communicator>,
     rx: &Receiver<Job>,
     init: &mpsc::SyncSender<Result<Info, String>>,
     pending: &AtomicUsize,
 ) {
-    let comm = catch_unwind(AssertUnwindSafe(|| Communicator::init(config)));
+    let comm = catch_unwind(AssertUnwindSafe(build));
     let mut comm = match comm {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => {

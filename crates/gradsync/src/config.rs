@@ -594,11 +594,16 @@ fn parse_algorithms(v: &str) -> Result<(Option<Algorithm>, Vec<(Collective, Algo
                 let c = c.trim().to_ascii_lowercase().replace('_', "");
                 let coll = Collective::ALL
                     .into_iter()
-                    .filter(|k| !matches!(k, Collective::Barrier | Collective::SendRecv))
+                    .filter(|k| {
+                        !matches!(
+                            k,
+                            Collective::Barrier | Collective::SendRecv | Collective::AllToAllV
+                        )
+                    })
                     .find(|k| k.name().replace('_', "") == c)
                     .ok_or_else(|| {
                         bad(format!(
-                            "unknown collective {c:?} (all_reduce, reduce_scatter, all_gather, broadcast, reduce)"
+                            "unknown collective {c:?} (all_reduce, reduce_scatter, all_gather, broadcast, reduce, all_to_all, gather, scatter)"
                         ))
                     })?;
                 (coll, a.trim())
@@ -908,7 +913,19 @@ mod tests {
             "{e}"
         );
         let e = algo("gather:ring").unwrap_err().to_string();
-        assert!(e.contains("unknown collective \"gather\""), "{e}");
+        assert!(
+            e.contains("gather has no ring algorithm (it has central)"),
+            "{e}"
+        );
+        let e = algo("allgatherv:ring").unwrap_err().to_string();
+        assert!(e.contains("unknown collective \"allgatherv\""), "{e}");
+        let c = algo("all_to_all:bruck").unwrap();
+        assert_eq!(
+            c.collective_algorithms,
+            vec![(Collective::AllToAll, Algorithm::Bruck)]
+        );
+        let e = algo("all_to_all:ring").unwrap_err().to_string();
+        assert!(e.contains("(it has pairwise, bruck)"), "{e}");
     }
 
     #[test]

@@ -533,6 +533,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn all_to_all_choice_follows_the_model() {
+        let link = LinkModel::new(10e-6, 5e9);
+        // Few ranks: every step in flight at once, the pairwise exchange.
+        assert_eq!(choose_all_to_all(4, 8, 8, &link).0, Algorithm::Pairwise);
+        // Many ranks, tiny blocks: latency dominates, Bruck's log2 n steps.
+        let (a, pw, br) = choose_all_to_all(64, 8, 8, &link);
+        assert_eq!(a, Algorithm::Bruck, "{pw} {br}");
+        // Many ranks, large blocks: every byte once.
+        assert_eq!(
+            choose_all_to_all(64, 1 << 20, 8, &link).0,
+            Algorithm::Pairwise
+        );
+        // One or two ranks: nothing to gain.
+        assert_eq!(choose_all_to_all(2, 8, 1, &link).0, Algorithm::Pairwise);
+        assert_eq!(choose_all_to_all(1, 8, 1, &link).0, Algorithm::Pairwise);
+    }
+
+    #[test]
     fn size_classes_centre_on_powers_of_two() {
         assert_eq!(size_class(0), 0);
         for k in 3..40u32 {

@@ -137,6 +137,22 @@ pub enum Error {
         /// The earlier failure.
         reason: String,
     },
+    /// Building a communicator out of this one ([`Communicator::split`](crate::Communicator::split),
+    /// [`Communicator::split_ranks`](crate::Communicator::split_ranks)) failed: the members
+    /// disagree, a peer sent a malformed record, or a step failed (the source, such as the
+    /// timeout of a message to a member).
+    #[error("rank {rank}: {op}: {msg}{}", source.as_ref().map(|e| format!(": {e}")).unwrap_or_default())]
+    Split {
+        /// This rank, in the communicator split.
+        rank: usize,
+        /// The call (`split`, `split_ranks`).
+        op: &'static str,
+        /// The step that failed, naming the members involved.
+        msg: String,
+        /// The failure of that step, if another error caused it.
+        #[source]
+        source: Option<Box<Error>>,
+    },
     /// A bug in gradsync itself.
     #[error("rank {rank}: internal error: {msg}")]
     Internal {

@@ -222,7 +222,7 @@ fn a2a_val(s: usize, d: usize, j: usize) -> i64 {
 
 /// Elements rank `s` sends rank `d` in the all-to-allv test: uneven, some zero.
 fn a2av_count(s: usize, d: usize, count: usize) -> usize {
-    (s * 3 + d * 5 + count) % 7 + if (s + d) % 3 == 0 { 0 } else { count }
+    (s * 3 + d * 5 + count) % 7 + if (s + d).is_multiple_of(3) { 0 } else { count }
 }
 
 /// All-to-all(v), in-place all-gather and reduce-scatter, gather and scatter from every root,

@@ -205,3 +205,44 @@ fn bad_counts_and_sizes_are_local_errors_naming_them() {
     assert!(e.iter().all(|m| m.contains("rank 0")), "{e:?}");
     assert!(res[1][4].contains("rank 1: gather"), "{:?}", res[1]);
 }
+
+/// Bruck's all-to-all forced (`GRADSYNC_ALGO=all_to_all:bruck` does the same) on 5 ranks in
+/// memory and over shared memory, small and segmented blocks.
+#[test]
+fn bruck_all_to_all_when_forced() {
+    use gradsync::{Algorithm, Collective};
+    let run = |c: &mut Communicator| {
+        let (r, w) = (c.rank(), c.world_size());
+        c.set_collective_algorithm(Collective::AllToAll, Some(Algorithm::Bruck))
+            .unwrap();
+        assert_eq!(
+            c.algorithm_for(Collective::AllToAll, 8),
+            Some(Algorithm::Bruck)
+        );
+        for b in [0usize, 1, 3, 1000, 70_001] {
+            let input: Vec<i64> = (0..w * b)
+                .map(|k| (r * 1_000_000 + (k / b) * 100_000 + k % b) as i64)
+                .collect();
+            let mut out = vec![0i64; w * b];
+            c.all_to_all(&input, &mut out).unwrap();
+            for (k, x) in out.iter().enumerate() {
+                let want = ((k / b) * 1_000_000 + r * 100_000 + k % b) as i64;
+                assert_eq!(*x, want, "rank {r} block size {b} element {k}");
+            }
+        }
+    };
+    let mut cfg = Config::new("unused:0", 0, 1);
+    cfg.timeout = Duration::from_secs(60);
+    let hs: Vec<_> = Communicator::mem_group(5, &cfg)
+        .unwrap()
+        .into_iter()
+        .map(|mut c| std::thread::spawn(move || run(&mut c)))
+        .collect();
+    hs.into_iter().for_each(|h| h.join().unwrap());
+    ranks(
+        5,
+        TransportMode::Shm,
+        Duration::from_secs(60),
+        move |_, c| run(c),
+    );
+}

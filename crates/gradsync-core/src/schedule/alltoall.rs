@@ -9,16 +9,15 @@
 //!   windowed pairwise schedules) while several links stay busy. Each pair exchanges exactly
 //!   one block in each direction, so FIFO matching per pair holds trivially. `(n - 1)` latencies,
 //!   `window` of them overlapped, and every byte sent once: bandwidth-optimal.
-//! - [`bruck`]: Bruck's log-step algorithm for small uniform blocks: after a local rotation, at
+//! - `bruck`: Bruck's log-step algorithm for small uniform blocks: after a local rotation, at
 //!   step `k` every block whose index has bit `k` set travels `2^k` ranks on, packed into one
 //!   message; a final rotation puts the blocks in rank order. `ceil(log2 n)` latencies instead
 //!   of `n - 1`, but each block travels up to `log2 n` times (about `log2(n) / 2 * B` bytes out
 //!   of every rank instead of `B`), plus local copies: it wins only where latency dominates.
 //!
 //! Buffers (out of place only): `Input` holds `n` blocks in destination order, `Output` `n`
-//! blocks in source order. [`all_to_all`] plans the uniform case (`count` elements per block)
-//! from [`Params`] with [`Algorithm::Pairwise`](super::Algorithm::Pairwise) or
-//! [`Algorithm::Bruck`](super::Algorithm::Bruck).
+//! blocks in source order. The uniform case (`count` elements per block) is planned from
+//! [`Params`] with [`Algorithm::Pairwise`] or [`Algorithm::Bruck`].
 
 use super::common::{RangeHazards, at, segments};
 use super::params::{Algorithm, Params};

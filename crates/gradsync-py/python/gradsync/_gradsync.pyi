@@ -121,6 +121,16 @@ class Communicator:
     def recv(self, buf: Buffer, peer: int) -> None:
         """Receives into ``buf`` from rank ``peer`` (blocking; matched in order, see
         :meth:`send`)."""
+    def split(
+        self, color: Optional[int], key: int = 0, *, timeout: Optional[float] = None
+    ) -> Optional["Communicator"]:
+        """Splits the group (every rank calls it): the ranks of one ``color`` form a new
+        communicator, numbered by ``key`` then rank; ``color=None`` takes part and gets
+        ``None``. Formed over this communicator, without a rendezvous store; ``timeout`` is
+        the new communicator's (default: this one's)."""
+    def split_ranks(self, ranks: list[int], *, timeout: Optional[float] = None) -> "Communicator":
+        """A new communicator of ``ranks``, built by those ranks alone (the others do not
+        call it); the new rank of a member is its position in ``ranks``."""
     def close(self) -> None:
         """Finishes started operations and closes the connections; later calls raise
         :class:`GradsyncError`.

@@ -15,7 +15,13 @@ used only to find gradsync's. Rank 0 of the group starts a :class:`gradsync.Stor
 free port and publishes its address (``MASTER_ADDR``, else this host's name, and the port;
 ``GRADSYNC_STORE_HOST`` overrides the host; the server listens on loopback only when that host
 is ``127.0.0.1`` or ``localhost``) under a key of the group's store; every rank then builds a
-:class:`gradsync.Communicator` on it. Set the same ``GRADSYNC_TOKEN`` on every rank to
+:class:`gradsync.Communicator` on it. That happens once, for the default group: when the
+default group runs on gradsync, the groups made later (``new_group``, ``new_subgroups``, the
+sub-meshes of a ``DeviceMesh``) are split from its communicator by their members alone
+(:meth:`gradsync.Communicator.split_ranks`), with no new store: the members swap their
+connection records over the default group's point-to-point messages, after the default group's
+operations they queued before. A group whose default group is another backend meets through its
+store as above. Set the same ``GRADSYNC_TOKEN`` on every rank to
 authenticate gradsync's connections (``gradsync launch`` does; torchrun does not). The
 communicator's deadline is the ``timeout`` given to ``init_process_group`` (torch's default is
 30 minutes), unless ``GRADSYNC_TIMEOUT`` is set, which then wins.
@@ -848,12 +854,14 @@ class GradsyncBackend(_C10dBackend):
         rank: int,
         size: int,
         timeout: Optional[datetime.timedelta] = None,
+        comm: Optional[Communicator] = None,
     ) -> None:
         super().__init__(rank, size)
         self._timeout = timeout if timeout is not None else datetime.timedelta(minutes=30)
         self._options = _C10dBackend.Options(BACKEND_NAME, timeout=self._timeout)
         self._store = store
-        self._comm, self._server = _connect(store, rank, size, timeout)
+        # A communicator split from the default group's, else one of its own through a store.
+        self._comm, self._server = (comm, None) if comm is not None else _connect(store, rank, size, timeout)
         self._completer = _Completer(f"gradsync-pg-rank{rank}", rank, self._comm.timeout)
         self._pairs: dict = {}
         self._pairs_lock = threading.Lock()
@@ -1412,15 +1420,33 @@ def _split_copy(flat: torch.Tensor, counts: Sequence[int], outs: Sequence[torch.
     return run
 
 
-def _create_backend(store, rank, size, timeout):
-    return GradsyncBackend(store, rank, size, timeout)
+def _split_from_default(ranks: Sequence[int], timeout: Optional[datetime.timedelta]) -> Optional[Communicator]:
+    """The communicator of a new group of the default group's ``ranks`` (global ranks, in the
+    group's order), split from the default group's communicator by the members alone; ``None``
+    for the default group itself, or when the default group does not run on gradsync."""
+    if not ranks or not dist.is_initialized():
+        return None
+    try:
+        parent = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+    except (RuntimeError, ValueError):
+        return None
+    if not isinstance(parent, GradsyncBackend) or parent._shut:
+        return None
+    return parent.communicator.split_ranks(list(ranks), timeout=_timeout_seconds(timeout))
+
+
+def _create_backend(opts, backend_options=None):
+    """Builds a group's backend; ``opts`` is torch's ``_DistributedBackendOptions`` (the
+    extended creator API), whose ``global_ranks_in_group`` is empty for the default group."""
+    comm = _split_from_default(opts.global_ranks_in_group, opts.timeout)
+    return GradsyncBackend(opts.store, opts.group_rank, opts.group_size, opts.timeout, comm=comm)
 
 
 def register() -> None:
     """Registers the backend ``"gradsync"`` with ``torch.distributed`` (done on import)."""
     if BACKEND_NAME.upper() in getattr(dist.Backend, "_plugins", {}):
         return
-    dist.Backend.register_backend(BACKEND_NAME, _create_backend, devices=["cpu", "cuda"])
+    dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"])
 
 
 register()

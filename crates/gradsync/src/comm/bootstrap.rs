@@ -1,10 +1,12 @@
 //! How a communicator comes to be: init from the environment or a [`Config`], the interface
-//! and addresses of the data connections, the rendezvous exchange through the store, the
-//! shared-memory and RDMA backends, the settings every rank's inbox must agree on
-//! ([`SlotLayout`]), in-process groups over given endpoints, and shrink.
+//! and addresses of the data connections, the setup that init and split share
+//! ([`Communicator::connect`]: records swapped through an [`Exchange`], the network,
+//! shared-memory and RDMA backends, the settings every rank's inbox must agree on,
+//! [`SlotLayout`]), in-process groups over given endpoints, and shrink.
 
 use super::choice::no_choices;
 use super::communicator::Communicator;
+use super::records::{Exchange, StoreExchange, step_budget};
 use super::state::Layout;
 use crate::Result;
 use crate::config::{Config, TransportMode};
@@ -100,7 +102,7 @@ impl SlotLayout {
     }
 }
 
-fn new_comm_id() -> u64 {
+pub(super) fn new_comm_id() -> u64 {
     let t = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_nanos())
@@ -132,23 +134,6 @@ fn route_to(to: SocketAddr) -> Option<IpAddr> {
     let s = UdpSocket::bind(any).ok()?;
     s.connect(to).ok()?;
     s.local_addr().ok().map(|a| a.ip())
-}
-
-/// Publishes this rank's `value` under `{prefix}/{what}/{rank}` and waits until every rank of
-/// `ranks` has published its own; returns their values in the order of `ranks`.
-pub(super) fn exchange(
-    store: &mut StoreClient,
-    prefix: &str,
-    what: &str,
-    rank: usize,
-    ranks: impl Iterator<Item = usize>,
-    value: &[u8],
-    timeout: Duration,
-) -> std::result::Result<Vec<Vec<u8>>, gradsync_store::StoreError> {
-    store.set(&format!("{prefix}/{what}/{rank}"), value)?;
-    let keys: Vec<String> = ranks.map(|r| format!("{prefix}/{what}/{r}")).collect();
-    let krefs: Vec<&str> = keys.iter().map(String::as_str).collect();
-    store.wait(&krefs, timeout)
 }
 
 impl Communicator {
@@ -221,8 +206,8 @@ impl Communicator {
         Self::join(store, server, comm_id, rank, world, config, t0)
     }
 
-    /// The part of init after the communicator id is agreed: addresses and inbox keys through
-    /// the store, connections, then a barrier.
+    /// The part of init after the communicator id is agreed: the interface, then addresses
+    /// and inbox keys through the store, connections, a barrier and the cost model.
     fn join(
         mut store: StoreClient,
         server: Option<StoreServer>,
@@ -232,8 +217,6 @@ impl Communicator {
         config: Config,
         t0: Instant,
     ) -> Result<Self> {
-        let st = |source| Error::Store { rank, source };
-        let token = config.token.as_deref().map(str::as_bytes);
         let store_sa = resolve(&config.store_addr)?;
         let (ip, ifname) = match &config.socket_ifname {
             Some(name) => (
@@ -256,51 +239,80 @@ impl Communicator {
         };
         let placement = topology::numa_placement(&ifname, config.numa_bind);
         tracing::info!(target: "gradsync::init", "rank {rank}: interface {ifname}: {placement}");
+        let prefix = format!("gradsync/{comm_id:016x}");
+        let net = NetSetup {
+            ip,
+            ifname,
+            placement,
+        };
+        let mut ex = StoreExchange {
+            store: &mut store,
+            prefix: &prefix,
+            rank,
+            timeout: config.timeout,
+        };
+        let mut c = Self::connect(&mut ex, comm_id, rank, world, config, net, t0)?;
+        // Everyone is connected before anyone may leave (rank 0 keeps the store up until then).
+        c.store = Some(store);
+        c._store = server;
+        c.barrier()?;
+        c.settle_costs(&prefix)?;
+        Ok(c)
+    }
+
+    /// Connects `world` ranks whose setup records go through `ex`: the addresses of the data
+    /// connections, host identities and CPUs, then the network backend (RDMA or TCP), shared
+    /// memory between the ranks of a host, and the inbox descriptors. What init and split have
+    /// in common; the caller runs the first barrier.
+    pub(super) fn connect(
+        ex: &mut dyn Exchange,
+        comm_id: u64,
+        rank: usize,
+        world: usize,
+        config: Config,
+        net: NetSetup,
+        t0: Instant,
+    ) -> Result<Self> {
+        let token = config.token.as_deref().map(str::as_bytes);
+        let NetSetup {
+            ip,
+            ifname,
+            placement,
+        } = net;
         let listener =
             tcp::listen(ip).map_err(|e| Error::Config(format!("cannot listen on {ip}: {e}")))?;
         let my_addr = listener
             .local_addr()
             .map_err(|e| Error::Config(format!("listener address: {e}")))?;
-        let prefix = format!("gradsync/{comm_id:016x}");
         let host_id = config
             .host_id
             .clone()
             .unwrap_or_else(topology::host_identity);
-        store
-            .set(
-                &format!("{prefix}/addr/{rank}"),
-                my_addr.to_string().as_bytes(),
-            )
-            .map_err(st)?;
-        store
-            .set(&format!("{prefix}/host/{rank}"), host_id.as_bytes())
-            .map_err(st)?;
         let my_cpus = topology::allowed_cpus();
         let cpu_list = my_cpus
             .iter()
             .map(usize::to_string)
             .collect::<Vec<_>>()
             .join(",");
-        store
-            .set(&format!("{prefix}/cpus/{rank}"), cpu_list.as_bytes())
-            .map_err(st)?;
-        let keys: Vec<String> = (0..world)
-            .map(|r| format!("{prefix}/addr/{r}"))
-            .chain((0..world).map(|r| format!("{prefix}/host/{r}")))
-            .chain((0..world).map(|r| format!("{prefix}/cpus/{r}")))
-            .collect();
-        let krefs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let vals = store.wait(&krefs, config.timeout).map_err(st)?;
+        let everyone: Vec<usize> = (0..world).collect();
+        let vals = ex.swap(
+            &[
+                ("addr", my_addr.to_string().as_bytes()),
+                ("host", host_id.as_bytes()),
+                ("cpus", cpu_list.as_bytes()),
+            ],
+            &everyone,
+        )?;
         let mut addrs = Vec::with_capacity(world);
-        for (r, v) in vals[..world].iter().enumerate() {
-            let s = String::from_utf8_lossy(v);
+        for (r, v) in vals.iter().enumerate() {
+            let s = String::from_utf8_lossy(&v[0]);
             addrs.push(s.parse::<SocketAddr>().map_err(|_| {
                 Error::Config(format!("rank {r} published a malformed address {s:?}"))
             })?);
         }
-        let host_ids: Vec<String> = vals[world..2 * world]
+        let host_ids: Vec<String> = vals
             .iter()
-            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .map(|v| String::from_utf8_lossy(&v[1]).into_owned())
             .collect();
         let topo = Topology::from_identities(&host_ids);
         let local = topo.local_ranks(rank);
@@ -309,8 +321,7 @@ impl Communicator {
         let local_cpus: std::collections::BTreeSet<usize> = local
             .iter()
             .flat_map(|&r| {
-                topology::parse_cpu_list(&String::from_utf8_lossy(&vals[2 * world + r]))
-                    .unwrap_or_default()
+                topology::parse_cpu_list(&String::from_utf8_lossy(&vals[r][2])).unwrap_or_default()
             })
             .collect();
         if config.transport == TransportMode::Shm
@@ -322,23 +333,22 @@ impl Communicator {
                 topology::host_label(&host_ids[p])
             )));
         }
-        let net: Box<dyn Endpoint> =
-            match Self::setup_rdma(&mut store, &prefix, rank, world, &local, &config)? {
-                Some(ep) => ep,
-                None => {
-                    let topts = TcpOptions {
-                        nsocks: config.nsocks,
-                        sock_buf: config.socket_bufsize,
-                        timeout: config.timeout.saturating_sub(t0.elapsed()),
-                        token: token.map(<[u8]>::to_vec),
-                        window: Some(tcp_window(&config)),
-                    };
-                    Box::new(
-                        TcpEndpoint::establish(rank, &addrs, listener, comm_id, &topts)
-                            .map_err(|e| Error::transport(rank, "connect", e))?,
-                    )
-                }
-            };
+        let net: Box<dyn Endpoint> = match Self::setup_rdma(ex, rank, world, &local, &config)? {
+            Some(ep) => ep,
+            None => {
+                let topts = TcpOptions {
+                    nsocks: config.nsocks,
+                    sock_buf: config.socket_bufsize,
+                    timeout: step_budget(ex, config.timeout.saturating_sub(t0.elapsed())),
+                    token: token.map(<[u8]>::to_vec),
+                    window: Some(tcp_window(&config)),
+                };
+                Box::new(
+                    TcpEndpoint::establish(rank, &addrs, listener, comm_id, &topts)
+                        .map_err(|e| Error::transport(rank, "connect", e))?,
+                )
+            }
+        };
         // The network backend's route (tcp or rdma), for the INFO line.
         let net_route = (0..world)
             .find(|&p| p != rank)
@@ -346,7 +356,7 @@ impl Communicator {
         let shm = if matches!(config.transport, TransportMode::Auto | TransportMode::Shm)
             && local.len() > 1
         {
-            match Self::setup_shm(&mut store, &prefix, rank, world, &local, &config) {
+            match Self::setup_shm(ex, rank, world, &local, &config) {
                 Ok(shm) => Some(shm),
                 Err(why) if config.transport == TransportMode::Shm => {
                     return Err(Error::Config(format!(
@@ -394,40 +404,7 @@ impl Communicator {
         }
         let (mut engine, inbox) = Engine::new(ep, comm_id, eopts)?;
         apply_caps(&mut engine, &config);
-        // Every rank lays out its inbox and picks slots from these three settings, so they
-        // travel with the inbox descriptor and must agree.
-        let board_capacity = engine.ep.board().map_or(0, |b| b.capacity());
-        let slots = SlotLayout::of(&config, board_capacity);
-        let mut mine = inbox.to_bytes().to_vec();
-        mine.extend_from_slice(&slots.to_bytes());
-        let vals = exchange(
-            &mut store,
-            &prefix,
-            "inbox",
-            rank,
-            0..world,
-            &mine,
-            config.timeout,
-        )
-        .map_err(st)?;
-        let mut inboxes = Vec::with_capacity(world);
-        let mut board = usize::MAX;
-        for (r, v) in vals.iter().enumerate() {
-            let (desc, theirs) = v.split_at(v.len().saturating_sub(SlotLayout::LEN));
-            inboxes.push(
-                RemoteRegion::from_bytes(desc)
-                    .zip(SlotLayout::from_bytes(theirs))
-                    .ok_or_else(|| {
-                        Error::Config(format!("rank {r} published a malformed inbox descriptor"))
-                    })
-                    .and_then(|(d, theirs)| {
-                        board = board.min(theirs.board as usize);
-                        slots.check(rank, r, &theirs).map(|()| d)
-                    })?,
-            );
-        }
-        engine.connect_peers(&inboxes);
-        engine.enable_board(board);
+        meet_inboxes(ex, &mut engine, inbox, &config)?;
         tracing::info!(
             target: "gradsync::init",
             "gradsync {} rank {rank}/{world} interface {ifname} {ip} transport {} hosts {} local ranks {} {} chunk {} KiB x {} slots eager up to {} bytes{} timeout {:?} (init {:.1} ms)",
@@ -451,14 +428,10 @@ impl Communicator {
             config.timeout,
             t0.elapsed().as_secs_f64() * 1e3
         );
-        // Everyone is connected before anyone may leave (rank 0 keeps the store up until then).
-        let mut c = Communicator::assemble(engine, rank, world, config.algorithm, server);
+        let mut c = Communicator::assemble(engine, rank, world, config.algorithm, None);
         c.coll_algorithms = config.collective_algorithms.clone();
         c.layout = layout;
-        c.store = Some(store);
         c.config = Some(config);
-        c.barrier()?;
-        c.settle_costs(&prefix)?;
         Ok(c)
     }
 
@@ -469,8 +442,7 @@ impl Communicator {
     /// all ranks make the same choice; then every queue pair goes to RTS and the ranks agree
     /// that they are ready before any traffic.
     fn setup_rdma(
-        store: &mut StoreClient,
-        prefix: &str,
+        ex: &mut dyn Exchange,
         rank: usize,
         world: usize,
         local: &[usize],
@@ -487,7 +459,7 @@ impl Communicator {
         }
         #[cfg(not(feature = "rdma"))]
         {
-            let _ = (store, prefix, rank);
+            let _ = (ex, rank);
             Err(Error::Config(
                 "GRADSYNC_TRANSPORT=rdma: this gradsync was built without the rdma feature (cargo build --features rdma)".into(),
             ))
@@ -495,7 +467,7 @@ impl Communicator {
         #[cfg(feature = "rdma")]
         {
             use gradsync_transport::rdma::{RdmaOptions, RdmaSetup};
-            let st = |source| Error::Store { rank, source };
+            let everyone: Vec<usize> = (0..world).collect();
             let opts = RdmaOptions {
                 hca: config.ib.hca.clone(),
                 gid_index: config.ib.gid_index,
@@ -517,16 +489,11 @@ impl Communicator {
                     Vec::new()
                 }
             };
-            let vals = exchange(
-                store,
-                prefix,
-                "rdma/info",
-                rank,
-                0..world,
-                &mine,
-                config.timeout,
-            )
-            .map_err(st)?;
+            let vals: Vec<Vec<u8>> = ex
+                .swap(&[("rdma/info", &mine)], &everyone)?
+                .into_iter()
+                .map(|mut v| v.swap_remove(0))
+                .collect();
             let setup = match made {
                 Ok(s) => s,
                 Err(e) if forced => {
@@ -548,16 +515,11 @@ impl Communicator {
             // failed does not leave the others waiting for it until the deadline.
             let connected = setup.connect(&vals);
             let ok: &[u8] = if connected.is_ok() { b"1" } else { b"0" };
-            let ready = exchange(
-                store,
-                prefix,
-                "rdma/ready",
-                rank,
-                0..world,
-                ok,
-                config.timeout,
-            )
-            .map_err(st)?;
+            let ready: Vec<Vec<u8>> = ex
+                .swap(&[("rdma/ready", ok)], &everyone)?
+                .into_iter()
+                .map(|mut v| v.swap_remove(0))
+                .collect();
             let ep = connected.map_err(|e| Error::transport(rank, "rdma connect", e))?;
             if let Some(p) = ready.iter().position(|v| v.as_slice() != b"1") {
                 return Err(Error::Config(format!(
@@ -578,29 +540,23 @@ impl Communicator {
     /// could map every peer's; shared memory is used only when all of them succeeded, so the
     /// ranks of a host always agree on the transport of each pair.
     fn setup_shm(
-        store: &mut StoreClient,
-        prefix: &str,
+        ex: &mut dyn Exchange,
         rank: usize,
         world: usize,
         local: &[usize],
         config: &Config,
     ) -> std::result::Result<ShmEndpoint, String> {
-        let st = |e: gradsync_store::StoreError| format!("store: {e}");
         let made = ShmSetup::new(rank, world, local);
         let mine = match &made {
             Ok((_, info)) => info.to_bytes().to_vec(),
             Err(_) => Vec::new(),
         };
-        let vals = exchange(
-            store,
-            prefix,
-            "shm/info",
-            rank,
-            local.iter().copied(),
-            &mine,
-            config.timeout,
-        )
-        .map_err(st)?;
+        let vals: Vec<Vec<u8>> = ex
+            .swap(&[("shm/info", &mine)], local)
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .map(|mut v| v.swap_remove(0))
+            .collect();
         let (setup, _) = made.map_err(|e| e.to_string())?;
         let mut infos = Vec::with_capacity(local.len());
         for (i, v) in vals.iter().enumerate() {
@@ -614,18 +570,14 @@ impl Communicator {
                 }
             }
         }
-        let connected = setup.connect(&infos, config.timeout);
+        let connected = setup.connect(&infos, step_budget(ex, config.timeout));
         let ok: &[u8] = if connected.is_ok() { b"1" } else { b"0" };
-        let vals = exchange(
-            store,
-            prefix,
-            "shm/ok",
-            rank,
-            local.iter().copied(),
-            ok,
-            config.timeout,
-        )
-        .map_err(st)?;
+        let vals: Vec<Vec<u8>> = ex
+            .swap(&[("shm/ok", ok)], local)
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .map(|mut v| v.swap_remove(0))
+            .collect();
         let shm = connected.map_err(|e| e.to_string())?;
         if let Some(i) = vals.iter().position(|v| v.as_slice() != b"1") {
             return Err(format!(
@@ -691,12 +643,16 @@ impl Communicator {
                 engine.connect_peers(&inboxes);
                 let mut c = Communicator::assemble(engine, rank, world, config.algorithm, None);
                 c.coll_algorithms = config.collective_algorithms.clone();
+                let mut cfg = config.clone();
+                (cfg.rank, cfg.world) = (rank, world);
+                c.config = Some(cfg);
+                c.in_process = true;
                 c
             })
             .collect())
     }
 
-    fn assemble(
+    pub(super) fn assemble(
         engine: Engine,
         rank: usize,
         world: usize,
@@ -717,6 +673,8 @@ impl Communicator {
             store: None,
             config: None,
             generation: 0,
+            splits: 0,
+            in_process: false,
             closed: false,
             current: None,
             finished: HashMap::new(),
@@ -802,7 +760,55 @@ impl Communicator {
     }
 }
 
-fn engine_options(c: &Config) -> EngineOptions {
+/// Where a rank's data connections live: the address to listen on, its interface, and how
+/// the rank was placed on the NUMA nodes (found at init, inherited by a split).
+pub(super) struct NetSetup {
+    pub(super) ip: IpAddr,
+    pub(super) ifname: String,
+    pub(super) placement: topology::Placement,
+}
+
+/// Swaps the inbox descriptors through `ex`, each with the settings that shape every inbox
+/// (which must agree), records them in `engine`, and turns the board on where every rank has
+/// one.
+pub(super) fn meet_inboxes(
+    ex: &mut dyn Exchange,
+    engine: &mut Engine,
+    inbox: RemoteRegion,
+    config: &Config,
+) -> Result<()> {
+    let (rank, world) = (engine.rank, engine.world);
+    // Every rank lays out its inbox and picks slots from these three settings, so they travel
+    // with the inbox descriptor and must agree.
+    let board_capacity = engine.ep.board().map_or(0, |b| b.capacity());
+    let slots = SlotLayout::of(config, board_capacity);
+    let mut mine = inbox.to_bytes().to_vec();
+    mine.extend_from_slice(&slots.to_bytes());
+    let everyone: Vec<usize> = (0..world).collect();
+    let vals = ex.swap(&[("inbox", &mine)], &everyone)?;
+    let mut inboxes = Vec::with_capacity(world);
+    let mut board = usize::MAX;
+    for (r, v) in vals.iter().enumerate() {
+        let v = &v[0];
+        let (desc, theirs) = v.split_at(v.len().saturating_sub(SlotLayout::LEN));
+        inboxes.push(
+            RemoteRegion::from_bytes(desc)
+                .zip(SlotLayout::from_bytes(theirs))
+                .ok_or_else(|| {
+                    Error::Config(format!("rank {r} published a malformed inbox descriptor"))
+                })
+                .and_then(|(d, theirs)| {
+                    board = board.min(theirs.board as usize);
+                    slots.check(rank, r, &theirs).map(|()| d)
+                })?,
+        );
+    }
+    engine.connect_peers(&inboxes);
+    engine.enable_board(board);
+    Ok(())
+}
+
+pub(super) fn engine_options(c: &Config) -> EngineOptions {
     EngineOptions {
         slot_bytes: c.chunk_bytes,
         nslots: c.nslots,
@@ -825,7 +831,7 @@ fn tcp_window(c: &Config) -> usize {
 /// the window it suggests, no direct writes where it cannot land them in caller buffers (RDMA
 /// pins only long-lived regions), the shared-memory threshold where the peer maps this rank's
 /// memory, the network's otherwise.
-fn apply_caps(engine: &mut Engine, config: &Config) {
+pub(super) fn apply_caps(engine: &mut Engine, config: &Config) {
     let (rank, world) = (engine.rank, engine.world);
     for p in (0..world).filter(|&p| p != rank) {
         let caps = engine.ep.caps(p);

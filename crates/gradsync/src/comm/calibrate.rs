@@ -2,8 +2,8 @@
 //! measured on the real links (a ring of all-gathers on one host, ping-pongs across hosts),
 //! then published by rank 0 so that every rank chooses alike.
 
-use super::bootstrap::exchange;
 use super::communicator::Communicator;
+use super::records::exchange;
 use crate::Result;
 use crate::error::Error;
 use gradsync_transport::Route;

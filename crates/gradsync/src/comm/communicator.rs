@@ -34,6 +34,11 @@ pub struct Communicator {
     pub(super) store: Option<StoreClient>,
     pub(super) config: Option<Config>,
     pub(super) generation: u64,
+    /// Communicators split from this one so far by this rank (part of their ids).
+    pub(super) splits: u64,
+    /// Built in process over given endpoints ([`Communicator::from_endpoints`]): its splits
+    /// are in-memory groups.
+    pub(super) in_process: bool,
     pub(super) closed: bool,
     pub(super) current: Option<(u64, Box<dyn Any + Send>)>,
     pub(super) finished: HashMap<u64, Box<dyn Any + Send>>,

@@ -20,9 +20,16 @@ use gradsync_core::ReduceOp;
 use std::collections::VecDeque;
 use std::marker::PhantomData;
 
-/// Operations to start together (see the [module docs](self)); made by
-/// [`Communicator::group`]. Each method checks its arguments at once and returns `self` for
-/// chaining; the buffers stay borrowed until the group has ended.
+/// Operations to start together; made by [`Communicator::group`]. Each method checks its
+/// arguments at once and returns `self` for chaining; the buffers stay borrowed until the group
+/// has ended.
+///
+/// The operations run one after another as the group is driven: the collectives first, in the
+/// order they were added (every rank adds them in the same order), then the sends and
+/// receives, ordered so that no two ranks wait for each other: by peer, ascending, and with
+/// one peer the lower rank sends first while the higher receives first. A group in which two
+/// ranks both send and both receive messages larger than a peer buffers therefore completes,
+/// where the same blocking calls in program order would wait for each other.
 #[derive(Debug)]
 #[must_use = "a group does nothing until it is started or waited for"]
 pub struct Group<'a> {
@@ -195,7 +202,8 @@ impl<'a> Group<'a> {
     /// Starts the group: its first operation is launched at once, the others as it is driven.
     pub fn start(self) -> Result<GroupPending<'a>> {
         let rank = self.comm.rank;
-        let (mut p2p, colls): (Vec<(usize, Call)>, Vec<(usize, Call)>) = self
+        type Numbered = Vec<(usize, Call)>;
+        let (mut p2p, colls): (Numbered, Numbered) = self
             .calls
             .into_iter()
             .enumerate()

@@ -14,9 +14,12 @@
 //!   planning;
 //! - [`queue`]: [`Pending`] and the queue of operations on owned buffers ([`Work`]);
 //! - `call`: a call checked before it starts, shared by the blocking, async and grouped forms;
-//! - [`exchange`]: all-to-all(v), gather, scatter, the in-place all-gather and reduce-scatter,
+//! - `exchange`: all-to-all(v), gather, scatter, the in-place all-gather and reduce-scatter,
 //!   and the async form of every collective;
-//! - [`group`]: several operations started together and waited for together ([`Group`]).
+//! - `group`: several operations started together and waited for together ([`Group`]);
+//! - `records`: how the ranks of a communicator being built swap their setup records
+//!   (through the store at init, over the parent's messages in a split);
+//! - `split`: communicators made out of an existing one without a new rendezvous.
 
 mod bootstrap;
 mod calibrate;
@@ -27,6 +30,8 @@ mod communicator;
 mod exchange;
 mod group;
 mod queue;
+mod records;
+mod split;
 mod state;
 
 pub use communicator::Communicator;

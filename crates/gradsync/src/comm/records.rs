@@ -1,0 +1,288 @@
+//! How the ranks of a communicator being built swap their setup records (listening addresses,
+//! host identities, shared-memory segments, RDMA queue pairs, inbox descriptors): through the
+//! rendezvous store at init ([`StoreExchange`]), or over the point-to-point messages of the
+//! communicator it is split from ([`ParentExchange`]), without any store.
+
+use super::communicator::Communicator;
+use crate::Result;
+use crate::error::Error;
+use gradsync_store::StoreClient;
+use std::time::{Duration, Instant};
+
+/// Largest record a member accepts from another over the parent (a peer's claim beyond it is
+/// refused before anything is allocated).
+const MAX_RECORD: usize = 256 << 20;
+
+/// Where the ranks of a communicator being built meet.
+pub(super) trait Exchange {
+    /// Gives the ranks of `ranks` (ranks of the new communicator, ascending, this one among
+    /// them) this rank's `items` (name and value) and returns theirs: `out[i][j]` is the value
+    /// of `items[j]` from `ranks[i]`. Every rank of `ranks` calls it with the same names.
+    fn swap(&mut self, items: &[(&str, &[u8])], ranks: &[usize]) -> Result<Vec<Vec<Vec<u8>>>>;
+
+    /// When the whole setup must be done, where the exchange has a deadline of its own (a
+    /// split); `None` when each step has the full timeout (init).
+    fn deadline(&self) -> Option<Instant>;
+}
+
+/// What is left of `full` for a setup step under `ex`'s deadline.
+pub(super) fn step_budget(ex: &dyn Exchange, full: Duration) -> Duration {
+    ex.deadline().map_or(full, |d| {
+        full.min(d.saturating_duration_since(Instant::now()))
+    })
+}
+
+/// Publishes this rank's `value` under `{prefix}/{what}/{rank}` and waits until every rank of
+/// `ranks` has published its own; returns their values in the order of `ranks`.
+pub(super) fn exchange(
+    store: &mut StoreClient,
+    prefix: &str,
+    what: &str,
+    rank: usize,
+    ranks: impl Iterator<Item = usize>,
+    value: &[u8],
+    timeout: Duration,
+) -> std::result::Result<Vec<Vec<u8>>, gradsync_store::StoreError> {
+    store.set(&format!("{prefix}/{what}/{rank}"), value)?;
+    let keys: Vec<String> = ranks.map(|r| format!("{prefix}/{what}/{r}")).collect();
+    let krefs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    store.wait(&krefs, timeout)
+}
+
+/// The exchange of init: every value under `{prefix}/{name}/{rank}` in the rendezvous store.
+pub(super) struct StoreExchange<'a> {
+    pub(super) store: &'a mut StoreClient,
+    pub(super) prefix: &'a str,
+    pub(super) rank: usize,
+    pub(super) timeout: Duration,
+}
+
+impl Exchange for StoreExchange<'_> {
+    fn swap(&mut self, items: &[(&str, &[u8])], ranks: &[usize]) -> Result<Vec<Vec<Vec<u8>>>> {
+        let rank = self.rank;
+        let st = |source| Error::Store { rank, source };
+        for (name, value) in items {
+            self.store
+                .set(&format!("{}/{name}/{rank}", self.prefix), value)
+                .map_err(st)?;
+        }
+        let prefix = self.prefix;
+        let keys: Vec<String> = ranks
+            .iter()
+            .flat_map(|r| {
+                items
+                    .iter()
+                    .map(move |(name, _)| format!("{prefix}/{name}/{r}"))
+            })
+            .collect();
+        let krefs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let vals = self.store.wait(&krefs, self.timeout).map_err(st)?;
+        Ok(vals
+            .chunks(items.len().max(1))
+            .map(<[Vec<u8>]>::to_vec)
+            .collect())
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        None
+    }
+}
+
+/// The exchange of a split: over the point-to-point messages of the parent communicator,
+/// between the members of the new one only. A swap among `ranks` goes through the first of
+/// them: every other rank sends it its record (length, then bytes) and receives the table of
+/// all records back, so `2 (n - 1)` small messages, none between two other members, and no
+/// rank outside `ranks` is involved. The parent numbers its sends and receives per pair of
+/// ranks apart from its collectives, so a split among some members leaves the others free to
+/// run anything that does not involve the members meanwhile.
+///
+/// Every message is bounded by what is left of the split's deadline (the parent's timeout,
+/// counted from the start of the split), and a failure names the step, the member waited on
+/// and its rank in the parent.
+pub(super) struct ParentExchange<'a> {
+    parent: &'a mut Communicator,
+    /// The parent rank of every rank of the new communicator.
+    members: &'a [usize],
+    /// This rank in the new communicator.
+    me: usize,
+    op: &'static str,
+    deadline: Instant,
+}
+
+impl<'a> ParentExchange<'a> {
+    pub(super) fn new(
+        parent: &'a mut Communicator,
+        members: &'a [usize],
+        me: usize,
+        op: &'static str,
+        deadline: Instant,
+    ) -> Self {
+        ParentExchange {
+            parent,
+            members,
+            me,
+            op,
+            deadline,
+        }
+    }
+
+    fn error(&self, msg: String, source: Option<Error>) -> Error {
+        Error::Split {
+            rank: self.parent.rank(),
+            op: self.op,
+            msg,
+            source: source.map(Box::new),
+        }
+    }
+
+    /// `rank q of the new communicator (parent rank p)`.
+    fn who(&self, q: usize) -> String {
+        format!(
+            "rank {q} of the new communicator (parent rank {})",
+            self.members[q]
+        )
+    }
+
+    /// Runs a send or receive with member `q` under what is left of the deadline; `step`
+    /// says what it does, for the error.
+    fn with_peer<T>(
+        &mut self,
+        q: usize,
+        step: &str,
+        f: impl FnOnce(&mut Communicator, usize) -> Result<T>,
+    ) -> Result<T> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        let saved = self.parent.timeout();
+        if left.is_zero() {
+            let e = self.error(
+                format!("{step}: the deadline of {saved:?} passed before it"),
+                None,
+            );
+            // As when a message times out: the parent is unusable and its peers are told, so
+            // that none of them waits for this rank's next message.
+            self.parent.engine.fail(&e);
+            return Err(e);
+        }
+        self.parent.set_timeout(left.min(saved));
+        let peer = self.members[q];
+        let r = f(self.parent, peer);
+        self.parent.set_timeout(saved);
+        r.map_err(|e| self.error(step.to_string(), Some(e)))
+    }
+
+    fn send_bytes(&mut self, q: usize, what: &str, bytes: &[u8]) -> Result<()> {
+        let step = format!("sending the {what} record to {}", self.who(q));
+        let len = [bytes.len() as i64];
+        self.with_peer(q, &step, |c, p| c.send(&len, p))?;
+        self.with_peer(q, &step, |c, p| c.send(bytes, p))
+    }
+
+    fn recv_bytes(&mut self, q: usize, what: &str) -> Result<Vec<u8>> {
+        let who = self.who(q);
+        let step = format!("waiting for the {what} record of {who}");
+        let mut len = [0i64];
+        self.with_peer(q, &step, |c, p| c.recv(&mut len, p))?;
+        let n = usize::try_from(len[0])
+            .ok()
+            .filter(|&n| n <= MAX_RECORD)
+            .ok_or_else(|| {
+                self.error(
+                    format!(
+                        "{who} announced a {what} record of {} bytes (at most {MAX_RECORD})",
+                        len[0]
+                    ),
+                    None,
+                )
+            })?;
+        let mut buf = vec![0u8; n];
+        self.with_peer(q, &step, |c, p| c.recv(&mut buf, p))?;
+        Ok(buf)
+    }
+}
+
+/// Appends `value` with its length (u32, little-endian) in front.
+fn put(out: &mut Vec<u8>, value: &[u8]) {
+    out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+    out.extend_from_slice(value);
+}
+
+/// Splits `bytes` into exactly `n` length-prefixed values.
+fn take(mut bytes: &[u8], n: usize) -> Option<Vec<Vec<u8>>> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let len = u32::from_le_bytes(bytes.get(..4)?.try_into().ok()?) as usize;
+        out.push(bytes.get(4..4 + len)?.to_vec());
+        bytes = &bytes[4 + len..];
+    }
+    bytes.is_empty().then_some(out)
+}
+
+impl Exchange for ParentExchange<'_> {
+    fn swap(&mut self, items: &[(&str, &[u8])], ranks: &[usize]) -> Result<Vec<Vec<Vec<u8>>>> {
+        let what = items.iter().map(|(n, _)| *n).collect::<Vec<_>>().join("/");
+        let mut record = Vec::new();
+        for (_, value) in items {
+            put(&mut record, value);
+        }
+        let root = ranks[0];
+        let malformed = |this: &Self, q: usize, len: usize| {
+            this.error(
+                format!(
+                    "{} sent a malformed {what} record of {len} bytes (expected {} values)",
+                    this.who(q),
+                    items.len()
+                ),
+                None,
+            )
+        };
+        let records: Vec<Vec<u8>> = if self.me == root {
+            let mut records = vec![record];
+            for &q in &ranks[1..] {
+                let r = self.recv_bytes(q, &what)?;
+                if take(&r, items.len()).is_none() {
+                    return Err(malformed(self, q, r.len()));
+                }
+                records.push(r);
+            }
+            let mut table = Vec::new();
+            for r in &records {
+                put(&mut table, r);
+            }
+            for &q in &ranks[1..] {
+                self.send_bytes(q, &what, &table)?;
+            }
+            records
+        } else {
+            self.send_bytes(root, &what, &record)?;
+            let table = self.recv_bytes(root, &what)?;
+            take(&table, ranks.len()).ok_or_else(|| malformed(self, root, table.len()))?
+        };
+        records
+            .iter()
+            .zip(ranks)
+            .map(|(r, &q)| take(r, items.len()).ok_or_else(|| malformed(self, q, r.len())))
+            .collect()
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        Some(self.deadline)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{put, take};
+
+    #[test]
+    fn records_round_trip_and_reject_bad_lengths() {
+        let mut r = Vec::new();
+        put(&mut r, b"abc");
+        put(&mut r, b"");
+        assert_eq!(r, [3, 0, 0, 0, b'a', b'b', b'c', 0, 0, 0, 0]);
+        assert_eq!(take(&r, 2), Some(vec![b"abc".to_vec(), Vec::new()]));
+        assert_eq!(take(&r, 1), None, "trailing bytes");
+        assert_eq!(take(&r, 3), None, "a value missing");
+        assert_eq!(take(&r[..6], 2), None, "truncated value");
+        assert_eq!(take(&[9, 0, 0, 0, 1], 1), None, "length beyond the record");
+    }
+}
