@@ -131,6 +131,13 @@ const CASES: [Case; 10] = [
         &3i32.to_le_bytes(),
     ),
     case("u8 sum in-place", DataType::U8, ReduceOp::Sum, &[3]),
+    case(
+        "i64 bxor in-place",
+        DataType::I64,
+        ReduceOp::Bxor,
+        &3i64.to_le_bytes(),
+    ),
+    case("u8 band in-place", DataType::U8, ReduceOp::Band, &[3]),
     case("f16 sum in-place", DataType::F16, ReduceOp::Sum, F16_HALF),
     Case {
         into: true,
