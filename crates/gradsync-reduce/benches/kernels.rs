@@ -102,7 +102,7 @@ const fn case(name: &'static str, dtype: DataType, op: ReduceOp, elem: &'static 
 const F32_HALF: &[u8] = &0.5f32.to_le_bytes();
 const F16_HALF: &[u8] = &[0x00, 0x38];
 
-const CASES: [Case; 10] = [
+const CASES: [Case; 12] = [
     case("f32 sum in-place", DataType::F32, ReduceOp::Sum, F32_HALF),
     Case {
         into: true,

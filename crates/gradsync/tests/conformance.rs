@@ -138,7 +138,7 @@ fn bitwise_over_float_is_refused<T: TestElem>(c: &mut Communicator, dt: &str, op
     let input: Vec<T> = (0..5).map(|i| T::from_i64(i + 1)).collect();
     let same = |got: &[T], what: &str| {
         check(&format!("rank {r} {dt} {op}: {what} untouched"), got, |i| {
-            input[i].clone()
+            input[i]
         })
     };
     let mut buf = input.clone();
