@@ -420,6 +420,12 @@ pub fn expected(
     inputs: &[Vec<u8>],
 ) -> Vec<Vec<u8>> {
     assert_eq!(inputs.len(), world, "one input per rank");
+    if matches!(
+        coll,
+        Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce
+    ) {
+        check_op(dtype, op);
+    }
     if world == 0 {
         return Vec::new();
     }
