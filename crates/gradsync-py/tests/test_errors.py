@@ -88,7 +88,7 @@ def test_wrong_sizes_and_types_name_the_sizes(comm):
 
 def test_bad_op_root_peer(comm):
     a = np.zeros(3, dtype=np.float32)
-    with pytest.raises(ValueError, match=r"rank 0: all_reduce: unknown op \"median\" \(expected one of sum, prod, min, max, avg\)"):
+    with pytest.raises(ValueError, match=r"rank 0: all_reduce: unknown op \"median\" \(expected one of sum, prod, min, max, avg, band, bor, bxor\)"):
         comm.all_reduce(a, op="median")
     with pytest.raises(ValueError, match="root 1 is not a rank of world size 1"):
         comm.broadcast(a, root=1)
