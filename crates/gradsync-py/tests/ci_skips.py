@@ -57,6 +57,8 @@ def pytest_sessionfinish(session, exitstatus):
     skipped = reporter.stats.get("skipped", []) if reporter else []
     allowed = [rep for rep in skipped if _allowed(rep)]
     failing = [rep for rep in skipped if not _allowed(rep)]
+    if skipped:
+        reporter.write_line("")
     for rep in allowed:
         reporter.write_line(f"GRADSYNC_CI=1: {rep.nodeid} was skipped, allowed (requires_gpu): {_reason(rep)}")
     if failing:
