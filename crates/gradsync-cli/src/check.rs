@@ -20,7 +20,15 @@
 //! | max | `1 + h(r, j) mod 200`; rank `s(i)`: `201 + h(i) mod 55` | `201 + h(i) mod 55` |
 //! | min | `56 + h(r, j) mod 200`; rank `s(i)`: `1 + h(i) mod 55` | `1 + h(i) mod 55` |
 //! | avg | `a(i) + d(r, j)`, `d` = `+x`, `-x` on the ranks of a pair, 0 on the last of an odd count | `a(i)` |
+//! | band | 128 plus the low seven bits, less those whose owner `o_b(i)` is `r` | 128 plus the bits with `o_b(i) >= n` |
+//! | bor | 128 plus the low bits whose owner `o_b(i)` is `r` | 128 plus the bits with `o_b(i) < n` |
+//! | bxor | `1 + h(r, j) mod 127`; rank `s(i)`: that xor `h(i) mod 128`, plus 128 | 128 plus (table xor `h(i) mod 128`) |
 //! | data of all-gather and broadcast | `1 + h(r, i) mod 255` | the source rank's |
+//!
+//! The owner `o_b(i)` of bit `b` of element `i` is a hash in `0..2n`, so about half the bits
+//! have an owner among the ranks and the result of band and bor changes from element to element;
+//! a rank's input differs from another's in the bits it owns. The bitwise operators take the
+//! integer types only, where every value and result (at most 255) is exact.
 //!
 //! Exactness needs `n <= E` (sum, avg); `avg` varies between ranks while `5 n <= E` (51 ranks in
 //! `bfloat16`, every world in `float`), above which the ranks of a pair send the same values.
@@ -159,6 +167,27 @@ impl Inputs {
         h(3, i, 0, self.world as i64) as usize
     }
 
+    /// Band, bor: the owner of each of the low seven bits of element `i`, a rank when below the
+    /// world size (about half of them), else no rank.
+    fn owners(&self, i: usize) -> [usize; 7] {
+        let x = mix(0xb175 ^ mix(i as u64));
+        std::array::from_fn(|b| (((x >> (9 * b)) & 0x1ff) as usize * 2 * self.world) >> 9)
+    }
+
+    /// Band, bor: the low bits of element `i` that `rank` owns (`rank == world`: that no rank
+    /// owns).
+    fn owned(&self, rank: usize, i: usize) -> i64 {
+        let owners = self.owners(i);
+        (0..7)
+            .filter(|&b| owners[b] == rank || (rank == self.world && owners[b] >= rank))
+            .fold(0, |m, b| m | 1 << b)
+    }
+
+    /// Bxor: the per-rank value of the periodic part.
+    fn xor_part(rank: usize, j: usize) -> i64 {
+        1 + h(4, rank, j, 127)
+    }
+
     /// Avg: the base value of element `i`.
     fn base(&self, i: usize) -> i64 {
         if self.avg_varied {
@@ -181,6 +210,12 @@ impl Inputs {
             Pattern::Reduce(ReduceOp::Max) => 1 + h(4, rank, j, 200),
             Pattern::Reduce(ReduceOp::Min) if rank == self.designated(i) => 1 + h(7, i, 0, 55),
             Pattern::Reduce(ReduceOp::Min) => 56 + h(4, rank, j, 200),
+            Pattern::Reduce(ReduceOp::Band) => 0x80 | (0x7f & !self.owned(rank, i)),
+            Pattern::Reduce(ReduceOp::Bor) => 0x80 | self.owned(rank, i),
+            Pattern::Reduce(ReduceOp::Bxor) if rank == self.designated(i) => {
+                0x80 | (Self::xor_part(rank, j) ^ h(7, i, 0, 128))
+            }
+            Pattern::Reduce(ReduceOp::Bxor) => Self::xor_part(rank, j),
             Pattern::Reduce(ReduceOp::Avg) => {
                 let paired = !(self.world % 2 == 1 && rank == self.world - 1);
                 let x = if self.avg_varied && paired {
@@ -198,6 +233,9 @@ impl Inputs {
         let table = match self.pattern {
             Pattern::Reduce(ReduceOp::Sum) => (0..PERIOD)
                 .map(|j| (0..self.world).map(|r| 1 + h(4, r, j, self.m)).sum())
+                .collect(),
+            Pattern::Reduce(ReduceOp::Bxor) => (0..PERIOD)
+                .map(|j| (0..self.world).fold(0, |a, r| a ^ Inputs::xor_part(r, j)))
                 .collect(),
             _ => Vec::new(),
         };
@@ -221,6 +259,9 @@ impl Inputs {
             ReduceOp::Min => vals.min().unwrap_or(0),
             ReduceOp::Max => vals.max().unwrap_or(0),
             ReduceOp::Avg => vals.sum::<i64>() / self.world as i64,
+            ReduceOp::Band => vals.fold(-1, |a, v| a & v),
+            ReduceOp::Bor => vals.fold(0, |a, v| a | v),
+            ReduceOp::Bxor => vals.fold(0, |a, v| a ^ v),
         }
     }
 }
@@ -242,6 +283,9 @@ impl Expected {
             Pattern::Reduce(ReduceOp::Max) => 201 + h(7, i, 0, 55),
             Pattern::Reduce(ReduceOp::Min) => 1 + h(7, i, 0, 55),
             Pattern::Reduce(ReduceOp::Avg) => x.base(i),
+            Pattern::Reduce(ReduceOp::Band) => 0x80 | x.owned(x.world, i),
+            Pattern::Reduce(ReduceOp::Bor) => 0x80 | (0x7f & !x.owned(x.world, i)),
+            Pattern::Reduce(ReduceOp::Bxor) => 0x80 | (self.table[i % PERIOD] ^ h(7, i, 0, 128)),
         }
     }
 }
@@ -375,7 +419,11 @@ mod tests {
                         );
                         let worst: i64 = match op {
                             ReduceOp::Prod => vals.iter().product(),
-                            ReduceOp::Min | ReduceOp::Max => *vals.iter().max().unwrap(),
+                            ReduceOp::Min
+                            | ReduceOp::Max
+                            | ReduceOp::Band
+                            | ReduceOp::Bor
+                            | ReduceOp::Bxor => *vals.iter().max().unwrap(),
                             _ => vals.iter().sum(),
                         };
                         if world as i64 <= exact {
@@ -461,6 +509,9 @@ mod tests {
                     ReduceOp::Prod => vals.product(),
                     ReduceOp::Min => vals.min().unwrap(),
                     ReduceOp::Max => vals.max().unwrap(),
+                    ReduceOp::Band => vals.fold(0xff, |a, v| a & v),
+                    ReduceOp::Bor => vals.fold(0, |a, v| a | v),
+                    ReduceOp::Bxor => vals.fold(0, |a, v| a ^ v),
                     // A float average that is no integer (0 here) matches no expected value;
                     // an integer average truncates and may hide what the float one shows.
                     ReduceOp::Avg => {
@@ -479,7 +530,7 @@ mod tests {
         for world in [6, 9] {
             let count = 2 * 5 * 7 * 9 * 4; // a multiple of every small period and world
             let block = count / world;
-            for op in ReduceOp::ALL {
+            for op in ReduceOp::ALL.into_iter().filter(|op| op.supports(T::DTYPE)) {
                 let inputs: Vec<Vec<T>> = (0..world)
                     .map(|r| {
                         let mut b = vec![T::from_small(0); count];
@@ -639,7 +690,7 @@ mod tests {
         assert_eq!(bc(&other), count as u64);
         assert_eq!(bc(&root_buf), 0);
         let zeros = vec![T::from_small(0); count];
-        for op in ReduceOp::ALL {
+        for op in ReduceOp::ALL.into_iter().filter(|op| op.supports(T::DTYPE)) {
             assert_eq!(count_wrong(&zeros, Collective::Reduce, op, world, 1, 2), 0);
             assert_eq!(
                 count_wrong(&zeros, Collective::Reduce, op, world, 2, 2),
@@ -661,6 +712,40 @@ mod tests {
         rooted::<i32>();
         rooted::<i64>();
         rooted::<u8>();
+    }
+
+    /// The bitwise results change from element to element at every world size (so a misplaced
+    /// block is wrong), and every rank's input takes part: dropping any one rank changes some
+    /// element of band, bor and bxor alike.
+    #[test]
+    fn bitwise_results_vary_and_every_rank_counts() {
+        for world in WORLDS {
+            for op in [ReduceOp::Band, ReduceOp::Bor, ReduceOp::Bxor] {
+                let x = Inputs::new(Pattern::Reduce(op), world, 255);
+                let e = x.expected();
+                let results: std::collections::BTreeSet<i64> = (0..1000).map(|i| e.at(i)).collect();
+                assert!(results.len() >= 30, "{op} world {world}: {results:?}");
+                assert!(
+                    results.iter().all(|&r| (128..=255).contains(&r)),
+                    "{op} world {world}"
+                );
+                for dropped in (0..world).step_by(world.div_ceil(8)) {
+                    let changed = (0..4 * PERIOD).any(|i| {
+                        let vals = (0..world).filter(|&r| r != dropped).map(|r| x.value(r, i));
+                        let without = match op {
+                            ReduceOp::Band => vals.fold(0xff, |a, v| a & v),
+                            ReduceOp::Bor => vals.fold(0, |a, v| a | v),
+                            _ => vals.fold(0, |a, v| a ^ v),
+                        };
+                        without != e.at(i)
+                    });
+                    assert!(
+                        changed,
+                        "{op} world {world}: rank {dropped} makes no difference"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

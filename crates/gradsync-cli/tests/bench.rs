@@ -50,9 +50,17 @@ fn every_collective_type_and_op_validates() {
         let ops = if ["all_gather", "broadcast", "all_to_all"].contains(&coll) {
             1
         } else {
-            5
+            8
         };
-        assert_eq!(rows.len(), 7 * ops * 3, "{coll}:\n{text}");
+        // The bitwise operators run with the three integer types only.
+        let pairs = if ops == 1 { 7 } else { 4 * 5 + 3 * 8 };
+        assert_eq!(rows.len(), pairs * 3, "{coll}:\n{text}");
+        for row in rows
+            .iter()
+            .filter(|r| ["band", "bor", "bxor"].contains(&&*r[3]))
+        {
+            assert!(["int32", "int64", "uint8"].contains(&&*row[2]), "{row:?}");
+        }
         for row in &rows {
             assert_eq!(row.len(), 13, "{row:?}");
             let root = if coll == "broadcast" || coll == "reduce" {
@@ -134,6 +142,67 @@ fn a_single_rank_runs_without_a_launcher_flag() {
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0][8], "N/A");
     assert!(String::from_utf8_lossy(&out.stdout).contains("# nRanks 1 "));
+}
+
+/// `--op band|bor|bxor` over 3 ranks with every integer type, at odd element counts (3, 103,
+/// 203, 303 int32s), for the reducing collectives: every row validated bit for bit, the float
+/// types of `-d all` left out.
+#[test]
+fn bitwise_ops_validate_on_the_integer_types() {
+    for coll in ["all_reduce", "reduce_scatter", "reduce"] {
+        for op in ["band", "bor", "bxor"] {
+            let out = bench(
+                &[
+                    coll, "--nproc", "3", "-b", "12", "-e", "1212", "-i", "400", "-n", "2", "-w",
+                    "1", "-d", "all", "-o", op, "-r", "2",
+                ],
+                &[],
+            );
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "{coll} {op}: {out:?}");
+            assert!(text.contains("# Out of bounds values : 0 OK"), "{text}");
+            assert!(text.contains(": int32,int64,uint8\n"), "{text}");
+            let rows = rows(&out);
+            assert_eq!(rows.len(), 3 * 4, "{coll} {op}:\n{text}");
+            for row in &rows {
+                assert_eq!(row[3], op, "{row:?}");
+                assert!(["int32", "int64", "uint8"].contains(&&*row[2]), "{row:?}");
+                assert_eq!(row[8], "0", "{coll} {op}: {row:?}");
+                assert!(row[12] == "0" || row[9] == "N/A", "{row:?}");
+            }
+            let counts: Vec<&str> = rows.iter().take(4).map(|r| r[1].as_str()).collect();
+            let want = if coll == "reduce_scatter" {
+                // The count is per rank: 12..1212 bytes over 3 ranks of int32.
+                ["1", "34", "67", "101"]
+            } else {
+                ["3", "103", "203", "303"]
+            };
+            assert_eq!(counts, want, "{coll} {op}");
+        }
+    }
+}
+
+/// A bitwise operator with a float type and nothing else is refused before any rank starts,
+/// with the operator and the type named.
+#[test]
+fn bitwise_op_on_a_float_type_is_refused() {
+    for (dtype, name) in [
+        ("float", "float"),
+        ("bf16", "bfloat16"),
+        ("double", "double"),
+    ] {
+        let out = bench(&["--nproc", "2", "-d", dtype, "-o", "bxor"], &[]);
+        assert!(!out.status.success(), "{out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!(
+                "--op bxor is a bitwise operator, defined for the integer data types only \
+                 (int32, int64, uint8), not for --datatype {name}"
+            )),
+            "{err}"
+        );
+        assert!(rows(&out).is_empty(), "{out:?}");
+    }
 }
 
 #[test]

@@ -9,6 +9,9 @@
 //!   to even (the conversions are written out here: [`f16_to_f32`], [`f32_to_f16`],
 //!   [`bf16_to_f32`], [`f32_to_bf16`]).
 //! - Integers wrap (two's complement; `U8` modulo 256).
+//! - `Band`, `Bor`, `Bxor` are the bitwise and, or and exclusive or of the integer types. They
+//!   are not defined for floating-point types: every function here that reduces panics when
+//!   asked for one over a float type (callers check with [`ReduceOp::check`] first).
 //! - `Min`/`Max` of floats: NaN if either operand is NaN, else the smaller/larger, with
 //!   `-0.0 < +0.0`. Every NaN a float reduction produces is the canonical quiet NaN (positive,
 //!   payload only the quiet bit), so every operator is commutative bit for bit.
@@ -35,7 +38,7 @@
 use std::fmt;
 
 use crate::rng::XorShift64;
-use crate::{Collective, DataType, ReduceOp};
+use crate::{Collective, DataType, ReduceOp, TypeError};
 
 // ---- half-precision conversions ----------------------------------------------------------------
 
@@ -137,6 +140,9 @@ macro_rules! float_elem {
             }
             fn combine(op: ReduceOp, a: Self, b: Self) -> Self {
                 let r = match op {
+                    ReduceOp::Band | ReduceOp::Bor | ReduceOp::Bxor => {
+                        unreachable!("bitwise {op} over a float type passed check_op")
+                    }
                     ReduceOp::Sum | ReduceOp::Avg => a + b,
                     ReduceOp::Prod => a * b,
                     ReduceOp::Min | ReduceOp::Max if a.is_nan() || b.is_nan() => <$t>::NAN,
@@ -226,6 +232,9 @@ macro_rules! int_elem {
                     ReduceOp::Prod => a.wrapping_mul(b),
                     ReduceOp::Min => a.min(b),
                     ReduceOp::Max => a.max(b),
+                    ReduceOp::Band => a & b,
+                    ReduceOp::Bor => a | b,
+                    ReduceOp::Bxor => a ^ b,
                 }
             }
             fn div(self, world: usize) -> Self {
@@ -275,6 +284,14 @@ fn finalize_t<T: Elem>(buf: &mut [u8], world: usize) {
     }
 }
 
+/// Panics with [`ReduceOp::check`]'s message if `op` is not defined for `dtype`.
+#[track_caller]
+fn check_op(dtype: DataType, op: ReduceOp) {
+    if let Err(e) = op.check(dtype) {
+        panic!("{e}");
+    }
+}
+
 fn check_lens(dtype: DataType, lens: &[usize]) {
     let n = lens[0];
     assert!(
@@ -288,8 +305,9 @@ fn check_lens(dtype: DataType, lens: &[usize]) {
 ///
 /// # Panics
 ///
-/// If a slice is not exactly one element long.
+/// If a slice is not exactly one element long, or `op` is bitwise and `dtype` a float type.
 pub fn reduce_elem(dtype: DataType, op: ReduceOp, a: &[u8], b: &[u8], out: &mut [u8]) {
+    check_op(dtype, op);
     let n = dtype.size();
     assert!(
         a.len() == n && b.len() == n && out.len() == n,
@@ -302,8 +320,10 @@ pub fn reduce_elem(dtype: DataType, op: ReduceOp, a: &[u8], b: &[u8], out: &mut 
 ///
 /// # Panics
 ///
-/// If the slices differ in length or are not a whole number of elements.
+/// If the slices differ in length or are not a whole number of elements, or `op` is bitwise and
+/// `dtype` a float type.
 pub fn reduce_slices(dtype: DataType, op: ReduceOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
+    check_op(dtype, op);
     check_lens(dtype, &[dst.len(), a.len(), b.len()]);
     dispatch!(dtype, reduce_t(op, dst, a, b));
 }
@@ -312,8 +332,10 @@ pub fn reduce_slices(dtype: DataType, op: ReduceOp, dst: &mut [u8], a: &[u8], b:
 ///
 /// # Panics
 ///
-/// If the slices differ in length or are not a whole number of elements.
+/// If the slices differ in length or are not a whole number of elements, or `op` is bitwise and
+/// `dtype` a float type.
 pub fn reduce_assign(dtype: DataType, op: ReduceOp, acc: &mut [u8], b: &[u8]) {
+    check_op(dtype, op);
     check_lens(dtype, &[acc.len(), b.len()]);
     dispatch!(dtype, reduce_assign_t(op, acc, b));
 }
@@ -386,8 +408,9 @@ fn reduce_all(dtype: DataType, op: ReduceOp, inputs: &[Vec<u8>]) -> Vec<u8> {
 ///
 /// # Panics
 ///
-/// If `inputs.len() != world`, the inputs differ in length, or (reduce-scatter) their length is
-/// not a multiple of `world` elements.
+/// If `inputs.len() != world`, the inputs differ in length, (reduce-scatter) their length is
+/// not a multiple of `world` elements, or the collective reduces and `op` is bitwise and `dtype`
+/// a float type.
 pub fn expected(
     coll: Collective,
     dtype: DataType,
@@ -397,6 +420,12 @@ pub fn expected(
     inputs: &[Vec<u8>],
 ) -> Vec<Vec<u8>> {
     assert_eq!(inputs.len(), world, "one input per rank");
+    if matches!(
+        coll,
+        Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce
+    ) {
+        check_op(dtype, op);
+    }
     if world == 0 {
         return Vec::new();
     }
@@ -463,8 +492,10 @@ pub fn expected(
 pub enum InputKind {
     /// Arbitrary bit patterns, NaNs included: for collectives that only move data.
     Bits,
-    /// Values whose reduction is exact in any order: random integers for integer types; for
-    /// floats, integers in `-8..=8` (`Sum`, `Avg`), `±{1/2, 1, 2}` (`Prod`), and a mix of
+    /// Values whose reduction is exact in any order: random integers for integer types (for
+    /// `Band` mostly one bits, each bit set with probability 15/16, and for `Bor` mostly zero
+    /// bits, 1/16, so that the reduction over a few ranks is neither all zeros nor all ones);
+    /// for floats, integers in `-8..=8` (`Sum`, `Avg`), `±{1/2, 1, 2}` (`Prod`), and a mix of
     /// ordinary and special values (NaN, ±0, ±inf, subnormals) for `Min`/`Max`.
     Exact,
     /// Random floats: uniform in `[-1, 1]` (`Sum`, `Avg`), `±[0.75, 1.25]` (`Prod`); as `Exact`
@@ -492,6 +523,10 @@ fn tiny(dtype: DataType) -> Vec<u8> {
 }
 
 /// `elems` elements of `dtype` of the given kind for an `op` reduction, from `seed`.
+///
+/// # Panics
+///
+/// If `kind` is not [`InputKind::Bits`], `op` is bitwise and `dtype` a float type.
 pub fn gen_input(
     dtype: DataType,
     op: ReduceOp,
@@ -504,11 +539,22 @@ pub fn gen_input(
     let mut out = Vec::with_capacity(elems * size);
     for _ in 0..elems {
         if kind == InputKind::Bits || !dtype.is_float() {
-            out.extend((0..size).map(|_| rng.next_u64() as u8));
+            for _ in 0..size {
+                let byte = match (kind, op) {
+                    (InputKind::Bits, _) => rng.next_u64() as u8,
+                    (_, ReduceOp::Band) => (0..4).fold(0, |a, _| a | rng.next_u64() as u8),
+                    (_, ReduceOp::Bor) => (0..4).fold(0xff, |a, _| a & rng.next_u64() as u8),
+                    _ => rng.next_u64() as u8,
+                };
+                out.push(byte);
+            }
             continue;
         }
         let sign = if rng.one_in(2) { -1.0 } else { 1.0 };
         let v: f64 = match (op, kind) {
+            (ReduceOp::Band | ReduceOp::Bor | ReduceOp::Bxor, _) => {
+                panic!("{}", TypeError::OpNotForType { op, dtype })
+            }
             (ReduceOp::Min | ReduceOp::Max, _) => match rng.below(16) {
                 0 => {
                     out.extend_from_slice(&odd_nan(dtype));

@@ -36,7 +36,9 @@
 //!   forgot shows up as soon as an interleaving runs the two ops concurrently);
 //! - writes to `Input`, use of `Input` in an in-place program, overlapping operands of one op (a
 //!   copy's source and destination, the parts and the result of a `ReduceParts`), and changes to
-//!   `Output` outside the rank's [`Params::result_range`].
+//!   `Output` outside the rank's [`Params::result_range`];
+//! - an operator its element type does not have: a bitwise operator (`Band`, `Bor`, `Bxor`) in a
+//!   reducing collective over a floating-point type ([`SimError::OpType`]).
 //!
 //! It also tracks causality: [`SimResult::heard_from`] says which ranks' start happens before a
 //! rank's last op through the programs' dependencies and messages. A barrier must have heard

@@ -12,8 +12,22 @@ pub enum TypeError {
     )]
     UnknownDataType(String),
     /// The reduction operator name or code is unknown.
-    #[error("unknown reduction op {0:?} (expected one of sum, prod, min, max, avg)")]
+    #[error(
+        "unknown reduction op {0:?} (expected one of sum, prod, min, max, avg, band, bor, bxor)"
+    )]
     UnknownOp(String),
+    /// A bitwise operator was asked of a floating-point type: bitwise reductions are defined
+    /// for the integer types only.
+    #[error(
+        "reduction op {op} is bitwise and is not defined for the floating-point type {dtype} \
+         (bitwise ops take int32, int64 or uint8)"
+    )]
+    OpNotForType {
+        /// The operator.
+        op: ReduceOp,
+        /// The element type.
+        dtype: DataType,
+    },
     /// The collective code is unknown.
     #[error("unknown collective code {0}")]
     UnknownCollective(u8),
@@ -116,8 +130,15 @@ impl fmt::Display for DataType {
 
 /// Reduction operator.
 ///
-/// `Avg` sums and divides the sum by the world size once, on the rank that owns each slice, so
-/// every rank ends with the same bits (integer types divide with truncation).
+/// `Sum`, `Prod`, `Min`, `Max` and `Avg` apply to every [`DataType`]. `Avg` sums and divides the
+/// sum by the world size once, on the rank that owns each slice, so every rank ends with the same
+/// bits (integer types divide with truncation).
+///
+/// `Band`, `Bor` and `Bxor` are the bitwise and, or and exclusive or of the integer types
+/// (`int32`, `int64`, `uint8`), torch's `BAND`, `BOR` and `BXOR`. Like integer min and max they
+/// are exact, associative and commutative, so their result does not depend on the algorithm. They
+/// are not defined for floating-point types: a call that asks for one over a float buffer fails
+/// before anything is sent ([`ReduceOp::check`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum ReduceOp {
@@ -131,19 +152,29 @@ pub enum ReduceOp {
     Max = 3,
     /// Mean: sum divided by the number of ranks.
     Avg = 4,
+    /// Bitwise and (integer types only).
+    Band = 5,
+    /// Bitwise or (integer types only).
+    Bor = 6,
+    /// Bitwise exclusive or (integer types only).
+    Bxor = 7,
 }
 
 impl ReduceOp {
     /// Every operator, in code order.
-    pub const ALL: [ReduceOp; 5] = [
+    pub const ALL: [ReduceOp; 8] = [
         ReduceOp::Sum,
         ReduceOp::Prod,
         ReduceOp::Min,
         ReduceOp::Max,
         ReduceOp::Avg,
+        ReduceOp::Band,
+        ReduceOp::Bor,
+        ReduceOp::Bxor,
     ];
 
-    /// The name nccl-tests uses (`sum`, `prod`, `min`, `max`, `avg`).
+    /// The name nccl-tests uses (`sum`, `prod`, `min`, `max`, `avg`), and `band`, `bor`, `bxor`
+    /// for the bitwise operators (torch's names, lowercase).
     pub const fn name(self) -> &'static str {
         match self {
             ReduceOp::Sum => "sum",
@@ -151,10 +182,35 @@ impl ReduceOp {
             ReduceOp::Min => "min",
             ReduceOp::Max => "max",
             ReduceOp::Avg => "avg",
+            ReduceOp::Band => "band",
+            ReduceOp::Bor => "bor",
+            ReduceOp::Bxor => "bxor",
         }
     }
 
-    /// Parses a name.
+    /// Whether this is a bitwise operator (`Band`, `Bor`, `Bxor`), defined for integer types only.
+    pub const fn is_bitwise(self) -> bool {
+        matches!(self, ReduceOp::Band | ReduceOp::Bor | ReduceOp::Bxor)
+    }
+
+    /// Whether this operator is defined for `dtype`: every operator is, except the bitwise ones
+    /// for floating-point types.
+    pub const fn supports(self, dtype: DataType) -> bool {
+        !(self.is_bitwise() && dtype.is_float())
+    }
+
+    /// [`ReduceOp::supports`] as a result: [`TypeError::OpNotForType`] for a bitwise operator
+    /// over a floating-point type.
+    pub fn check(self, dtype: DataType) -> Result<(), TypeError> {
+        if self.supports(dtype) {
+            Ok(())
+        } else {
+            Err(TypeError::OpNotForType { op: self, dtype })
+        }
+    }
+
+    /// Parses a name, case-insensitively: `sum`, `prod` (or `product`), `min`, `max`, `avg` (or
+    /// `mean`), `band`, `bor`, `bxor`.
     pub fn parse(s: &str) -> Result<Self, TypeError> {
         Ok(match s.to_ascii_lowercase().as_str() {
             "sum" => ReduceOp::Sum,
@@ -162,6 +218,9 @@ impl ReduceOp {
             "min" => ReduceOp::Min,
             "max" => ReduceOp::Max,
             "avg" | "mean" => ReduceOp::Avg,
+            "band" => ReduceOp::Band,
+            "bor" => ReduceOp::Bor,
+            "bxor" => ReduceOp::Bxor,
             _ => return Err(TypeError::UnknownOp(s.to_string())),
         })
     }
@@ -256,5 +315,49 @@ impl Collective {
 impl fmt::Display for Collective {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn op_names_parse_back_and_codes_follow_all() {
+        for (code, op) in ReduceOp::ALL.into_iter().enumerate() {
+            assert_eq!(op as usize, code);
+            assert_eq!(ReduceOp::from_code(code as u8), Ok(op));
+            assert_eq!(ReduceOp::parse(op.name()), Ok(op));
+            assert_eq!(ReduceOp::parse(&op.name().to_uppercase()), Ok(op));
+        }
+        assert!(ReduceOp::from_code(ReduceOp::ALL.len() as u8).is_err());
+        let e = ReduceOp::parse("nand").unwrap_err().to_string();
+        assert!(e.contains("band, bor, bxor"), "{e}");
+    }
+
+    #[test]
+    fn bitwise_ops_take_integer_types_only() {
+        let bitwise = [ReduceOp::Band, ReduceOp::Bor, ReduceOp::Bxor];
+        for op in ReduceOp::ALL {
+            assert_eq!(op.is_bitwise(), bitwise.contains(&op), "{op}");
+            for dtype in DataType::ALL {
+                let ok = !(op.is_bitwise() && dtype.is_float());
+                assert_eq!(op.supports(dtype), ok, "{op} {dtype}");
+                assert_eq!(op.check(dtype).is_ok(), ok, "{op} {dtype}");
+            }
+        }
+        let e = ReduceOp::Bxor.check(DataType::F32).unwrap_err();
+        assert_eq!(
+            e,
+            TypeError::OpNotForType {
+                op: ReduceOp::Bxor,
+                dtype: DataType::F32
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "reduction op bxor is bitwise and is not defined for the floating-point type float \
+             (bitwise ops take int32, int64 or uint8)"
+        );
     }
 }

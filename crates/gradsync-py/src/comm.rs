@@ -72,8 +72,12 @@ pub(crate) fn parse_op(op: &str, rank: usize, name: &str) -> PyResult<ReduceOp> 
         "min" => Ok(ReduceOp::Min),
         "max" => Ok(ReduceOp::Max),
         "avg" | "mean" => Ok(ReduceOp::Avg),
+        "band" => Ok(ReduceOp::Band),
+        "bor" => Ok(ReduceOp::Bor),
+        "bxor" => Ok(ReduceOp::Bxor),
         _ => Err(PyValueError::new_err(format!(
-            "rank {rank}: {name}: unknown op {op:?} (expected one of sum, prod, min, max, avg)"
+            "rank {rank}: {name}: unknown op {op:?} (expected one of sum, prod, min, max, avg, \
+             band, bor, bxor)"
         ))),
     }
 }
@@ -344,6 +348,22 @@ impl Communicator {
         PyValueError::new_err(format!("rank {}: {op}: {msg}", self.info.rank))
     }
 
+    /// Refuses an operator the buffer's type does not have (a bitwise one over a float type),
+    /// as a `ValueError` at the call, before anything is submitted.
+    fn check_op(&self, op: &str, rop: ReduceOp, dtype: DataType) -> PyResult<()> {
+        if rop.supports(dtype) {
+            return Ok(());
+        }
+        Err(self.invalid(
+            op,
+            format!(
+                "op {rop} is bitwise and takes integer buffers only (int32, int64, uint8), \
+                 not {}",
+                dtype_name(dtype)
+            ),
+        ))
+    }
+
     pub(crate) fn same_dtype(&self, op: &str, input: &Buffer, output: &Buffer) -> PyResult<()> {
         if input.dtype != output.dtype {
             return Err(PyTypeError::new_err(format!(
@@ -444,6 +464,7 @@ impl Communicator {
         let rop = parse_op(op, self.rank(), NAME)?;
         let b = extract(buf, Access::Write, self.ctx(NAME, "buf"))?;
         let dt = b.dtype;
+        self.check_op(NAME, rop, dt)?;
         let (s, keep) = b.into_parts();
         let task: Task = with_element!(dt, T => Box::new(move |c: &mut gradsync::Communicator| {
             // SAFETY: `s` describes `T`s (dispatch on its dtype) in writable memory (checked)
@@ -476,6 +497,7 @@ impl Communicator {
             self.no_overlap_unless_block(NAME, &i, &o, "the output", "input")?;
         }
         let dt = i.dtype;
+        self.check_op(NAME, rop, dt)?;
         let (si, mut keep) = i.into_parts();
         let (so, k) = o.into_parts();
         keep.extend(k);
@@ -565,6 +587,7 @@ impl Communicator {
         let rop = parse_op(op, self.rank(), NAME)?;
         self.check_root(NAME, root)?;
         let i = extract(input, Access::Read, self.ctx(NAME, "input"))?;
+        self.check_op(NAME, rop, i.dtype)?;
         let is_root = self.info.rank == root;
         let o = match output {
             Some(o) if is_root => {
@@ -718,7 +741,9 @@ impl Communicator {
     /// (bitwise identical on every rank).
     ///
     /// ``op`` is ``"sum"``, ``"prod"``, ``"min"``, ``"max"`` or ``"avg"`` (the sum divided by
-    /// the world size; integers truncate toward zero). Integer sums and products wrap.
+    /// the world size; integers truncate toward zero), or for integer buffers one of the
+    /// bitwise ``"band"``, ``"bor"`` and ``"bxor"``. Integer sums and products wrap. A bitwise
+    /// ``op`` over a float buffer raises ``ValueError`` at the call, as does an unknown ``op``.
     #[pyo3(signature = (buf, op="sum"))]
     fn all_reduce(&self, py: Python<'_>, buf: &Bound<'_, PyAny>, op: &str) -> PyResult<()> {
         Self::finish(py, self.all_reduce_impl(buf, op))

@@ -171,6 +171,99 @@ def collectives(rank, world, args):
     return {"bad": bad, "count": count, "transport": comm.transport}
 
 
+BITWISE = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}
+
+
+def bitwise_values(rank, n, op, dtype, salt=0):
+    """Rank ``rank``'s input for a bitwise ``op``: every bit of the type in use, ``band`` inputs
+    mostly ones and ``bor`` inputs mostly zeros, so that the results are neither."""
+    info = np.iinfo(dtype)
+    rng = np.random.default_rng([rank, n, salt, sorted(BITWISE).index(op), info.bits])
+
+    def draw():
+        return rng.integers(info.min, info.max, size=n, dtype=dtype, endpoint=True)
+
+    if op == "band":
+        return draw() | draw() | draw()
+    if op == "bor":
+        return draw() & draw() & draw()
+    return draw()
+
+
+def bitwise_reference(world, n, op, dtype, salt=0):
+    """``op`` over every rank's input, by numpy."""
+    xs = np.stack([bitwise_values(r, n, op, dtype, salt) for r in range(world)])
+    return BITWISE[op].reduce(xs, axis=0)
+
+
+def bitwise(rank, world, args):
+    """all_reduce (in place and async), reduce_scatter and reduce with band, bor and bxor on
+    int32, int64 and uint8 numpy arrays; the same ops on float arrays are refused at the call
+    with a ValueError naming the rank, the call, the op and the dtype, and the ranks stay in
+    step."""
+    comm = gradsync.Communicator.from_env()
+    bad = []
+    count = 0
+    n = args.get("n", 1001)
+    for dt in ("int32", "int64", "uint8"):
+        for op in BITWISE:
+            tag = f"{dt} {op}"
+            want = bitwise_reference(world, n, op, dt)
+            if np.all(want == 0) or np.all(want == np.array(-1).astype(dt)):
+                bad.append(f"{tag}: a trivial reference")
+            buf = bitwise_values(rank, n, op, dt)
+            comm.all_reduce(buf, op=op)
+            count += 1
+            if buf.dtype != np.dtype(dt) or not np.array_equal(buf, want):
+                bad.append(f"{tag} all_reduce: {buf[:4]} vs {want[:4]}")
+            buf = bitwise_values(rank, n, op, dt)
+            comm.all_reduce_async(buf, op).wait()
+            count += 1
+            if not np.array_equal(buf, want):
+                bad.append(f"{tag} all_reduce_async: {buf[:4]} vs {want[:4]}")
+            m = 7
+            inp = bitwise_values(rank, world * m, op, dt, salt=1)
+            out = np.zeros(m, dtype=dt)
+            comm.reduce_scatter(inp, out, op)
+            count += 1
+            rs = bitwise_reference(world, world * m, op, dt, salt=1)[rank * m:(rank + 1) * m]
+            if not np.array_equal(out, rs):
+                bad.append(f"{tag} reduce_scatter: {out} vs {rs}")
+            root = (count // 4) % world
+            inp = bitwise_values(rank, n, op, dt, salt=2)
+            out = np.zeros(n, dtype=dt) if rank == root else None
+            comm.reduce(inp, out, op=op, root=root)
+            count += 1
+            if rank == root and not np.array_equal(out, bitwise_reference(world, n, op, dt, salt=2)):
+                bad.append(f"{tag} reduce to {root}: {out[:4]}")
+    refused = []
+    for dt, op in (("float32", "bxor"), ("float64", "band"), ("float16", "bor")):
+        x = np.arange(5, dtype=dt)
+        calls = {
+            "all_reduce": lambda: comm.all_reduce(x, op),
+            "reduce_scatter": lambda: comm.reduce_scatter(
+                np.zeros(5 * world, dtype=dt), x, op
+            ),
+            "reduce": lambda: comm.reduce(x, np.zeros(5, dtype=dt), op=op, root=rank),
+        }
+        for name, call in calls.items():
+            try:
+                call()
+            except ValueError as e:
+                refused.append(str(e))
+            else:
+                bad.append(f"{name} {op} over {dt} was not refused")
+        if not np.array_equal(x, np.arange(5, dtype=dt)):
+            bad.append(f"{dt}: the refused calls wrote the buffer")
+    # Nothing of the refused calls went out: the ranks are still in step.
+    ok = np.array([rank + 1], dtype=np.int64)
+    comm.all_reduce(ok)
+    if ok[0] != world * (world + 1) // 2:
+        bad.append(f"after the refused calls: {ok}")
+    comm.close()
+    return {"bad": bad, "count": count, "refused": refused}
+
+
 def in_place_and_async(rank, world, args):
     """In-place semantics on views and tensors; async operations in submission order."""
     import torch

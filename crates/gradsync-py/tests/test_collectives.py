@@ -16,6 +16,22 @@ def test_collectives_match_numpy_reference(world):
     assert len({r["count"] for r in results}) == 1
 
 
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_bitwise_ops_on_integer_arrays(world):
+    results = run_ranks(world, "rank_programs:bitwise", timeout=120)
+    for rank, r in enumerate(results):
+        assert r["bad"] == [], f"rank {rank}: {r['bad']}"
+        # 3 integer dtypes x 3 ops x (all_reduce, all_reduce_async, reduce_scatter, reduce)
+        assert r["count"] == 3 * 3 * 4
+        calls = ["all_reduce", "reduce_scatter", "reduce"]
+        assert r["refused"] == [
+            f"rank {rank}: {call}: op {op} is bitwise and takes integer buffers only "
+            f"(int32, int64, uint8), not {dt}"
+            for dt, op in (("float32", "bxor"), ("float64", "band"), ("float16", "bor"))
+            for call in calls
+        ]
+
+
 def test_in_place_views_tensors_and_async_in_order():
     results = run_ranks(2, "rank_programs:in_place_and_async", timeout=90)
     for rank, r in enumerate(results):

@@ -85,7 +85,7 @@ def test_mismatch_error_also_completes_the_future_with_an_error(mismatch):
 def test_import_registers_the_backend():
     assert gd.BACKEND_NAME == "gradsync"
     assert "gradsync" in dist.Backend.backend_list
-    assert dist.Backend.backend_capability["gradsync"] == ["cpu"]
+    assert dist.Backend.backend_capability["gradsync"] == ["cpu", "cuda"]
     gd.register()  # idempotent
 
 
@@ -108,10 +108,29 @@ def test_one_rank_group_in_process():
         out = torch.empty(6)
         dist.all_gather_into_tensor(out, t)
         assert torch.equal(out, t)
-        with pytest.raises(NotImplementedError, match="all_to_all"):
-            dist.all_to_all_single(torch.empty(1), torch.empty(1))
-        with pytest.raises(NotImplementedError, match="BXOR"):
-            dist.all_reduce(torch.ones(2, dtype=torch.int64), op=dist.ReduceOp.BXOR)
+        a = torch.arange(4.0)
+        b = torch.empty(4)
+        dist.all_to_all_single(b, a)
+        assert torch.equal(b, a)
+        dist.all_to_all_single(b[:3], a[1:], [3], [3])
+        assert torch.equal(b[:3], a[1:])
+        g = [torch.empty(4)]
+        dist.gather(a, g, dst=0)
+        assert torch.equal(g[0], a)
+        dist.scatter(b, [a + 1], src=0)
+        assert torch.equal(b, a + 1)
+        x = torch.tensor([0b1100, 0b1010], dtype=torch.int64)
+        dist.all_reduce(x, op=dist.ReduceOp.BXOR)
+        assert x.tolist() == [0b1100, 0b1010]
+        in_place = torch.arange(3.0)
+        dist.all_gather_into_tensor(in_place, in_place)  # the input is the output's block 0
+        dist.reduce_scatter_tensor(in_place, in_place)
+        assert torch.equal(in_place, torch.arange(3.0))
+        base = torch.arange(4.0)
+        with pytest.raises(ValueError, match="block 0 of 1"):  # overlapping, but shifted
+            dist.all_gather_into_tensor(base[:3], base[1:])
+        with pytest.raises(NotImplementedError, match="PREMUL_SUM"):
+            dist.all_reduce(torch.ones(2), op=dist._make_nccl_premul_sum(2.0))
         with pytest.raises(TypeError, match="int16"):
             dist.all_reduce(torch.ones(2, dtype=torch.int16))
         backend = dist.group.WORLD._get_backend(torch.device("cpu"))

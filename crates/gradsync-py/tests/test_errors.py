@@ -82,13 +82,13 @@ def test_wrong_sizes_and_types_name_the_sizes(comm):
         comm.reduce(f, np.zeros(3, dtype=np.float32))
     with pytest.raises(ValueError, match=r"reduce: the root \(rank 0\) needs an output"):
         comm.reduce(f, None)
-    with pytest.raises(ValueError, match="share memory"):
-        comm.all_gather(f, f)
+    with pytest.raises(ValueError, match="share memory, but the input is not block 0 of the output"):
+        comm.all_gather(f[1:], f[:5])  # overlapping, shifted: not the in-place form
 
 
 def test_bad_op_root_peer(comm):
     a = np.zeros(3, dtype=np.float32)
-    with pytest.raises(ValueError, match=r"rank 0: all_reduce: unknown op \"median\" \(expected one of sum, prod, min, max, avg\)"):
+    with pytest.raises(ValueError, match=r"rank 0: all_reduce: unknown op \"median\" \(expected one of sum, prod, min, max, avg, band, bor, bxor\)"):
         comm.all_reduce(a, op="median")
     with pytest.raises(ValueError, match="root 1 is not a rank of world size 1"):
         comm.broadcast(a, root=1)

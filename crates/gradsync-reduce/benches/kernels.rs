@@ -102,7 +102,7 @@ const fn case(name: &'static str, dtype: DataType, op: ReduceOp, elem: &'static 
 const F32_HALF: &[u8] = &0.5f32.to_le_bytes();
 const F16_HALF: &[u8] = &[0x00, 0x38];
 
-const CASES: [Case; 10] = [
+const CASES: [Case; 12] = [
     case("f32 sum in-place", DataType::F32, ReduceOp::Sum, F32_HALF),
     Case {
         into: true,
@@ -131,6 +131,13 @@ const CASES: [Case; 10] = [
         &3i32.to_le_bytes(),
     ),
     case("u8 sum in-place", DataType::U8, ReduceOp::Sum, &[3]),
+    case(
+        "i64 bxor in-place",
+        DataType::I64,
+        ReduceOp::Bxor,
+        &3i64.to_le_bytes(),
+    ),
+    case("u8 band in-place", DataType::U8, ReduceOp::Band, &[3]),
     case("f16 sum in-place", DataType::F16, ReduceOp::Sum, F16_HALF),
     Case {
         into: true,

@@ -26,6 +26,10 @@
 //! - `Avg` reduces exactly as `Sum`; the owner of each slice divides once at the end, so every
 //!   rank ends with the same bits.
 //! - Integers wrap on `Sum` and `Prod`; `finalize_avg` divides with truncation toward zero.
+//! - `Band`, `Bor` and `Bxor` are the bitwise and, or and exclusive or of the integer types
+//!   (`i32`, `i64`, `u8`), in the same vectorized loops as the other integer operators. They
+//!   are not defined for float types: asking for one panics like a size mismatch (the engine
+//!   refuses such a call before it reaches a kernel).
 //! - Float `Min`/`Max` are NaN when either operand is NaN. Otherwise they return the
 //!   smaller/larger operand, and the signed-zero tie is settled by the sign bit
 //!   (`min(-0.0, +0.0) = -0.0`, `max(-0.0, +0.0) = +0.0`) rather than by operand order.
@@ -93,7 +97,8 @@
 //!
 //! The engine validates sizes before it calls a kernel, so a size mismatch here is a broken
 //! internal invariant, not a peer's fault: every function panics when its slices differ in length
-//! or a length is not a multiple of [`DataType::size`].
+//! or a length is not a multiple of [`DataType::size`], and [`reduce_in_place`] and
+//! [`reduce_into`] panic when asked for a bitwise operator over a float type.
 
 #![deny(unsafe_code)]
 
@@ -118,9 +123,11 @@ use crate::dispatch::Isa;
 ///
 /// # Panics
 ///
-/// If `acc` and `incoming` differ in length, or the length is not a multiple of `dtype.size()`.
+/// If `acc` and `incoming` differ in length, the length is not a multiple of `dtype.size()`, or
+/// `op` is bitwise and `dtype` a float type.
 #[track_caller]
 pub fn reduce_in_place(dtype: DataType, op: ReduceOp, acc: &mut [u8], incoming: &[u8]) {
+    check_op(dtype, op);
     check_multiple(dtype, "acc", acc.len());
     check_same("acc", acc.len(), "incoming", incoming.len());
     dispatch::in_place(Isa::for_len(acc.len()), dtype, op, acc, incoming);
@@ -134,9 +141,11 @@ pub fn reduce_in_place(dtype: DataType, op: ReduceOp, acc: &mut [u8], incoming: 
 ///
 /// # Panics
 ///
-/// If the three slices differ in length, or the length is not a multiple of `dtype.size()`.
+/// If the three slices differ in length, the length is not a multiple of `dtype.size()`, or
+/// `op` is bitwise and `dtype` a float type.
 #[track_caller]
 pub fn reduce_into(dtype: DataType, op: ReduceOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
+    check_op(dtype, op);
     check_multiple(dtype, "dst", dst.len());
     check_same("dst", dst.len(), "a", a.len());
     check_same("dst", dst.len(), "b", b.len());
@@ -193,6 +202,14 @@ pub fn finalize_avg(dtype: DataType, buf: &mut [u8], world: usize) {
 /// benchmark reports; results are bit-identical either way.
 pub fn isa() -> &'static str {
     Isa::best().name()
+}
+
+/// Panics unless `op` is defined for `dtype` (a bitwise operator over a float type is not).
+#[track_caller]
+fn check_op(dtype: DataType, op: ReduceOp) {
+    if let Err(e) = op.check(dtype) {
+        panic!("gradsync-reduce: {e}");
+    }
 }
 
 /// Panics unless `len` is a whole number of `dtype` elements.

@@ -32,7 +32,8 @@ macro_rules! impl_elem {
 
 impl_elem!(f32, f64, i32, i64, u8, u16);
 
-/// The four binary operators on one arithmetic type (`Avg` reduces with `sum`).
+/// The four arithmetic binary operators on one element type (`Avg` reduces with `sum`); the
+/// integer types add the [`Bitwise`] ones.
 pub(crate) trait Arith: Elem {
     /// `a + b` (wrapping for integers).
     fn sum(a: Self, b: Self) -> Self;
@@ -71,6 +72,40 @@ macro_rules! impl_int {
 }
 
 impl_int!(i32, i64, u8);
+
+/// The bitwise operators of the integer types. Each is one vector instruction per register of
+/// elements (`vpand`, `vpor`, `vpxor`), the same whatever the element width.
+pub(crate) trait Bitwise: Arith {
+    /// `a & b`.
+    fn band(a: Self, b: Self) -> Self;
+    /// `a | b`.
+    fn bor(a: Self, b: Self) -> Self;
+    /// `a ^ b`.
+    fn bxor(a: Self, b: Self) -> Self;
+}
+
+macro_rules! impl_bitwise {
+    ($($t:ty),*) => {$(
+        impl Bitwise for $t {
+            #[inline(always)]
+            fn band(a: Self, b: Self) -> Self {
+                a & b
+            }
+
+            #[inline(always)]
+            fn bor(a: Self, b: Self) -> Self {
+                a | b
+            }
+
+            #[inline(always)]
+            fn bxor(a: Self, b: Self) -> Self {
+                a ^ b
+            }
+        }
+    )*};
+}
+
+impl_bitwise!(i32, i64, u8);
 
 macro_rules! impl_float {
     ($t:ty, $min:ident, $max:ident, $canonical:ident) => {

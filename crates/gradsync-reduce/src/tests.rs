@@ -167,6 +167,9 @@ macro_rules! ref_float {
         fn $name(op: ReduceOp, a: $t, b: $t) -> $t {
             let is_min = op == ReduceOp::Min;
             let r = match op {
+                ReduceOp::Band | ReduceOp::Bor | ReduceOp::Bxor => {
+                    unreachable!("no bitwise {op} for floats")
+                }
                 ReduceOp::Sum | ReduceOp::Avg => a + b,
                 ReduceOp::Prod => a * b,
                 ReduceOp::Min | ReduceOp::Max => {
@@ -195,13 +198,17 @@ macro_rules! ref_float {
 ref_float!(ref_f32, f32);
 ref_float!(ref_f64, f64);
 
-/// The integer operators through `i128`, truncated back: wrapping by construction.
+/// The integer operators through `i128`, truncated back: wrapping by construction. The bitwise
+/// operators commute with the sign (or zero) extension to `i128` and the truncation back.
 fn ref_int(op: ReduceOp, a: i128, b: i128) -> i128 {
     match op {
         ReduceOp::Sum | ReduceOp::Avg => a + b,
         ReduceOp::Prod => a * b,
         ReduceOp::Min => a.min(b),
         ReduceOp::Max => a.max(b),
+        ReduceOp::Band => a & b,
+        ReduceOp::Bor => a | b,
+        ReduceOp::Bxor => a ^ b,
     }
 }
 
@@ -303,7 +310,7 @@ impl Placed {
 fn reduce_in_place_matches_reference() {
     let mut rng = Rng::new(1);
     for dtype in DataType::ALL {
-        for op in ReduceOp::ALL {
+        for op in ReduceOp::ALL.into_iter().filter(|op| op.supports(dtype)) {
             for n in LENS {
                 let (a, b) = pair(&mut rng, dtype, n, true);
                 let want = reference(dtype, op, &a, &b);
@@ -327,7 +334,7 @@ fn reduce_in_place_matches_reference() {
 fn reduce_into_matches_reference() {
     let mut rng = Rng::new(2);
     for dtype in DataType::ALL {
-        for op in ReduceOp::ALL {
+        for op in ReduceOp::ALL.into_iter().filter(|op| op.supports(dtype)) {
             for n in LENS {
                 let (a, b) = pair(&mut rng, dtype, n, true);
                 let want = reference(dtype, op, &a, &b);
@@ -360,7 +367,7 @@ fn reduce_into_matches_reference() {
 fn agrees_with_core_reference() {
     let mut rng = Rng::new(9);
     for dtype in DataType::ALL {
-        for op in ReduceOp::ALL {
+        for op in ReduceOp::ALL.into_iter().filter(|op| op.supports(dtype)) {
             let (a, b) = pair(&mut rng, dtype, 10007, true);
             let mut want = vec![0; a.len()];
             reference::reduce_slices(dtype, op, &mut want, &a, &b);
@@ -408,7 +415,7 @@ fn avg_reduces_as_sum() {
 fn operators_are_commutative_to_the_bit() {
     let mut rng = Rng::new(4);
     for dtype in DataType::ALL {
-        for op in ReduceOp::ALL {
+        for op in ReduceOp::ALL.into_iter().filter(|op| op.supports(dtype)) {
             for n in [17, 10007] {
                 let (a, b) = pair(&mut rng, dtype, n, true);
                 let mut results = Vec::new();
@@ -484,6 +491,100 @@ fn nan_wins_min_and_max() {
         .concat();
     reduce_in_place(DataType::F16, ReduceOp::Max, &mut acc, &inc);
     assert_eq!(acc, [f16::NAN, f16::NAN].map(f16::to_le_bytes).concat());
+}
+
+/// The bitwise operators against the integers' own `&`, `|` and `^`, bit for bit, over every
+/// bit position: `a` and `b` cover the four combinations of two bits at every position.
+#[test]
+fn bitwise_operators_on_every_bit() {
+    let a32 = [
+        0x0000_0000_i32,
+        -1,
+        0x5555_5555,
+        0x3333_3333,
+        i32::MIN,
+        0x0f0f_0f0f,
+    ];
+    let b32 = [-1, 0x1234_5678, 0x3333_3333, 0x5555_5555, 1, -0x0f0f_0f10];
+    for (op, f) in [
+        (ReduceOp::Band, (|x, y| x & y) as fn(i32, i32) -> i32),
+        (ReduceOp::Bor, |x, y| x | y),
+        (ReduceOp::Bxor, |x, y| x ^ y),
+    ] {
+        let want: Vec<i32> = a32.iter().zip(&b32).map(|(&x, &y)| f(x, y)).collect();
+        let mut got = [0i32; 6];
+        reduce_into(
+            DataType::I32,
+            op,
+            bytemuck::cast_slice_mut(&mut got),
+            bytemuck::cast_slice(&a32),
+            bytemuck::cast_slice(&b32),
+        );
+        assert_eq!(got[..], want[..], "i32 {op}");
+    }
+    let a64 = [
+        0x5555_5555_5555_5555_i64,
+        i64::MIN,
+        -1,
+        0x00ff_00ff_00ff_00ff,
+    ];
+    let b64 = [
+        0x3333_3333_3333_3333_i64,
+        -1,
+        i64::MAX,
+        -0x0100_0000_0000_0001,
+    ];
+    for (op, f) in [
+        (ReduceOp::Band, (|x, y| x & y) as fn(i64, i64) -> i64),
+        (ReduceOp::Bor, |x, y| x | y),
+        (ReduceOp::Bxor, |x, y| x ^ y),
+    ] {
+        let want: Vec<i64> = a64.iter().zip(&b64).map(|(&x, &y)| f(x, y)).collect();
+        let mut acc = a64;
+        reduce_in_place(
+            DataType::I64,
+            op,
+            bytemuck::cast_slice_mut(&mut acc),
+            bytemuck::cast_slice(&b64),
+        );
+        assert_eq!(acc[..], want[..], "i64 {op}");
+    }
+    // u8: every pair of bytes.
+    let a: Vec<u8> = (0..=255u8).flat_map(|x| [x; 256]).collect();
+    let b: Vec<u8> = (0..256).flat_map(|_| 0..=255u8).collect();
+    for (op, f) in [
+        (ReduceOp::Band, (|x, y| x & y) as fn(u8, u8) -> u8),
+        (ReduceOp::Bor, |x, y| x | y),
+        (ReduceOp::Bxor, |x, y| x ^ y),
+    ] {
+        let want: Vec<u8> = a.iter().zip(&b).map(|(&x, &y)| f(x, y)).collect();
+        for isa in Isa::all() {
+            let mut acc = a.clone();
+            dispatch::in_place(isa, DataType::U8, op, &mut acc, &b);
+            assert_eq!(acc, want, "u8 {op} {isa:?}");
+        }
+    }
+}
+
+#[test]
+#[should_panic(
+    expected = "gradsync-reduce: reduction op bxor is bitwise and is not defined for the \
+                floating-point type float"
+)]
+fn bitwise_in_place_over_float_panics() {
+    reduce_in_place(DataType::F32, ReduceOp::Bxor, &mut [0; 8], &[0; 8]);
+}
+
+#[test]
+#[should_panic(expected = "gradsync-reduce: reduction op band is bitwise")]
+fn bitwise_into_over_half_panics() {
+    reduce_into(
+        DataType::Bf16,
+        ReduceOp::Band,
+        &mut [0; 4],
+        &[0; 4],
+        &[0; 4],
+    );
 }
 
 #[test]

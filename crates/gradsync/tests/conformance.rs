@@ -7,6 +7,12 @@
 //! Inputs are small integers whose reduction is exact in every dtype, so each rank's result
 //! is compared bit for bit against a locally computed expectation; a random-float all-reduce
 //! checks that every rank ends with the same bits.
+//!
+//! The bitwise operators (`band`, `bor`, `bxor`) run over the integer types with inputs that use
+//! all 64 bits (truncated to the element type, which commutes with the operators); over the float
+//! types every reducing call must refuse them at once, with an error that names the rank, the
+//! call, the operator and the type, and leave the buffers and the communicator as they were. The
+//! `bitwise_*` tests run only these operators, over every transport and world 1..=8.
 
 use gradsync::{Algorithm, Communicator, Config, ReduceOp, TransportMode};
 use gradsync_store::StoreServer;
@@ -72,7 +78,25 @@ float_elem!(u8, |v| v as u8, |x: u8| x as u64, |s: i64, w: usize| (s
     as u8)
     / w as u8);
 
+/// SplitMix64 of `(rank, i, salt)`: 64 well-mixed bits.
+fn mix(rank: usize, i: usize, salt: u64) -> i64 {
+    let mut z = (rank as u64) << 40 ^ (i as u64) << 4 ^ salt;
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (z ^ (z >> 31)) as i64
+}
+
 fn val(rank: usize, i: usize, op: ReduceOp) -> i64 {
+    // Bitwise inputs: `and` of mostly-one bits and `or` of mostly-zero bits (7/8 and 1/8 per bit),
+    // so that the reduction over up to 8 ranks is neither all zeros nor all ones.
+    let m = |salt| mix(rank, i, salt);
+    match op {
+        ReduceOp::Band => return m(1) | m(2) | m(3),
+        ReduceOp::Bor => return m(1) & m(2) & m(3),
+        ReduceOp::Bxor => return m(1),
+        _ => {}
+    }
     if op == ReduceOp::Prod {
         1 + ((i + rank).is_multiple_of(3)) as i64
     } else {
@@ -95,6 +119,53 @@ fn expect<T: TestElem>(op: ReduceOp, world: usize, i: usize) -> T {
         ReduceOp::Min => T::from_i64(*vals.iter().min().unwrap()),
         ReduceOp::Max => T::from_i64(*vals.iter().max().unwrap()),
         ReduceOp::Avg => T::avg(vals.iter().sum(), world),
+        ReduceOp::Band => T::from_i64(vals.iter().fold(-1, |a, v| a & v)),
+        ReduceOp::Bor => T::from_i64(vals.iter().fold(0, |a, v| a | v)),
+        ReduceOp::Bxor => T::from_i64(vals.iter().fold(0, |a, v| a ^ v)),
+    }
+}
+
+/// Every reducing call with a bitwise `op` over a float type fails at once with an error naming
+/// the rank, the call, the operator and the type; the buffers keep their contents.
+fn bitwise_over_float_is_refused<T: TestElem>(c: &mut Communicator, dt: &str, op: ReduceOp) {
+    let (r, w) = (c.rank(), c.world_size());
+    let msg = |call: &str| {
+        format!(
+            "rank {r}: {call}: reduction op {op} is bitwise and is not defined for the \
+             floating-point type {dt} (bitwise ops take int32, int64 or uint8)"
+        )
+    };
+    let input: Vec<T> = (0..5).map(|i| T::from_i64(i + 1)).collect();
+    let same = |got: &[T], what: &str| {
+        check(&format!("rank {r} {dt} {op}: {what} untouched"), got, |i| {
+            input[i]
+        })
+    };
+    let mut buf = input.clone();
+    let e = c.all_reduce(&mut buf, op).unwrap_err();
+    assert_eq!(e.to_string(), msg("all_reduce"));
+    same(&buf, "all_reduce buffer");
+    let mut out = input.clone();
+    let e = c.all_reduce_into(&input, &mut out, op).unwrap_err();
+    assert_eq!(e.to_string(), msg("all_reduce"));
+    same(&out, "all_reduce output");
+    let e = c.all_reduce_async(&mut buf, op).map(drop).unwrap_err();
+    assert_eq!(e.to_string(), msg("all_reduce"));
+    same(&buf, "all_reduce_async buffer");
+    let e = c.all_reduce_owned(input.clone(), op).map(drop).unwrap_err();
+    assert_eq!(e.to_string(), msg("all_reduce"));
+    let rs_in: Vec<T> = (0..5 * w).map(|i| T::from_i64(i as i64)).collect();
+    let e = c.reduce_scatter(&rs_in, &mut out, op).unwrap_err();
+    assert_eq!(e.to_string(), msg("reduce_scatter"));
+    same(&out, "reduce_scatter output");
+    let root = w - 1;
+    let e = c.reduce(&input, &mut out, op, root).unwrap_err();
+    assert_eq!(e.to_string(), msg("reduce"));
+    same(&out, "reduce output");
+    if r != root {
+        // A rank that is not the root may pass an empty output: refused alike.
+        let e = c.reduce(&input, &mut [], op, root).unwrap_err();
+        assert_eq!(e.to_string(), msg("reduce"));
     }
 }
 
@@ -120,10 +191,29 @@ fn counts(world: usize, tiny: bool) -> Vec<usize> {
     c
 }
 
-fn run_dtype<T: TestElem>(c: &mut Communicator, dt: &str, tiny: bool) {
+/// The bitwise operators, which the `bitwise_*` tests run alone.
+const BITWISE: [ReduceOp; 3] = [ReduceOp::Band, ReduceOp::Bor, ReduceOp::Bxor];
+
+/// Runs every collective with each of `ops` that the type has; over a float type, checks that
+/// the bitwise ones among `ops` are refused. With no operator for the type (the bitwise tests
+/// over a float type), only the refusal is checked.
+fn run_dtype<T: TestElem>(c: &mut Communicator, dt: &str, tiny: bool, ops: &[ReduceOp]) {
     let (r, w) = (c.rank(), c.world_size());
+    let ops: Vec<ReduceOp> = ops
+        .iter()
+        .copied()
+        .filter(|op| op.supports(T::DTYPE))
+        .collect();
+    for &op in BITWISE.iter().filter(|op| !op.supports(T::DTYPE)) {
+        bitwise_over_float_is_refused::<T>(c, dt, op);
+    }
+    if ops.is_empty() {
+        // The refused calls left nothing behind: the next collective runs as usual.
+        c.barrier().unwrap();
+        return;
+    }
     for count in counts(w, tiny) {
-        for op in ReduceOp::ALL {
+        for &op in &ops {
             let ctx = |coll: &str, place: &str| {
                 format!("rank {r}/{w} {coll} {dt} {op} count {count} {place}")
             };
@@ -386,14 +476,14 @@ fn random_identity(c: &mut Communicator) -> u64 {
     })
 }
 
-fn run_rank(mut c: Communicator, tiny: bool, tx: mpsc::Sender<(usize, u64)>) {
-    run_dtype::<f32>(&mut c, "float", tiny);
-    run_dtype::<f64>(&mut c, "double", tiny);
-    run_dtype::<f16>(&mut c, "half", tiny);
-    run_dtype::<bf16>(&mut c, "bfloat16", tiny);
-    run_dtype::<i32>(&mut c, "int32", tiny);
-    run_dtype::<i64>(&mut c, "int64", tiny);
-    run_dtype::<u8>(&mut c, "uint8", tiny);
+fn run_rank(mut c: Communicator, tiny: bool, ops: &[ReduceOp], tx: mpsc::Sender<(usize, u64)>) {
+    run_dtype::<f32>(&mut c, "float", tiny, ops);
+    run_dtype::<f64>(&mut c, "double", tiny, ops);
+    run_dtype::<f16>(&mut c, "half", tiny, ops);
+    run_dtype::<bf16>(&mut c, "bfloat16", tiny, ops);
+    run_dtype::<i32>(&mut c, "int32", tiny, ops);
+    run_dtype::<i64>(&mut c, "int64", tiny, ops);
+    run_dtype::<u8>(&mut c, "uint8", tiny, ops);
     let h = random_identity(&mut c);
     tx.send((c.rank(), h)).unwrap();
 }
@@ -433,13 +523,17 @@ fn mem_suite(world: usize, tiny: bool) {
 }
 
 fn mem_suite_with(world: usize, tiny: bool, cfg: Config) {
+    mem_suite_ops(world, tiny, cfg, &ReduceOp::ALL);
+}
+
+fn mem_suite_ops(world: usize, tiny: bool, cfg: Config, ops: &'static [ReduceOp]) {
     let comms = Communicator::mem_group(world, &cfg).unwrap();
     let (tx, rx) = mpsc::channel();
     let hs: Vec<_> = comms
         .into_iter()
         .map(|c| {
             let tx = tx.clone();
-            std::thread::spawn(move || run_rank(c, tiny, tx))
+            std::thread::spawn(move || run_rank(c, tiny, ops, tx))
         })
         .collect();
     drop(tx);
@@ -596,6 +690,10 @@ fn network_transport() -> &'static str {
 }
 
 fn tcp_suite_with(world: usize, tiny: bool, base: Config) {
+    tcp_suite_ops(world, tiny, base, &ReduceOp::ALL);
+}
+
+fn tcp_suite_ops(world: usize, tiny: bool, base: Config, ops: &'static [ReduceOp]) {
     let server = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = server.local_addr().to_string();
     let (tx, rx) = mpsc::channel();
@@ -640,7 +738,7 @@ fn tcp_suite_with(world: usize, tiny: bool, base: Config) {
                         assert_eq!(c.peer_transport(p).name(), want, "rank {rank} -> {p}");
                     }
                 }
-                run_rank(c, tiny, tx)
+                run_rank(c, tiny, ops, tx)
             })
         })
         .collect();
@@ -649,6 +747,25 @@ fn tcp_suite_with(world: usize, tiny: bool, base: Config) {
         h.join().expect("rank thread panicked");
     }
     finish(rx, world, &format!("tcp world {world}"));
+}
+
+/// Only the bitwise operators, over memory.
+fn bitwise_mem(world: usize, tiny: bool) {
+    mem_suite_ops(world, tiny, config(tiny), &BITWISE);
+}
+
+/// Only the bitwise operators, over TCP.
+fn bitwise_tcp(world: usize, tiny: bool) {
+    let mut cfg = config(tiny);
+    cfg.transport = TransportMode::Tcp;
+    tcp_suite_ops(world, tiny, cfg, &BITWISE);
+}
+
+/// Only the bitwise operators, over shared memory.
+fn bitwise_shm(world: usize, tiny: bool) {
+    let mut cfg = config(tiny);
+    cfg.transport = TransportMode::Shm;
+    tcp_suite_ops(world, tiny, cfg, &BITWISE);
 }
 
 macro_rules! suite {
@@ -715,6 +832,30 @@ suite! {
     tcp_w4_double_tree: tcp_forced(4, false, Algorithm::DoubleTree);
     shm_w3_double_tree_tiny: shm_forced(3, true, Algorithm::DoubleTree);
     shm_w6_double_tree: shm_forced(6, false, Algorithm::DoubleTree);
+    bitwise_mem_w1: bitwise_mem(1, false);
+    bitwise_mem_w2: bitwise_mem(2, false);
+    bitwise_mem_w3_tiny: bitwise_mem(3, true);
+    bitwise_mem_w4: bitwise_mem(4, false);
+    bitwise_mem_w5_tiny: bitwise_mem(5, true);
+    bitwise_mem_w6: bitwise_mem(6, false);
+    bitwise_mem_w7_tiny: bitwise_mem(7, true);
+    bitwise_mem_w8: bitwise_mem(8, false);
+    bitwise_tcp_w1: bitwise_tcp(1, false);
+    bitwise_tcp_w2_tiny: bitwise_tcp(2, true);
+    bitwise_tcp_w3: bitwise_tcp(3, false);
+    bitwise_tcp_w4_tiny: bitwise_tcp(4, true);
+    bitwise_tcp_w5: bitwise_tcp(5, false);
+    bitwise_tcp_w6: bitwise_tcp(6, false);
+    bitwise_tcp_w7_tiny: bitwise_tcp(7, true);
+    bitwise_tcp_w8: bitwise_tcp(8, false);
+    bitwise_shm_w1: bitwise_shm(1, false);
+    bitwise_shm_w2: bitwise_shm(2, false);
+    bitwise_shm_w3_tiny: bitwise_shm(3, true);
+    bitwise_shm_w4: bitwise_shm(4, false);
+    bitwise_shm_w5: bitwise_shm(5, false);
+    bitwise_shm_w6_tiny: bitwise_shm(6, true);
+    bitwise_shm_w7: bitwise_shm(7, false);
+    bitwise_shm_w8: bitwise_shm(8, false);
 }
 
 #[cfg(feature = "rdma")]

@@ -246,3 +246,23 @@ fn bruck_all_to_all_when_forced() {
         move |_, c| run(c),
     );
 }
+
+/// A bitwise op over a float type is refused when it is added to a group, and the group's
+/// other operations still run.
+#[test]
+fn a_group_refuses_a_bitwise_float_reduction_when_it_is_added() {
+    use gradsync::ReduceOp;
+    let res = ranks(2, TransportMode::Shm, Duration::from_secs(20), |r, c| {
+        let mut f = vec![1.0f32; 4];
+        let e = c.group().all_reduce(&mut f, ReduceOp::Bxor).unwrap_err();
+        assert!(e.to_string().contains("bxor"), "{e}");
+        let mut i = vec![1i32 << r; 4];
+        c.group()
+            .all_reduce(&mut i, ReduceOp::Bor)
+            .unwrap()
+            .wait()
+            .unwrap();
+        i
+    });
+    assert!(res.iter().all(|i| i == &[3, 3, 3, 3]), "{res:?}");
+}

@@ -297,6 +297,20 @@ pub fn run_programs(
     let mut ranks = Vec::with_capacity(world);
     for (r, s) in setups.into_iter().enumerate() {
         super::timing::check_peers(r, &s.program, world)?;
+        let reduces = s.program.ops().iter().any(|o| {
+            matches!(
+                o,
+                Op::ReduceParts { .. }
+                    | Op::Recv {
+                        reduce_with: Some(_),
+                        ..
+                    }
+            )
+        });
+        if reduces {
+            s.op.check(dtype)
+                .map_err(|source| SimError::OpType { rank: r, source })?;
+        }
         for (what, b) in [("input", &s.input), ("output", &s.output)] {
             if b.len() % size != 0 || (what == "input" && s.in_place && !b.is_empty()) {
                 let want = if s.in_place { 0 } else { b.len() / size * size };

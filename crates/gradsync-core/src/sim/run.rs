@@ -4,10 +4,10 @@
 use super::engine::{garbage, run_programs};
 use super::timing::{LinkModel, Prediction, Topology, predict_programs_on};
 use super::types::{RankSetup, SimError, SimOptions, SimStats};
-use crate::DataType;
 use crate::rng::XorShift64;
 use crate::schedule::Program;
 use crate::schedule::plan::{self, Params};
+use crate::{Collective, DataType};
 
 /// Outcome of [`run`].
 #[derive(Clone, Debug)]
@@ -77,6 +77,13 @@ pub fn run_with(
         if p.rank != r || p.world != world {
             let detail = format!("parameters say rank {} of {}", p.rank, p.world);
             return Err(SimError::Params { rank: r, detail });
+        }
+        if matches!(
+            p.coll,
+            Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce
+        ) {
+            p.op.check(dtype)
+                .map_err(|source| SimError::OpType { rank: r, source })?;
         }
         let program = plan::build(p).map_err(|source| SimError::Plan { rank: r, source })?;
         let want = p.input_elems() * size;

@@ -1,9 +1,9 @@
 //! The simulator's vocabulary: its errors, options, the setup of a raw run and what a run
 //! returns.
 
-use crate::ReduceOp;
 use crate::schedule::plan::PlanError;
 use crate::schedule::{Buf, OpId, Program};
+use crate::{ReduceOp, TypeError};
 
 /// Errors the simulator reports.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -16,6 +16,16 @@ pub enum SimError {
         rank: usize,
         /// What is wrong.
         detail: String,
+    },
+    /// A rank's operator is not defined for the element type (a bitwise operator over a
+    /// floating-point type).
+    #[error("rank {rank}: {source}")]
+    OpType {
+        /// The rank.
+        rank: usize,
+        /// Which operator and type.
+        #[source]
+        source: TypeError,
     },
     /// Planning a rank's program failed.
     #[error("rank {rank}: {source}")]

@@ -160,6 +160,41 @@ fn signature_is_bytes_4_to_36_of_the_data_header() {
     ));
 }
 
+/// Byte 2 of a signature is the operator: codes 0..=7 in `ReduceOp::ALL` order (the bitwise
+/// operators 5, 6, 7 after the arithmetic ones), 8 and above are rejected.
+#[test]
+fn signature_op_codes() {
+    let ops = [
+        (0u8, ReduceOp::Sum, "sum"),
+        (1, ReduceOp::Prod, "prod"),
+        (2, ReduceOp::Min, "min"),
+        (3, ReduceOp::Max, "max"),
+        (4, ReduceOp::Avg, "avg"),
+        (5, ReduceOp::Band, "band"),
+        (6, ReduceOp::Bor, "bor"),
+        (7, ReduceOp::Bxor, "bxor"),
+    ];
+    assert_eq!(ops.len(), ReduceOp::ALL.len());
+    for (code, op, name) in ops {
+        let mut b: [u8; SIGNATURE_LEN] = BYTES[4..36].try_into().unwrap();
+        b[2] = code;
+        let sig = Signature::parse(&b).unwrap();
+        assert_eq!(sig.op, op);
+        assert_eq!(sig.op.name(), name);
+        let mut out = [0u8; SIGNATURE_LEN];
+        sig.emit(&mut out);
+        assert_eq!(out, b, "{name}");
+    }
+    for code in [8u8, 0x80, 0xff] {
+        let mut b: [u8; SIGNATURE_LEN] = BYTES[4..36].try_into().unwrap();
+        b[2] = code;
+        assert!(
+            matches!(Signature::parse(&b), Err(WireError::BadField(_))),
+            "op code {code}"
+        );
+    }
+}
+
 // ---- control messages ---------------------------------------------------------------------
 
 fn cts() -> Cts {

@@ -9,8 +9,8 @@ from typing_extensions import Self, TypeAlias
 #: ``__array_interface__`` are refused) or CPU torch tensor of float32, float64, float16,
 #: bfloat16 (torch only), int32, int64 or uint8.
 Buffer: TypeAlias = Any
-#: A reduction operator.
-ReduceOpName: TypeAlias = Literal["sum", "prod", "min", "max", "avg"]
+#: A reduction operator; the bitwise ``band``, ``bor`` and ``bxor`` take integer buffers only.
+ReduceOpName: TypeAlias = Literal["sum", "prod", "min", "max", "avg", "band", "bor", "bxor"]
 
 __version__: str
 

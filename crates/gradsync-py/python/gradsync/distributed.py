@@ -1,13 +1,14 @@
 """gradsync under ``torch.distributed``: a process-group backend and a DDP communication hook.
 
-Importing this module registers the backend ``"gradsync"`` for CPU tensors, so that::
+Importing this module registers the backend ``"gradsync"`` for CPU and CUDA tensors, so that::
 
     import gradsync.distributed  # registers the backend
     torch.distributed.init_process_group("gradsync")
 
 works under ``torchrun`` and ``gradsync launch`` (or any ``env://``, ``tcp://`` or ``file://``
-rendezvous), and the usual collectives and an unmodified ``DistributedDataParallel`` model run
-on gradsync.
+rendezvous), and the usual collectives, an unmodified ``DistributedDataParallel`` model, FSDP2
+(``fully_shard``), HSDP on a 2-D ``DeviceMesh``, ``ZeroRedundancyOptimizer`` and MoE-style
+all-to-all run on gradsync.
 
 How a group is formed: torch's own store (the one ``init_process_group`` rendezvoused on) is
 used only to find gradsync's. Rank 0 of the group starts a :class:`gradsync.StoreServer` on a
@@ -50,12 +51,21 @@ ones already queued run to their end (each bounded by the timeout) while the com
 What the backend implements:
 
 - ``allreduce`` (and ``allreduce_coalesced``) with ``SUM``, ``PRODUCT``, ``MIN``, ``MAX``,
-  ``AVG``; bool tensors are reduced as bytes (``SUM``/``MAX`` are logical or, ``MIN``/``PRODUCT``
-  logical and);
-- ``broadcast``, ``reduce``, ``allgather`` (list form and ``all_gather_into_tensor``),
-  ``reduce_scatter`` (list form and ``reduce_scatter_tensor``), ``barrier``;
-- ``gather`` and ``scatter``, built on all-gather and broadcast (every rank moves the whole
-  data; fine for objects and metadata, not meant for bulk data);
+  ``AVG``, and ``BAND``, ``BOR``, ``BXOR`` on integer and bool tensors; bool tensors are reduced
+  as bytes (``SUM``/``MAX`` are logical or, ``MIN``/``PRODUCT`` logical and);
+- ``broadcast``, ``reduce``, ``barrier``;
+- ``allgather`` (list form, ``all_gather_into_tensor`` and its coalesced form
+  ``allgather_into_tensor_coalesced``) and ``reduce_scatter`` (list form,
+  ``reduce_scatter_tensor`` and ``reduce_scatter_tensor_coalesced``): what FSDP2, HSDP and
+  DTensor's functional collectives call. They run in place by NCCL's rule: an all-gather whose
+  input is exactly block ``rank`` of its output (what FSDP2 passes), a reduce-scatter whose
+  output is exactly block ``rank`` of its input; gradsync is then handed the aliasing buffers,
+  nothing is copied. Any other overlap of input and output raises :class:`ValueError` saying so;
+- ``gather`` and ``scatter`` on gradsync's rooted gather and scatter (each rank sends or
+  receives its own block only), and so ``gather_object`` and ``scatter_object_list``;
+- ``all_to_all_single`` without split sizes (gradsync's all-to-all) and with them, uneven, zeros
+  included (its all-to-allv: MoE token routing), and ``all_to_all`` of tensor lists (sizes may
+  differ per peer); input and output must not overlap;
 - ``send``/``recv``, ``isend``/``irecv`` and ``batch_isend_irecv``. Each direction between two
   ranks has its own two-rank gradsync communicator and its own thread; the first message either
   way between two ranks connects both directions (through the group's store, about 0.1 s on one
@@ -72,15 +82,30 @@ What the backend implements:
   ``recv`` wait for each other until the timeout and then fail (the error says so); use
   ``isend``/``irecv`` or ``batch_isend_irecv`` for exchanges.
 
-Other operations (``all_to_all``, ``recv`` from any source, sparse all-reduce, ``PREMUL_SUM`` and
-the bitwise reductions) raise :class:`NotImplementedError` naming the operation.
+Other operations (``recv`` from any source, sparse all-reduce, ``PREMUL_SUM``) raise
+:class:`NotImplementedError` naming the operation.
 
-Data movement (broadcast, gathers, scatter, send/recv) works on any dtype, moved as bytes;
-reductions need one of gradsync's types (float32, float64, float16, bfloat16, int32, int64,
-uint8) or bool. Non-contiguous tensors are reduced through a contiguous copy.
+Data movement (broadcast, gathers, scatter, all-to-all, send/recv) works on any dtype, moved as
+bytes; reductions need one of gradsync's types (float32, float64, float16, bfloat16, int32,
+int64, uint8) or bool, and the bitwise ones any integer type (reduced as bytes where gradsync has
+no such type). Non-contiguous tensors are used through a contiguous copy.
+
+CUDA tensors: gradsync moves host memory, so a collective on CUDA tensors is staged through
+pinned host buffers (see ``gradsync._staging``): it is cut in chunks of
+``GRADSYNC_STAGING_CHUNK`` bytes (4 MiB), each copied to the host on a copy stream, reduced or
+moved by gradsync as soon as it has landed, and copied back on a second copy stream, so that
+the copies of one chunk overlap the communication of others; at most ``GRADSYNC_STAGING_DEPTH``
+chunks (4) of a group are staged at once, and the pinned buffers are reused. The copies wait
+for what was queued on the caller's current stream before the call, and the work completes (its
+``wait()`` returns, its future gets its value) only once the results are in the caller's
+tensors, so kernels queued afterwards on any stream read them. A call's tensors must be on one
+device. CPU tensors are used in place as before; a CPU operation called while CUDA ones wait to
+be staged is submitted after them, so every rank runs a group's operations in call order.
+Each copy is bounded by the communicator's timeout. ``scripts/gpu-check.sh`` runs DDP and FSDP2
+on CUDA tensors against Gloo on a machine with a GPU.
 
 The DDP communication hook, for jobs that keep Gloo (or any backend) as the process group and
-let gradsync all-reduce only the gradients::
+let gradsync all-reduce only the gradients (of a model on CPU: a bucket on a GPU is refused)::
 
     state = gradsync.distributed.make_hook_state()   # after init_process_group
     model = DistributedDataParallel(model)
@@ -101,7 +126,9 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import Backend as _C10dBackend
 from torch._C._distributed_c10d import ReduceOp
 
-from . import Communicator, GradsyncError, StoreServer
+from . import Communicator, GradsyncError, StoreServer, _staging
+from ._staging import Call as _Call
+from ._staging import wait_event
 
 __all__ = [
     "BACKEND_NAME",
@@ -432,31 +459,94 @@ class _GradsyncWork(dist._Work):
 # Tensors
 
 
+# torch's reduction operators and gradsync's names for them.
+_OPS = (
+    (ReduceOp.SUM, "sum"),
+    (ReduceOp.PRODUCT, "prod"),
+    (ReduceOp.MIN, "min"),
+    (ReduceOp.MAX, "max"),
+    (ReduceOp.AVG, "avg"),
+    (ReduceOp.BAND, "band"),
+    (ReduceOp.BOR, "bor"),
+    (ReduceOp.BXOR, "bxor"),
+)
+_BITWISE = ("band", "bor", "bxor")
+
+
 def _op_name(reduce_op: object, where: str) -> str:
     """gradsync's name of a ``ReduceOp`` (or ``RedOpType``)."""
     kind = getattr(reduce_op, "op", reduce_op)
-    if kind == ReduceOp.SUM:
-        return "sum"
-    if kind == ReduceOp.PRODUCT:
-        return "prod"
-    if kind == ReduceOp.MIN:
-        return "min"
-    if kind == ReduceOp.MAX:
-        return "max"
-    if kind == ReduceOp.AVG:
-        return "avg"
+    for torch_op, name in _OPS:
+        if kind == torch_op:
+            return name
     name = getattr(kind, "name", str(kind))
     raise NotImplementedError(
         f"gradsync backend: {where} with ReduceOp.{name} is not supported "
-        "(supported: SUM, PRODUCT, MIN, MAX, AVG)"
+        "(supported: SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR, BXOR)"
     )
 
 
-def _check_cpu(t: torch.Tensor, where: str) -> None:
-    if t.device.type != "cpu":
-        raise ValueError(f"gradsync backend: {where}: tensor is on {t.device}; gradsync works on CPU tensors")
+def _check_tensor(t: torch.Tensor, where: str) -> None:
     if t.is_sparse:
         raise NotImplementedError(f"gradsync backend: {where} of a sparse tensor is not supported")
+    if t.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"gradsync backend: {where}: tensor is on {t.device}; gradsync works on CPU and CUDA tensors")
+
+
+def _device_of(tensors: Iterable[torch.Tensor], where: str) -> torch.device:
+    """The one device of a call's tensors (CPU when it has none); checks each tensor."""
+    devices = []
+    for t in tensors:
+        _check_tensor(t, where)
+        if t.device not in devices:
+            devices.append(t.device)
+    if len(devices) > 1:
+        raise ValueError(
+            f"gradsync backend: {where}: the tensors of one call are on several devices "
+            f"({', '.join(str(d) for d in devices)})"
+        )
+    return devices[0] if devices else torch.device("cpu")
+
+
+def _span(t: torch.Tensor) -> Optional[Tuple[int, int]]:
+    """The byte range ``[start, end)`` a tensor's elements lie in; ``None`` when empty."""
+    if t.numel() == 0:
+        return None
+    lo = hi = t.data_ptr()
+    for size, stride in zip(t.shape, t.stride()):
+        extent = (size - 1) * stride * t.element_size()
+        if extent >= 0:
+            hi += extent
+        else:
+            lo += extent
+    return lo, hi + t.element_size()
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.device != b.device:
+        return False
+    sa, sb = _span(a), _span(b)
+    return sa is not None and sb is not None and sa[0] < sb[1] and sb[0] < sa[1]
+
+
+def _is_block(part: torch.Tensor, whole: torch.Tensor, index: int, count: int) -> bool:
+    """Whether ``part`` is exactly block ``index`` of ``count`` equal blocks of ``whole``."""
+    return (
+        part.is_contiguous()
+        and whole.is_contiguous()
+        and part.dtype == whole.dtype
+        and part.device == whole.device
+        and part.numel() * count == whole.numel()
+        and part.data_ptr() == whole.data_ptr() + index * part.numel() * part.element_size()
+    )
+
+
+def _in_place_error(where: str, what: str, rank: int, world: int, n: int) -> ValueError:
+    return ValueError(
+        f"gradsync backend: rank {rank}: {where}: {what}; in place, it must be exactly block "
+        f"{rank} of {world} of the other (elements [{rank * n}, {(rank + 1) * n}), both "
+        "contiguous); no other overlap of input and output is supported"
+    )
 
 
 class _Staged:
@@ -468,7 +558,7 @@ class _Staged:
         if t.is_contiguous():
             self.buf = t
         else:
-            self.buf = t.contiguous() if copy_in else torch.empty(t.shape, dtype=t.dtype)
+            self.buf = t.contiguous() if copy_in else torch.empty(t.shape, dtype=t.dtype, device=t.device)
 
     @property
     def staged(self) -> bool:
@@ -490,8 +580,21 @@ def _movable(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype in _REDUCIBLE else _as_bytes(t)
 
 
+def _2d(t: torch.Tensor, rows: int = 1) -> torch.Tensor:
+    """A contiguous tensor as ``rows`` blocks (a view)."""
+    return t.view(rows, t.numel() // rows)
+
+
 def _reducible(t: torch.Tensor, op: str, where: str) -> Tuple[torch.Tensor, str]:
-    """``t`` and ``op`` as gradsync can reduce them (bool as bytes, or/and)."""
+    """``t`` and ``op`` as gradsync can reduce them: bool as bytes (or/and), and the bitwise
+    operators on any integer type as bytes (each byte of the result depends on that byte of the
+    inputs only)."""
+    if op in _BITWISE:
+        if t.dtype in (torch.int32, torch.int64, torch.uint8):
+            return t, op
+        if not t.dtype.is_floating_point and not t.dtype.is_complex:
+            return _as_bytes(t), op
+        raise TypeError(f"gradsync backend: {where}: ReduceOp.{op.upper()} needs an integer or bool tensor, got {t.dtype}")
     if t.dtype in _REDUCIBLE:
         return t, op
     if t.dtype == torch.bool:
@@ -502,7 +605,8 @@ def _reducible(t: torch.Tensor, op: str, where: str) -> Tuple[torch.Tensor, str]
         raise NotImplementedError(f"gradsync backend: {where} of bool tensors with {op} is not supported")
     raise TypeError(
         f"gradsync backend: {where}: dtype {t.dtype} cannot be reduced "
-        "(float32, float64, float16, bfloat16, int32, int64, uint8, bool can)"
+        "(float32, float64, float16, bfloat16, int32, int64, uint8, bool can; "
+        "with BAND, BOR, BXOR every integer type)"
     )
 
 
@@ -530,6 +634,31 @@ def _copy_backs(staged: Iterable[_Staged]) -> Optional[Callable[[], None]]:
             s.copy_back()
 
     return run
+
+
+def _p2p_staged(comm: Communicator, buf: torch.Tensor, sending: bool, staging, ready, timeout: float, where: str) -> None:
+    """Sends (or receives) a device tensor through a host buffer of ``staging``."""
+    flat = buf.reshape(-1)
+    nbytes = flat.numel() * flat.element_size()
+    host, fence = staging.pool.take(nbytes)
+    last = fence
+    try:
+        wait_event(fence, timeout, where)
+        h = host[:nbytes].view(flat.dtype)
+        if sending:
+            with staging.on_host_stream(ready):
+                h.copy_(flat, non_blocking=True)
+                last = staging.record()
+            wait_event(last, timeout, where)
+            comm.send(h, 1)
+        else:
+            comm.recv(h, 0)
+            with staging.on_device_stream(ready):
+                flat.copy_(h, non_blocking=True)
+                last = staging.record()
+            wait_event(last, timeout, where)
+    finally:
+        staging.pool.give(host, last)
 
 
 # --------------------------------------------------------------------------------------------
@@ -615,21 +744,41 @@ class _Pair:
         """(sender, receiver) of the direction ``sending`` names."""
         return (self.rank, self.peer) if sending else (self.peer, self.rank)
 
-    def submit(self, sending: bool, bufs: Sequence[torch.Tensor], result: object, after: Optional[Callable[[], None]]) -> _Op:
-        """Queues the transfer of ``bufs`` (to the peer when ``sending``, else from it)."""
+    def submit(
+        self,
+        sending: bool,
+        bufs: Sequence[torch.Tensor],
+        result: object,
+        after: Optional[Callable[[], None]],
+        staging=None,
+    ) -> _Op:
+        """Queues the transfer of ``bufs`` (to the peer when ``sending``, else from it); with
+        ``staging``, device tensors go through its host buffers (and ``after`` runs on its
+        copy-back stream)."""
+        way = f"send to rank {self.peer}" if sending else f"recv from rank {self.peer}"
+        where = f"gradsync backend: rank {self.rank}: {way}"
+        ready = staging.ready() if staging is not None else None
 
         def run() -> None:
             try:
                 comm = self._communicator(sending)
                 for b in bufs:
-                    if sending:
+                    if staging is not None:
+                        _p2p_staged(comm, b, sending, staging, ready, self._unit, where)
+                    elif sending:
                         comm.send(b, 1)
                     else:
                         comm.recv(b, 0)
+                if staging is not None and after is not None:
+                    with staging.on_device_stream(ready):
+                        after()
+                        done = staging.record()
+                    wait_event(done, self._unit, where)
             except GradsyncError as e:
+                if str(e).startswith(where):
+                    raise
                 # gradsync's message numbers the ranks of the two-rank communicator.
                 src, dst = self._ends(sending)
-                way = f"send to rank {self.peer}" if sending else f"recv from rank {self.peer}"
                 hint = ""
                 if sending and "timed out" in str(e):
                     hint = (
@@ -639,10 +788,12 @@ class _Pair:
                         "receive, use isend/irecv or batch_isend_irecv"
                     )
                 raise GradsyncError(
-                    f"gradsync backend: rank {self.rank}: {way}: {e} (ranks of the communicator "
+                    f"{where}: {e} (ranks of the communicator "
                     f"of messages from rank {src} to rank {dst}: 0 is rank {src}, 1 is rank {dst}){hint}"
                 ) from e
 
+        if staging is not None:
+            after = None
         completer = self._completers.get(sending)
         first = completer is None
         if first:
@@ -650,8 +801,8 @@ class _Pair:
             completer = _Completer(f"gradsync-p2p-rank{self.rank}-{way}", self.rank, self._unit)
             self._completers[sending] = completer
         # A direction's first op may also wait for the connection of both: for each, the peer's
-        # address and the communicator's init.
-        units = len(bufs) + (4 if first else 0)
+        # address and the communicator's init. A staged transfer also waits for its copies.
+        units = len(bufs) * (3 if staging is not None else 1) + (4 if first else 0)
         name = "send" if sending else "recv"
         return completer.submit(_Op(name, (), result, after, run=run, units=units))
 
@@ -715,6 +866,7 @@ class GradsyncBackend(_C10dBackend):
         self._pairs: dict = {}
         self._pairs_lock = threading.Lock()
         self._shut = False
+        self._init_staging()
 
     # -- identity ------------------------------------------------------------------------
 
@@ -741,8 +893,75 @@ class GradsyncBackend(_C10dBackend):
 
     # -- helpers -------------------------------------------------------------------------
 
+    def _init_staging(self) -> None:
+        """State of the CUDA path (see ``_staging``): made when the group is built, the stager
+        thread and the pinned buffers on first use."""
+        self._staging_lock = threading.Lock()
+        self._order_lock = threading.Lock()
+        self._stager: Optional[_staging.Stager] = None
+        self._slots: Optional[threading.Semaphore] = None
+        self._cuda: dict = {}  # torch.device -> CudaStaging
+        self._pinned: Optional[_staging.HostPool] = None
+        self._host: Optional[_staging.HostStaging] = None
+        # Tests set this to run CPU tensors through the staging pipeline (synchronous copies).
+        self._stage_host_tensors = False
+
+    def _staging_for(self, device: torch.device):
+        """How tensors on ``device`` are staged: ``None`` for CPU tensors used in place."""
+        if device.type == "cpu" and not self._stage_host_tensors:
+            return None
+        with self._staging_lock:
+            if self._slots is None:
+                depth = _staging.depth()
+                self._slots = threading.Semaphore(depth)
+                self._pinned = _staging.HostPool(pinned=True, keep=2 * depth)
+            if device.type == "cpu":
+                if self._host is None:
+                    self._host = _staging.HostStaging(_staging.HostPool(pinned=False, keep=2 * _staging.depth()))
+                return self._host
+            staging = self._cuda.get(device)
+            if staging is None:
+                staging = self._cuda[device] = _staging.CudaStaging(device, self._pinned)
+            return staging
+
     def _work(self, name: str, works: Sequence, result: object, after: Optional[Callable[[], None]] = None):
         op = self._completer.submit(_Op(name, works, result, after))
+        return _GradsyncWork(op, self.rank())
+
+    def _run(
+        self,
+        name: str,
+        device: torch.device,
+        calls: Sequence[_Call],
+        result: object,
+        after: Optional[Callable[[], None]] = None,
+    ) -> _GradsyncWork:
+        """Queues the gradsync operations of one torch call and returns its work.
+
+        CPU tensors go to gradsync at once, unless operations wait in the stager (then they
+        follow them there); staged tensors (CUDA) go through the stager.
+        """
+        staging = self._staging_for(device)
+        with self._order_lock:
+            if self._shut:
+                raise RuntimeError(f"gradsync backend: rank {self.rank()}: {name}: the group was shut down")
+            if staging is None and (self._stager is None or not self._stager.busy):
+                return self._work(name, [c.direct() for c in calls], result, after)
+            if self._stager is None:
+                self._stager = _staging.Stager(f"gradsync-stager-rank{self.rank()}")
+            if staging is None:
+                sop = _staging.DeferredOp(calls)
+            else:
+                where = f"gradsync backend: rank {self.rank()}: {name}"
+                sop = _staging.StagedOp(staging, calls, self._slots, self._comm.timeout, where, after)
+                after = None
+            op = _Op(name, (), result, after, units=sop.units)
+            if staging is None:
+                op.run = lambda: sop.complete(op.deadline, name)
+            else:
+                op.run = lambda: sop.complete(op.deadline)
+            self._completer.submit(op)
+            self._stager.defer(lambda: sop.submit(op.deadline), name)
         return _GradsyncWork(op, self.rank())
 
     def _unsupported(self, what: str):
@@ -752,17 +971,21 @@ class GradsyncBackend(_C10dBackend):
     #
     # Every tensor of a call is checked (and staged) before anything is queued, so that a bad
     # tensor raises on its rank without leaving the call's earlier operations queued there.
+    # Each collective becomes gradsync calls (``_Call``): run on CPU tensors in place, or
+    # staged through host memory (CUDA).
 
     def allreduce(self, tensors, opts):
         op = _op_name(opts.reduceOp, "allreduce")
-        staged, bufs = [], []
+        device = _device_of(tensors, "allreduce")
+        comm = self._comm
+        staged, calls = [], []
         for t in tensors:
-            _check_cpu(t, "allreduce")
             s = _Staged(t, copy_in=True)
-            bufs.append(_reducible(s.buf, op, "allreduce"))
+            buf, gop = _reducible(s.buf, op, "allreduce")
+            b = _2d(buf)
+            calls.append(_Call(lambda i, o, gop=gop: comm.all_reduce_async(o, gop), b, b, alias="same"))
             staged.append(s)
-        works = [self._comm.all_reduce_async(buf, gop) for buf, gop in bufs]
-        return self._work("allreduce", works, list(tensors), _copy_backs(staged))
+        return self._run("allreduce", device, calls, list(tensors), _copy_backs(staged))
 
     def allreduce_coalesced(self, tensors, opts):
         return self.allreduce(tensors, opts)
@@ -772,66 +995,84 @@ class GradsyncBackend(_C10dBackend):
 
     def broadcast(self, tensors, opts):
         root = opts.rootRank
-        staged = []
+        device = _device_of(tensors, "broadcast")
+        comm = self._comm
+        staged, calls = [], []
         for t in tensors:
-            _check_cpu(t, "broadcast")
-            staged.append(_Staged(t, copy_in=self.rank() == root))
-        works = [self._comm.broadcast_async(_movable(s.buf), root) for s in staged]
-        return self._work("broadcast", works, list(tensors), _copy_backs(staged))
+            s = _Staged(t, copy_in=self.rank() == root)
+            b = _2d(_movable(s.buf))
+            calls.append(
+                _Call(lambda i, o: comm.broadcast_async(o, root), b if self.rank() == root else None, b, alias="same")
+            )
+            staged.append(s)
+        return self._run("broadcast", device, calls, list(tensors), _copy_backs(staged))
 
     def reduce(self, tensors, opts):
         op = _op_name(opts.reduceOp, "reduce")
         root = opts.rootRank
+        device = _device_of(tensors, "reduce")
+        comm = self._comm
         calls, afters = [], []
         for t in tensors:
-            _check_cpu(t, "reduce")
             s = _Staged(t, copy_in=True)
             buf, gop = _reducible(s.buf, op, "reduce")
+
+            def fn(i, o, gop=gop):
+                return comm.reduce_async(i, o, gop, root)
+
             if self.rank() == root:
                 # gradsync's reduce is out of place: reduce a copy of the input into the tensor.
-                calls.append((buf.clone(), buf, gop))
+                calls.append(_Call(fn, _2d(buf.clone()), _2d(buf)))
                 if s.staged:
                     afters.append(s.copy_back)
             else:
-                calls.append((buf, None, gop))
-        works = [self._comm.reduce_async(i, o, gop, root) for i, o, gop in calls]
-        return self._work("reduce", works, list(tensors), _chain(*afters))
+                calls.append(_Call(fn, _2d(buf), None))
+        return self._run("reduce", device, calls, list(tensors), _chain(*afters))
 
     def allgather(self, output_tensors, input_tensors, opts):
         world = self.size()
+        device = _device_of([*input_tensors, *(o for outs in output_tensors for o in outs)], "allgather")
+        comm = self._comm
         calls, afters = [], []
         for outs, inp in zip(output_tensors, input_tensors):
-            _check_cpu(inp, "allgather")
             if len(outs) != world:
                 raise ValueError(
                     f"gradsync backend: allgather: {len(outs)} output tensors for a group of {world}"
                 )
             for o in outs:
-                _check_cpu(o, "allgather")
                 if o.numel() != inp.numel() or o.dtype != inp.dtype:
                     raise ValueError(
                         "gradsync backend: allgather: every output tensor must have the input's "
                         f"size and dtype ({inp.numel()} x {inp.dtype}), got {o.numel()} x {o.dtype}"
                     )
             src = _movable(inp.contiguous())
-            flat = torch.empty(world * src.numel(), dtype=src.dtype)
-            calls.append((src, flat))
+            flat = torch.empty(world * src.numel(), dtype=src.dtype, device=device)
+            calls.append(_Call(lambda i, o: comm.all_gather_async(i, o), _2d(src), _2d(flat, world), rows=world))
             afters.append(_scatter_copy(flat, outs))
-        works = [self._comm.all_gather_async(src, flat) for src, flat in calls]
-        return self._work("allgather", works, [list(o) for o in output_tensors], _chain(*afters))
+        return self._run("allgather", device, calls, [list(o) for o in output_tensors], _chain(*afters))
 
-    def _all_gather_single(self, output, input):
-        """Checks an ``all_gather_into_tensor`` and stages it: ``(input, output, staged)``."""
-        _check_cpu(output, "all_gather_into_tensor")
-        _check_cpu(input, "all_gather_into_tensor")
-        if output.numel() != self.size() * input.numel() or output.dtype != input.dtype:
+    def _all_gather_single(self, output, input, where):
+        """A ``_Call`` for an ``all_gather_into_tensor``, and the staged output (or ``None``).
+
+        In place (NCCL's rule) when the input is exactly the output's block ``rank``."""
+        world, rank = self.size(), self.rank()
+        if output.numel() != world * input.numel() or output.dtype != input.dtype:
             raise ValueError(
-                "gradsync backend: all_gather_into_tensor: the output must hold world_size x the "
-                f"input ({self.size()} x {input.numel()} x {input.dtype}), got "
+                f"gradsync backend: {where}: the output must hold world_size x the "
+                f"input ({world} x {input.numel()} x {input.dtype}), got "
                 f"{output.numel()} x {output.dtype}"
             )
+        comm = self._comm
+
+        def fn(i, o):
+            return comm.all_gather_async(i, o)
+
+        if _overlaps(input, output):
+            if not _is_block(input, output, rank, world):
+                raise _in_place_error(where, "the input overlaps the output but is not its block", rank, world, input.numel())
+            return _Call(fn, _2d(_movable(input)), _2d(_movable(output), world), alias="in_block", block=rank, rows=world), None
         s = _Staged(output, copy_in=False)
-        return _movable(input.contiguous()), _movable(s.buf), s
+        return _Call(fn, _2d(_movable(input.contiguous())), _2d(_movable(s.buf), world), rows=world), s
 
     def all_gather_single(self, output, input, opts):
         return self.all_gather_single_coalesced([output], [input], opts, name="all_gather_into_tensor")
@@ -842,52 +1083,70 @@ class GradsyncBackend(_C10dBackend):
         return self.allgather(output_lists, input_tensors, opts)
 
     def all_gather_single_coalesced(self, outputs, inputs, opts, name="all_gather_into_tensor_coalesced"):
-        parts = [self._all_gather_single(o, i) for o, i in zip(outputs, inputs)]
-        works = [self._comm.all_gather_async(i, o) for i, o, _ in parts]
-        return self._work(name, works, list(outputs), _copy_backs([s for _, _, s in parts]))
+        device = _device_of([*outputs, *inputs], name)
+        parts = [self._all_gather_single(o, i, name) for o, i in zip(outputs, inputs)]
+        staged = [s for _, s in parts if s is not None]
+        return self._run(name, device, [c for c, _ in parts], list(outputs), _copy_backs(staged))
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def reduce_scatter(self, output_tensors, input_tensors, opts):
         op = _op_name(opts.reduceOp, "reduce_scatter")
         world = self.size()
+        device = _device_of([*output_tensors, *(i for ins in input_tensors for i in ins)], "reduce_scatter")
+        comm = self._comm
         calls, staged = [], []
         for out, ins in zip(output_tensors, input_tensors):
-            _check_cpu(out, "reduce_scatter")
             if len(ins) != world:
                 raise ValueError(
                     f"gradsync backend: reduce_scatter: {len(ins)} input tensors for a group of {world}"
                 )
             for i in ins:
-                _check_cpu(i, "reduce_scatter")
                 if i.numel() != out.numel() or i.dtype != out.dtype:
                     raise ValueError(
                         "gradsync backend: reduce_scatter: every input tensor must have the output's "
                         f"size and dtype ({out.numel()} x {out.dtype}), got {i.numel()} x {i.dtype}"
                     )
-            flat = torch.cat([i.reshape(-1) for i in ins]) if out.numel() else torch.empty(0, dtype=out.dtype)
+            flat = torch.cat([i.reshape(-1) for i in ins]) if out.numel() else torch.empty(0, dtype=out.dtype, device=device)
             s = _Staged(out, copy_in=False)
             fin, gop = _reducible(flat, op, "reduce_scatter")
             fout, _ = _reducible(s.buf, op, "reduce_scatter")
-            calls.append((fin, fout, gop))
+            calls.append(
+                _Call(lambda i, o, gop=gop: comm.reduce_scatter_async(i, o, gop), _2d(fin, world), _2d(fout), rows=world)
+            )
             staged.append(s)
-        works = [self._comm.reduce_scatter_async(fin, fout, gop) for fin, fout, gop in calls]
-        return self._work("reduce_scatter", works, list(output_tensors), _copy_backs(staged))
+        return self._run("reduce_scatter", device, calls, list(output_tensors), _copy_backs(staged))
 
-    def _reduce_scatter_single(self, output, input, op):
-        """Checks a ``reduce_scatter_tensor`` and stages it: ``(input, output, op, staged)``."""
-        _check_cpu(output, "reduce_scatter_tensor")
-        _check_cpu(input, "reduce_scatter_tensor")
-        if input.numel() != self.size() * output.numel() or output.dtype != input.dtype:
+    def _reduce_scatter_single(self, output, input, op, where):
+        """A ``_Call`` for a ``reduce_scatter_tensor``, and the staged output (or ``None``).
+
+        In place (NCCL's rule) when the output is exactly the input's block ``rank``."""
+        world, rank = self.size(), self.rank()
+        if input.numel() != world * output.numel() or output.dtype != input.dtype:
             raise ValueError(
-                "gradsync backend: reduce_scatter_tensor: the input must hold world_size x the "
-                f"output ({self.size()} x {output.numel()} x {output.dtype}), got "
+                f"gradsync backend: {where}: the input must hold world_size x the "
+                f"output ({world} x {output.numel()} x {output.dtype}), got "
                 f"{input.numel()} x {input.dtype}"
             )
+        comm = self._comm
+        if _overlaps(input, output):
+            if not _is_block(output, input, rank, world):
+                raise _in_place_error(where, "the output overlaps the input but is not its block", rank, world, output.numel())
+            fin, gop = _reducible(input, op, where)
+            fout, _ = _reducible(output, op, where)
+            call = _Call(
+                lambda i, o: comm.reduce_scatter_async(i, o, gop),
+                _2d(fin, world),
+                _2d(fout),
+                alias="out_block",
+                block=rank,
+                rows=world,
+            )
+            return call, None
         s = _Staged(output, copy_in=False)
-        fin, gop = _reducible(input.contiguous(), op, "reduce_scatter_tensor")
-        fout, _ = _reducible(s.buf, op, "reduce_scatter_tensor")
-        return fin, fout, gop, s
+        fin, gop = _reducible(input.contiguous(), op, where)
+        fout, _ = _reducible(s.buf, op, where)
+        return _Call(lambda i, o: comm.reduce_scatter_async(i, o, gop), _2d(fin, world), _2d(fout), rows=world), s
 
     def reduce_scatter_single(self, output, input, opts):
         return self.reduce_scatter_single_coalesced([output], [input], opts, name="reduce_scatter_tensor")
@@ -896,72 +1155,170 @@ class GradsyncBackend(_C10dBackend):
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts, name="reduce_scatter_tensor_coalesced"):
         op = _op_name(opts.reduceOp, name)
-        parts = [self._reduce_scatter_single(o, i, op) for o, i in zip(outputs, inputs)]
-        works = [self._comm.reduce_scatter_async(fin, fout, gop) for fin, fout, gop, _ in parts]
-        return self._work(name, works, list(outputs), _copy_backs([s for *_, s in parts]))
+        device = _device_of([*outputs, *inputs], name)
+        parts = [self._reduce_scatter_single(o, i, op, name) for o, i in zip(outputs, inputs)]
+        staged = [s for _, s in parts if s is not None]
+        return self._run(name, device, [c for c, _ in parts], list(outputs), _copy_backs(staged))
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     def gather(self, output_tensors, input_tensors, opts):
-        # Built on all-gather: every rank receives everything, the root keeps it.
         root = opts.rootRank
-        world = self.size()
+        world, rank = self.size(), self.rank()
+        outputs = [o for outs in output_tensors for o in outs] if rank == root else []
+        device = _device_of([*input_tensors, *outputs], "gather")
+        comm = self._comm
         calls, afters = [], []
         for idx, inp in enumerate(input_tensors):
-            _check_cpu(inp, "gather")
             src = _movable(inp.contiguous())
-            flat = torch.empty(world * src.numel(), dtype=src.dtype)
-            if self.rank() == root:
+            out = None
+            if rank == root:
                 outs = output_tensors[idx]
                 if len(outs) != world:
                     raise ValueError(f"gradsync backend: gather: {len(outs)} output tensors for a group of {world}")
                 for o in outs:
-                    _check_cpu(o, "gather")
+                    if o.numel() != inp.numel() or o.dtype != inp.dtype:
+                        raise ValueError(
+                            "gradsync backend: gather: every output tensor must have the input's "
+                            f"size and dtype ({inp.numel()} x {inp.dtype}), got {o.numel()} x {o.dtype}"
+                        )
+                flat = torch.empty(world * src.numel(), dtype=src.dtype, device=device)
+                out = _2d(flat, world)
                 afters.append(_scatter_copy(flat, outs))
-            calls.append((src, flat))
-        works = [self._comm.all_gather_async(src, flat) for src, flat in calls]
-        result = [list(o) for o in output_tensors] if self.rank() == root else []
-        return self._work("gather", works, result, _chain(*afters))
+
+            calls.append(_Call(lambda i, o: comm.gather_async(i, o, root), _2d(src), out, rows=world))
+        result = [list(o) for o in output_tensors] if rank == root else []
+        return self._run("gather", device, calls, result, _chain(*afters))
 
     def scatter(self, output_tensors, input_tensors, opts):
-        # Built on broadcast: the root sends everything, every rank keeps its part.
         root = opts.rootRank
-        world = self.size()
-        flats, afters = [], []
+        world, rank = self.size(), self.rank()
+        inputs = [i for ins in input_tensors for i in ins] if rank == root else []
+        device = _device_of([*output_tensors, *inputs], "scatter")
+        comm = self._comm
+        calls, staged = [], []
         for idx, out in enumerate(output_tensors):
-            _check_cpu(out, "scatter")
-            n = _movable(out.contiguous()).numel()
-            if self.rank() == root:
+            s = _Staged(out, copy_in=False)
+            dst = _movable(s.buf)
+            src = None
+            if rank == root:
                 ins = input_tensors[idx]
                 if len(ins) != world:
                     raise ValueError(f"gradsync backend: scatter: {len(ins)} input tensors for a group of {world}")
                 for i in ins:
-                    _check_cpu(i, "scatter")
-                flat = torch.cat([_movable(i.contiguous()) for i in ins])
-            else:
-                flat = torch.empty(world * n, dtype=_movable(out.contiguous()).dtype)
-            flats.append(flat)
-            afters.append(_take_part(flat, out, self.rank() * n, n))
-        works = [self._comm.broadcast_async(flat, root) for flat in flats]
-        return self._work("scatter", works, list(output_tensors), _chain(*afters))
+                    if i.numel() != out.numel() or i.dtype != out.dtype:
+                        raise ValueError(
+                            "gradsync backend: scatter: every input tensor must have the output's "
+                            f"size and dtype ({out.numel()} x {out.dtype}), got {i.numel()} x {i.dtype}"
+                        )
+                src = _2d(torch.cat([_movable(i.contiguous()).reshape(-1) for i in ins]), world)
+
+            calls.append(_Call(lambda i, o: comm.scatter_async(i, o, root), src, _2d(dst), rows=world))
+            staged.append(s)
+        return self._run("scatter", device, calls, list(output_tensors), _copy_backs(staged))
 
     def alltoall(self, output_tensors, input_tensors, opts):
-        self._unsupported("all_to_all")
+        where = "all_to_all"
+        world = self.size()
+        device = _device_of([*output_tensors, *input_tensors], where)
+        if len(output_tensors) != world or len(input_tensors) != world:
+            raise ValueError(
+                f"gradsync backend: {where}: {len(input_tensors)} input and {len(output_tensors)} "
+                f"output tensors for a group of {world}"
+            )
+        dtypes = {t.dtype for t in [*output_tensors, *input_tensors]}
+        if len(dtypes) != 1:
+            raise ValueError(f"gradsync backend: {where}: the tensors have several dtypes ({sorted(map(str, dtypes))})")
+        for o in output_tensors:
+            for i in input_tensors:
+                if _overlaps(o, i):
+                    raise ValueError(f"gradsync backend: {where}: an output tensor overlaps an input tensor")
+        src = torch.cat([_movable(t.contiguous()).reshape(-1) for t in input_tensors])
+        send = [_movable(t.contiguous()).numel() for t in input_tensors]
+        recv = [t.numel() * t.element_size() // src.element_size() for t in output_tensors]
+        flat = torch.empty(sum(recv), dtype=src.dtype, device=device)
+        call = self._all_to_all_call(src, send, flat, recv, even=False)
+        return self._run(where, device, [call], list(output_tensors), _split_copy(flat, recv, output_tensors))
+
+    def _all_to_all_call(self, src: torch.Tensor, send: Sequence[int], dst: torch.Tensor, recv: Sequence[int], even: bool) -> _Call:
+        """The gradsync call of an all-to-all of flat ``src`` (blocks of ``send`` elements, in
+        rank order) into flat ``dst`` (``recv``): ``all_to_all`` (chunked when staged) when the
+        call is ``even`` on every rank (``all_to_all_single`` without split sizes), else
+        ``all_to_allv``. The choice must not depend on this rank's sizes alone: every rank makes
+        the same gradsync call."""
+        world = self.size()
+        comm = self._comm
+        if even:
+            return _Call(lambda i, o: comm.all_to_all_async(i, o), _2d(src, world), _2d(dst, world), rows=world)
+        send, recv = [int(c) for c in send], [int(c) for c in recv]
+        return _Call(lambda i, o: comm.all_to_allv_async(i, send, o, recv), _2d(src), _2d(dst), chunked=False)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts):
-        self._unsupported("all_to_all_single")
+        where = "all_to_all_single"
+        world = self.size()
+        device = _device_of([output, input], where)
+        if output.dtype != input.dtype:
+            raise ValueError(f"gradsync backend: {where}: input of {input.dtype} but output of {output.dtype}")
+        if _overlaps(output, input):
+            raise ValueError(f"gradsync backend: rank {self.rank()}: {where}: the output overlaps the input (all-to-all is out of place)")
+
+        def splits(t: torch.Tensor, sizes, what: str) -> list:
+            rows = t.shape[0] if t.dim() else 1
+            if not sizes:
+                if rows % world:
+                    raise ValueError(
+                        f"gradsync backend: rank {self.rank()}: {where}: without split sizes the {what}'s "
+                        f"first dimension ({rows}) must divide by the group's size ({world})"
+                    )
+                return [rows // world] * world
+            sizes = [int(s) for s in sizes]
+            if len(sizes) != world or any(s < 0 for s in sizes) or sum(sizes) != rows:
+                raise ValueError(
+                    f"gradsync backend: rank {self.rank()}: {where}: {what} split sizes {sizes} must be "
+                    f"{world} non-negative sizes adding up to the {what}'s first dimension ({rows})"
+                )
+            return sizes
+
+        send_rows = splits(input, input_split_sizes, "input")
+        recv_rows = splits(output, output_split_sizes, "output")
+        row_in = input[0].numel() if input.dim() and input.shape[0] else None
+        row_out = output[0].numel() if output.dim() and output.shape[0] else None
+        if row_in is not None and row_out is not None and row_in != row_out:
+            raise ValueError(
+                f"gradsync backend: {where}: a row of the input has {row_in} elements but a row of "
+                f"the output {row_out}"
+            )
+        row = row_in if row_in is not None else (row_out if row_out is not None else 1)
+        s = _Staged(output, copy_in=False)
+        src = _movable(input.contiguous()).reshape(-1)
+        dst = _movable(s.buf).reshape(-1)
+        scale = 1 if input.dtype in _REDUCIBLE else input.element_size()  # bytes when moved as bytes
+        send = [r * row * scale for r in send_rows]
+        recv = [r * row * scale for r in recv_rows]
+        even = not output_split_sizes and not input_split_sizes
+        if even and src.numel() != dst.numel():
+            raise ValueError(
+                f"gradsync backend: rank {self.rank()}: {where}: without split sizes the input and "
+                f"output must have one size, got {input.numel()} and {output.numel()} elements"
+            )
+        call = self._all_to_all_call(src, send, dst, recv, even)
+        return self._run(where, device, [call], [output], _copy_backs([s]))
+
+    alltoall_base = all_to_all_single
 
     def barrier(self, opts):
-        return self._work("barrier", [self._comm.barrier_async()], [])
+        comm = self._comm
+        return self._run("barrier", torch.device("cpu"), [_Call(lambda i, o: comm.barrier_async(), None, None)], [])
 
     # -- point to point ------------------------------------------------------------------
 
-    def _p2p(self, where: str, peer: int, sending: bool, bufs, result, after) -> _GradsyncWork:
+    def _p2p(self, where: str, peer: int, sending: bool, bufs, result, after, device) -> _GradsyncWork:
         if not 0 <= peer < self.size() or peer == self.rank():
             raise ValueError(
                 f"gradsync backend: {where}: peer {peer} is not another rank of this group "
                 f"(rank {self.rank()} of {self.size()})"
             )
+        staging = self._staging_for(device)
         with self._pairs_lock:
             if self._shut:
                 raise RuntimeError(f"gradsync backend: rank {self.rank()}: {where}: the group was shut down")
@@ -969,21 +1326,19 @@ class GradsyncBackend(_C10dBackend):
             if pair is None:
                 pair = _Pair(self._store, self.rank(), peer, self._timeout, self._comm.timeout)
                 self._pairs[peer] = pair
-            op = pair.submit(sending, bufs, result, after)
+            op = pair.submit(sending, bufs, result, after, staging)
         return _GradsyncWork(op, self.rank())
 
     def send(self, tensors, dst, tag=0):
-        for t in tensors:
-            _check_cpu(t, "send")
+        device = _device_of(tensors, "send")
         bufs = [_movable(t.contiguous()) for t in tensors]
-        return self._p2p("send", dst, True, bufs, list(tensors), None)
+        return self._p2p("send", dst, True, bufs, list(tensors), None, device)
 
     def recv(self, tensors, src, tag=0):
-        for t in tensors:
-            _check_cpu(t, "recv")
+        device = _device_of(tensors, "recv")
         staged = [_Staged(t, copy_in=False) for t in tensors]
         bufs = [_movable(s.buf) for s in staged]
-        return self._p2p("recv", src, False, bufs, list(tensors), _copy_backs(staged))
+        return self._p2p("recv", src, False, bufs, list(tensors), _copy_backs(staged), device)
 
     def recv_anysource(self, tensors, tag=0):
         self._unsupported("recv from any source")
@@ -999,7 +1354,7 @@ class GradsyncBackend(_C10dBackend):
             # closes its pairs' communicators in the same order.
             pairs = sorted(self._pairs.values(), key=lambda p: p.order)
         errors = []
-        for close in [p.close for p in pairs] + [self._completer.close]:
+        for close in [p.close for p in pairs] + [self._close_stager, self._completer.close]:
             try:
                 close(wait)
             except BaseException as e:  # noqa: BLE001 - raised once everything is closed
@@ -1010,6 +1365,14 @@ class GradsyncBackend(_C10dBackend):
             errors.append(e)
         if errors:
             raise errors[0]
+
+    def _close_stager(self, wait: bool) -> None:
+        # The operations queued in the stager are still submitted; the completion thread's
+        # close waits for them (each bounded by its deadline).
+        with self._order_lock:
+            stager = self._stager
+        if stager is not None:
+            stager.close(None)
 
     def shutdown(self) -> None:
         """Waits for the queued operations to complete (each bounded by the communicator's
@@ -1045,9 +1408,14 @@ def _scatter_copy(flat: torch.Tensor, outs: Sequence[torch.Tensor]) -> Callable[
     return run
 
 
-def _take_part(flat: torch.Tensor, out: torch.Tensor, start: int, n: int) -> Callable[[], None]:
+def _split_copy(flat: torch.Tensor, counts: Sequence[int], outs: Sequence[torch.Tensor]) -> Callable[[], None]:
+    """Copies consecutive parts of ``flat``, of ``counts`` elements, into ``outs``."""
+
     def run() -> None:
-        _fill(out, flat[start : start + n])
+        start = 0
+        for n, o in zip(counts, outs):
+            _fill(o, flat[start : start + n])
+            start += n
 
     return run
 
@@ -1078,7 +1446,7 @@ def register() -> None:
     """Registers the backend ``"gradsync"`` with ``torch.distributed`` (done on import)."""
     if BACKEND_NAME.upper() in getattr(dist.Backend, "_plugins", {}):
         return
-    dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu"])
+    dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"])
 
 
 register()
@@ -1154,6 +1522,12 @@ def allreduce_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.F
     ``model.register_comm_hook(state, allreduce_hook)``.
     """
     buf = bucket.buffer()
+    if buf.device.type != "cpu":
+        raise ValueError(
+            f"gradsync.distributed.allreduce_hook: rank {state.comm.rank}: the gradient bucket is on "
+            f"{buf.device}; the hook all-reduces CPU buckets (for CUDA models use the process "
+            'group backend, init_process_group("gradsync"), which stages CUDA tensors)'
+        )
     buf.div_(state.world_size)
     work = state.comm.all_reduce_async(buf, "sum")
     return state._completer.submit(_Op("allreduce_hook", [work], buf, None)).future

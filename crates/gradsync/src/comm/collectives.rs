@@ -1,6 +1,11 @@
 //! The collective calls (all-reduce, reduce-scatter, all-gather, broadcast, reduce, barrier)
 //! and point-to-point send/receive, with the planning that numbers each call and fixes its
 //! signature.
+//!
+//! The reducing calls (all-reduce, reduce-scatter, reduce) take any [`ReduceOp`] for integer
+//! elements; for floating-point elements the bitwise operators (`Band`, `Bor`, `Bxor`) are
+//! refused with [`Error::InvalidArgument`](crate::Error::InvalidArgument) before anything is
+//! sent.
 
 use super::communicator::Communicator;
 use super::queue::{Pending, raw};
@@ -480,11 +485,31 @@ impl Communicator {
         output: RawBuf,
         in_place: bool,
     ) -> Result<()> {
+        self.check_op(coll, dtype, op)?;
         self.drive(true, None)?;
         self.engine.check_usable()?;
         let (sig, prog, algo) = self.plan(coll, dtype, op, root, count, in_place)?;
         // SAFETY: forwarded from the caller.
         unsafe { self.engine.start(sig, prog, algo, input, output) }
+    }
+
+    /// Checks that a reducing collective's operator is defined for its element type: a bitwise
+    /// operator over a floating-point type is refused here, before anything is queued or sent,
+    /// with an error naming the rank, the call, the operator and the type.
+    pub(super) fn check_op(
+        &self,
+        coll: Collective,
+        dtype: gradsync_core::DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let reduces = matches!(
+            coll,
+            Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce
+        );
+        if reduces && let Err(e) = op.check(dtype) {
+            return Err(self.invalid(coll.name(), e.to_string()));
+        }
+        Ok(())
     }
 
     /// Checks that the `big` buffer has `world` times the elements of the `small` one.

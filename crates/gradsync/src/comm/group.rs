@@ -63,7 +63,15 @@ impl Communicator {
 
 impl<'a> Group<'a> {
     fn push(mut self, call: Result<Call>) -> Result<Self> {
-        self.calls.push(call?);
+        let call = call?;
+        // An operator the type does not have is refused when it is added, not when it runs.
+        if let Call::Planned {
+            coll, dtype, op, ..
+        } = &call
+        {
+            self.comm.check_op(*coll, *dtype, *op)?;
+        }
+        self.calls.push(call);
         Ok(self)
     }
 

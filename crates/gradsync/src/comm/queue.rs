@@ -85,6 +85,7 @@ impl Communicator {
     /// blocking collective (which first completes the queue). Owning the buffer, the
     /// communicator can never leave memory shared with an operation in flight.
     pub fn all_reduce_owned<T: Element>(&mut self, buf: Vec<T>, op: ReduceOp) -> Result<Work<T>> {
+        self.check_op(Collective::AllReduce, T::DTYPE, op)?;
         self.engine.check_usable_or_running()?;
         let raw_buf = raw(&buf);
         let (sig, prog, algo) =

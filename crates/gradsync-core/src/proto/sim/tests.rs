@@ -64,10 +64,67 @@ fn mix(world: usize) -> Vec<CallSpec> {
             ..call(AllReduce, Ring, 999)
         },
     ];
+    // The bitwise operators, one per integer type.
+    v.extend([
+        CallSpec {
+            dtype: DataType::I64,
+            op: ReduceOp::Band,
+            ..call(AllReduce, Eager, 9)
+        },
+        CallSpec {
+            dtype: DataType::U8,
+            op: ReduceOp::Bor,
+            ..call(ReduceScatter, Ring, 67)
+        },
+        CallSpec {
+            dtype: DataType::I32,
+            op: ReduceOp::Bxor,
+            in_place: true,
+            ..call(AllReduce, Ring, 777)
+        },
+        CallSpec {
+            root: world - 1,
+            dtype: DataType::I32,
+            op: ReduceOp::Band,
+            ..call(Reduce, Tree, 65)
+        },
+    ]);
     if world > 1 {
         v.push(call(AllReduce, Central, 100));
     }
     v
+}
+
+/// A reducing call with a bitwise operator over a float type fails before any rank starts,
+/// naming the call, the operator and the type.
+#[test]
+fn bitwise_over_a_float_type_is_refused() {
+    for dtype in [DataType::F32, DataType::F64, DataType::F16, DataType::Bf16] {
+        let calls = [
+            call(Collective::AllReduce, Algorithm::Ring, 10),
+            CallSpec {
+                dtype,
+                op: ReduceOp::Bor,
+                ..call(Collective::ReduceScatter, Algorithm::Ring, 10)
+            },
+        ];
+        let err = run(&SimConfig::new(1), 3, &calls).unwrap_err();
+        assert_eq!(
+            err,
+            SimError::OpType {
+                call: 1,
+                source: crate::TypeError::OpNotForType {
+                    op: ReduceOp::Bor,
+                    dtype
+                }
+            }
+        );
+        assert!(
+            err.to_string()
+                .starts_with(&format!("call 1: reduction op bor is bitwise and is not defined for the floating-point type {dtype}")),
+            "{err}"
+        );
+    }
 }
 
 fn check(cfg: &SimConfig, world: usize, calls: &[CallSpec]) -> SimStats {

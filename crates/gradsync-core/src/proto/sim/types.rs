@@ -4,7 +4,7 @@ use crate::proto::action::Target;
 use crate::proto::error::ProtoError;
 use crate::schedule::{Algorithm, Loc};
 use crate::wire::DataHeaderRepr;
-use crate::{Collective, DataType, ReduceOp};
+use crate::{Collective, DataType, ReduceOp, TypeError};
 
 /// How to run a protocol simulation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,6 +83,16 @@ pub enum SimError {
         rank: usize,
         /// The error.
         error: ProtoError,
+    },
+    /// A call asks for an operator that its element type does not have (a bitwise operator over
+    /// a floating-point type).
+    #[error("call {call}: {source}")]
+    OpType {
+        /// The call.
+        call: usize,
+        /// Which operator and type.
+        #[source]
+        source: TypeError,
     },
     /// Planning a call failed.
     #[error("rank {rank} call {call}: {msg}")]

@@ -26,6 +26,12 @@ struct Sim {
 /// Runs `calls`, in order on every rank, over `world` simulated ranks; checks every result.
 pub fn run(cfg: &SimConfig, world: usize, calls: &[CallSpec]) -> Result<SimStats, SimError> {
     let t0 = Instant::now();
+    for (call, c) in calls.iter().enumerate() {
+        if reduces(c.coll) {
+            c.op.check(c.dtype)
+                .map_err(|source| SimError::OpType { call, source })?;
+        }
+    }
     let mut seeds = XorShift64::new(cfg.seed ^ 0x1a2b_3c4d);
     let inputs: Vec<Vec<Vec<u8>>> = calls
         .iter()
@@ -43,10 +49,7 @@ pub fn run(cfg: &SimConfig, world: usize, calls: &[CallSpec]) -> Result<SimStats
                 local_size: 0,
             }
             .input_elems();
-            let kind = if matches!(
-                c.coll,
-                Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce
-            ) {
+            let kind = if reduces(c.coll) {
                 InputKind::Exact
             } else {
                 InputKind::Bits
@@ -112,6 +115,14 @@ pub fn run(cfg: &SimConfig, world: usize, calls: &[CallSpec]) -> Result<SimStats
     Ok(sim.stats)
 }
 
+/// Whether a collective reduces (and so applies its operator).
+fn reduces(coll: Collective) -> bool {
+    matches!(
+        coll,
+        Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce
+    )
+}
+
 impl Sim {
     fn now(&self) -> Instant {
         self.t0 + Duration::from_micros(self.stats.steps)
@@ -151,16 +162,16 @@ impl Sim {
             rank.next += 1;
             let spec = self.calls[i];
             let params = self.params(&spec, r);
-            let reduces = matches!(
-                spec.coll,
-                Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce
-            );
             let sig = Signature {
                 comm_id: 0x5157_0000 + self.cfg.seed,
                 seq: i as u64 + 1,
                 coll: spec.coll,
                 dtype: spec.dtype,
-                op: if reduces { spec.op } else { ReduceOp::Sum },
+                op: if reduces(spec.coll) {
+                    spec.op
+                } else {
+                    ReduceOp::Sum
+                },
                 count: spec.count as u64,
                 root: if matches!(spec.coll, Collective::Broadcast | Collective::Reduce) {
                     spec.root as u32

@@ -4,7 +4,9 @@
 //! even ones exact inputs). Every run checks that ranks agree bit for bit, that exact inputs give
 //! exactly the reference, and that random floats are within tolerance. The full cross product
 //! runs on the small counts; the larger counts run every world x segment x in-place configuration
-//! with the dtype x op pairs in rotation (segment 1 on fewer worlds for 10007).
+//! with the dtype x op pairs in rotation (segment 1 on fewer worlds for 10007). The bitwise
+//! operators run with the integer types only; [`bitwise_over_a_float_type_is_refused`] checks
+//! that the simulator refuses them over a float type.
 //!
 //! The hierarchical schedules run the same sweep over two-level topologies (hosts x ranks per
 //! host in [`TOPOLOGIES`]) instead of flat worlds. The internal all-reduces (eager and
@@ -141,6 +143,8 @@ fn sweep(cases: impl IntoIterator<Item = Case>) -> usize {
     runs
 }
 
+/// Every dtype x op pair a collective takes: every operator its type supports (the bitwise
+/// ones for integer types only) when it reduces, `Sum` otherwise.
 fn dtype_ops(coll: Collective) -> Vec<(DataType, ReduceOp)> {
     let ops: &[ReduceOp] = if reduces(coll) {
         &ReduceOp::ALL
@@ -149,8 +153,24 @@ fn dtype_ops(coll: Collective) -> Vec<(DataType, ReduceOp)> {
     };
     DataType::ALL
         .iter()
-        .flat_map(|&d| ops.iter().map(move |&o| (d, o)))
+        .flat_map(|&d| {
+            ops.iter()
+                .filter(move |o| o.supports(d))
+                .map(move |&o| (d, o))
+        })
         .collect()
+}
+
+/// The `i`-th pair of a rotation through `pairs` that visits every pair: the stride is prime
+/// and does not divide the number of pairs.
+fn rotate(pairs: &[(DataType, ReduceOp)], i: usize) -> (DataType, ReduceOp) {
+    const STRIDE: usize = 13;
+    assert!(
+        !pairs.len().is_multiple_of(STRIDE),
+        "a stride of {STRIDE} does not visit all of {} pairs",
+        pairs.len()
+    );
+    pairs[(i * STRIDE) % pairs.len()]
 }
 
 fn small_counts(world: usize) -> Vec<usize> {
@@ -229,7 +249,7 @@ fn large_where(
                 }
                 for _ in 0..per_config {
                     i += 1;
-                    let (dtype, op) = pairs[(i * 11) % pairs.len()];
+                    let (dtype, op) = rotate(&pairs, i);
                     let (seed, root) = (i % SEEDS, i % world);
                     cases.push(Case {
                         coll,
@@ -378,7 +398,7 @@ fn internal_every_world() {
                             continue;
                         }
                         i += 1;
-                        let (dtype, op) = pairs[(i * 11) % pairs.len()];
+                        let (dtype, op) = rotate(&pairs, i);
                         cases.push(Case {
                             coll: Collective::AllReduce,
                             algorithm,
@@ -418,7 +438,7 @@ fn rabenseifner_every_world() {
                 for in_place in [false, true] {
                     for seed in 0..SEEDS {
                         i += 1;
-                        let (dtype, op) = pairs[(i * 11) % pairs.len()];
+                        let (dtype, op) = rotate(&pairs, i);
                         cases.push(Case {
                             coll: Collective::AllReduce,
                             algorithm: Algorithm::Rabenseifner,
@@ -460,6 +480,110 @@ fn barrier_every_world_and_algorithm() {
         })
     });
     sweep(cases);
+}
+
+/// The bitwise operators over every integer type on every world and algorithm of the
+/// reducing collectives, at odd counts, so that each shows up on every schedule beyond the
+/// rotation of the larger sweeps.
+#[test]
+fn bitwise_every_algorithm() {
+    let mut cases = Vec::new();
+    let mut i = 0usize;
+    for (coll, algorithm) in [
+        (Collective::AllReduce, Algorithm::Ring),
+        (Collective::AllReduce, Algorithm::RecursiveDoubling),
+        (Collective::AllReduce, Algorithm::Rabenseifner),
+        (Collective::AllReduce, Algorithm::Tree),
+        (Collective::AllReduce, Algorithm::DoubleTree),
+        (Collective::AllReduce, Algorithm::Central),
+        (Collective::AllReduce, Algorithm::Eager),
+        (Collective::AllReduce, Algorithm::Deterministic),
+        (Collective::ReduceScatter, Algorithm::Ring),
+        (Collective::Reduce, Algorithm::Tree),
+        (Collective::Reduce, Algorithm::Ring),
+    ] {
+        for world in 1..=8 {
+            for count in [1, 3, 2 * world + 1, 1001] {
+                for dtype in [DataType::I32, DataType::I64, DataType::U8] {
+                    for op in [ReduceOp::Band, ReduceOp::Bor, ReduceOp::Bxor] {
+                        i += 1;
+                        cases.push(Case {
+                            coll,
+                            algorithm,
+                            world,
+                            local_size: 0,
+                            count,
+                            root: i % world,
+                            dtype,
+                            op,
+                            segment: SEGMENTS[i % 3],
+                            in_place: i.is_multiple_of(2),
+                            seed: i % SEEDS,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    sweep(cases);
+}
+
+/// A bitwise operator over a float type is an error of the run, naming the rank, the operator
+/// and the type, for every reducing collective and world (one rank included, where nothing is
+/// reduced); collectives that do not reduce ignore the operator.
+#[test]
+fn bitwise_over_a_float_type_is_refused() {
+    for (coll, algorithm) in [
+        (Collective::AllReduce, Algorithm::Ring),
+        (Collective::AllReduce, Algorithm::Eager),
+        (Collective::ReduceScatter, Algorithm::Ring),
+        (Collective::Reduce, Algorithm::Tree),
+    ] {
+        for world in [1, 2, 5] {
+            let ps: Vec<Params> = (0..world)
+                .map(|rank| Params {
+                    coll,
+                    rank,
+                    world,
+                    count: 3,
+                    root: 0,
+                    op: ReduceOp::Bxor,
+                    segment: 7,
+                    in_place: false,
+                    algorithm,
+                    local_size: 0,
+                })
+                .collect();
+            let inputs = ps.iter().map(|p| vec![0; p.input_elems() * 4]).collect();
+            let err = run_with(ps, DataType::F32, inputs, &SimOptions::new(1)).unwrap_err();
+            assert!(
+                matches!(err, SimError::OpType { rank: 0, .. }),
+                "{coll} world {world}: {err:?}"
+            );
+            assert_eq!(
+                err.to_string(),
+                "rank 0: reduction op bxor is bitwise and is not defined for the floating-point \
+                 type float (bitwise ops take int32, int64 or uint8)"
+            );
+        }
+    }
+    let ps: Vec<Params> = (0..3)
+        .map(|rank| Params {
+            coll: Collective::AllGather,
+            rank,
+            world: 3,
+            count: 2,
+            root: 0,
+            op: ReduceOp::Band,
+            segment: 7,
+            in_place: false,
+            algorithm: Algorithm::Ring,
+            local_size: 0,
+        })
+        .collect();
+    let inputs: Vec<Vec<u8>> = (0..3).map(|r| vec![r as u8; 16]).collect();
+    let res = run_with(ps, DataType::F64, inputs.clone(), &SimOptions::new(2)).unwrap();
+    assert_eq!(res.outputs, vec![inputs.concat(); 3]);
 }
 
 #[test]

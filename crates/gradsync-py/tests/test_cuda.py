@@ -1,0 +1,66 @@
+"""CUDA tensors on the "gradsync" backend: scripts/gpu_check.py (DDP and FSDP2 on CUDA tensors
+against Gloo, losses within 1e-5, and collectives on CUDA tensors against the expected values)
+must pass where there is a GPU; without one the tests marked ``requires_gpu`` skip, which CI
+allows (see ci_skips.py). The harness itself runs everywhere: its comparison on CPU tensors, and
+its distinct exit status, 3, without a GPU."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ci_skips import skip_without_gpu
+from ddp_helpers import launch
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("gradsync.distributed")
+
+SCRIPT = launch.REPO / "scripts" / "gpu_check.py"
+SHELL = launch.REPO / "scripts" / "gpu-check.sh"
+
+
+def run_check(tmp_path, *args, env=None, timeout=900):
+    out = tmp_path / "gpu_check.json"
+    e = launch.job_env(env)
+    e.pop("GRADSYNC_TOKEN")  # each run makes its own
+    p = subprocess.run(
+        [sys.executable, str(SCRIPT), "--json", str(out), *args],
+        env=e, capture_output=True, text=True, timeout=timeout,
+    )
+    rows = json.loads(out.read_text())["rows"] if out.exists() else None
+    return p, rows
+
+
+@pytest.mark.requires_gpu
+def test_ddp_fsdp2_and_collectives_on_cuda_tensors_match_gloo(tmp_path):
+    skip_without_gpu()
+    p, rows = run_check(tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert rows and all(r[-1] == "PASS" for r in rows), rows
+    assert {r[0] for r in rows} >= {"ddp", "fsdp2"}, rows
+
+
+def test_the_harness_compares_gradsync_and_gloo_on_cpu_tensors(tmp_path):
+    p, rows = run_check(tmp_path, "--device", "cpu", "--steps", "3", "--width", "129", "--mib", "1")
+    assert p.returncode == 0, p.stdout + p.stderr
+    compared = {(r[0], r[2]): r for r in rows}
+    for kind in ("ddp", "fsdp2"):
+        for against in ("gloo cpu", "one process (cpu)"):
+            assert compared[kind, against][-1] == "PASS", rows
+            assert float(compared[kind, against][3]) <= 1e-5, rows
+    assert len(rows) >= 11 and all(r[-1] == "PASS" for r in rows), rows
+    assert "gpu-check: PASS" in p.stdout, p.stdout
+
+
+@pytest.mark.parametrize("how", ["script", "shell"])
+def test_without_a_gpu_the_check_says_so_and_exits_3(tmp_path, how):
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    if how == "script":
+        p = subprocess.run([sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=120)
+    else:
+        env["PYTHON"] = sys.executable
+        p = subprocess.run(["bash", str(SHELL), str(tmp_path)], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 3, p.stdout + p.stderr
+    assert "no CUDA GPU here" in p.stdout and "nothing was checked" in p.stdout, p.stdout
