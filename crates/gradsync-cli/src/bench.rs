@@ -721,7 +721,8 @@ mod tests {
         assert!(parse(&["-c", "2"]).is_err());
         assert!(parse(&["-n", "0"]).is_err());
         assert!(parse(&["-b", "1X"]).is_err());
-        assert!(parse(&["alltoall"]).is_err());
+        assert_eq!(parse(&["alltoall"]).unwrap().collective, CollArg::AllToAll);
+        assert!(parse(&["alltoallw"]).is_err());
     }
 
     #[test]
