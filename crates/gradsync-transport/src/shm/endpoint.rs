@@ -14,6 +14,7 @@ use super::liveness::{LIVENESS_EVERY, pidfd_exited, process_state};
 use super::peer::{Me, Peer};
 use super::ring::Payload;
 use super::segment::Segment;
+use super::stream::STREAM_MIN;
 use super::wire::{BOARD_CAPACITY, INLINE_MAX, RecordRepr};
 use crate::caps::{Board, PeerCaps, Route, SharedMemory};
 use crate::error::{Result, TransportError, Violation};
@@ -354,7 +355,15 @@ impl Endpoint for ShmEndpoint {
             // a.len`, so the destination is in range; it is a separate mapping, so it does not
             // overlap the sources, which lie in registered regions (checked) that the caller
             // keeps readable until the write completes.
-            unsafe { Payload::Gather(sges).copy_to(base.add((a.off + offset) as usize)) };
+            unsafe {
+                Payload::Gather(sges).copy_to_streaming(base.add((a.off + offset) as usize), |s| {
+                    s.len >= STREAM_MIN
+                        && regions
+                            .regions
+                            .access_of(s.lkey)
+                            .is_some_and(|a| a.contains(Access::STREAMED))
+                })
+            };
             // The bytes are in place; the notification is published after them.
             // SAFETY: an empty payload reads nothing.
             unsafe { p.push(me, &notify, Payload::Empty) }?;
