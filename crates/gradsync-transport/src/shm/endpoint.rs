@@ -445,8 +445,8 @@ impl Endpoint for ShmEndpoint {
         if p.broken {
             return false;
         }
-        // Records the peer published before it closed or exited are still to be read: until
-        // they are, the peer counts as alive (a caller that checks liveness between two polls
+        // Records the peer published before it closed or exited, and its board posting of the
+        // watched operation, are still to be read: until they are, the peer counts as alive (a caller that checks liveness between two polls
         // must not lose them). The closed flag is read first, then the ring: a record
         // published before the close is then always seen.
         let gone = p.down.is_some() || p.seg.closed() || p.process_gone().is_some();
@@ -456,7 +456,7 @@ impl Endpoint for ShmEndpoint {
         fence(Ordering::SeqCst);
         let c = self.conn.as_ref().expect("checked above");
         let tail = c.own.a64(ctl_off(pos) + C_TAIL).load(Ordering::Acquire);
-        tail != p.rx_head
+        tail != p.rx_head || c.board.unread(p)
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>) -> Result<()> {
