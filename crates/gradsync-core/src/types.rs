@@ -303,6 +303,20 @@ impl Collective {
         }
     }
 
+    /// Whether the collective only moves data: no rank reduces anything it receives.
+    pub const fn moves_only(self) -> bool {
+        matches!(
+            self,
+            Collective::AllGather
+                | Collective::Broadcast
+                | Collective::SendRecv
+                | Collective::AllToAll
+                | Collective::AllToAllV
+                | Collective::Gather
+                | Collective::Scatter
+        )
+    }
+
     /// Decodes a wire code.
     pub fn from_code(code: u8) -> Result<Self, TypeError> {
         Collective::ALL

@@ -110,6 +110,11 @@ impl RegionTable {
         check_write(self.rank, peer, rkey, offset, len, self.by_key.get(&rkey))
     }
 
+    /// The access rights of the region registered under `key`.
+    pub(crate) fn access_of(&self, key: u32) -> Option<Access> {
+        self.by_key.get(&key).map(|mr| mr.access)
+    }
+
     /// Checks that every span of a gather list lies in a registered region with its key.
     pub(crate) fn check_local(&self, sges: &[Sge]) -> Result<()> {
         check_spans(self.rank, sges, |k| {

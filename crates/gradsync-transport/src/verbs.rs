@@ -23,6 +23,12 @@ impl Access {
     /// between (the engine's inbox, staging and scratch pool). Backends that pin memory for an
     /// adapter (rdma) pin only such regions and stage data from any other.
     pub const PERSISTENT: Access = Access(4);
+    /// A hint: the registrant streams the region through, reading each byte once per
+    /// operation, and the copies a peer makes of what it sends are not read back at once
+    /// from a cache. A transport that copies from the region into a peer's memory may then
+    /// bypass the caches (shared memory does for large spans, see its module docs); the
+    /// others ignore it.
+    pub const STREAMED: Access = Access(8);
 
     /// Union of two sets of rights.
     pub const fn union(self, other: Access) -> Access {

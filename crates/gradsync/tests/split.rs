@@ -283,12 +283,6 @@ fn suite(kind: Kind, world: usize) {
             exercise::<f32>(&mut child, &members, me, &tag, 2);
         }
         parent_all_reduce(&mut parent, "after every split");
-        // A barrier before the parent is dropped: a small all-reduce over the shared-memory
-        // board is posted there, and a rank that drops its communicator right after its
-        // posting can be taken for lost by a peer that has not yet read it (a known race of
-        // the board with close, seen under load; the barrier's messages go through the rings,
-        // whose records are read before a closed peer counts as gone).
-        parent.barrier().expect("final barrier");
     });
 }
 

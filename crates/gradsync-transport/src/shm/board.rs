@@ -236,16 +236,20 @@ impl BoardState {
     /// Whether a peer has posted under the watched sequence number what this rank has not
     /// read.
     pub(super) fn ready(&self, peers: &[Option<Peer>]) -> bool {
-        let b = self;
-        b.watch > 0
-            && peers.iter().flatten().any(|p| {
-                !p.broken
-                    && b.seen[p.pos] < b.watch
-                    && p.seg
-                        .a64(b.slot(b.watch) + SLOT_SEQ)
-                        .load(Ordering::Acquire)
-                        == b.watch
-            })
+        peers.iter().flatten().any(|p| !p.broken && self.unread(p))
+    }
+
+    /// Whether peer `p` has posted under the watched sequence number what this rank has not
+    /// read. Such a posting was made before anything the peer did after it, its close
+    /// included: a peer that closed (or exited) with it unread still counts as alive until it
+    /// is read, as with the records in its ring.
+    pub(super) fn unread(&self, p: &Peer) -> bool {
+        self.watch > 0
+            && self.seen[p.pos] < self.watch
+            && p.seg
+                .a64(self.slot(self.watch) + SLOT_SEQ)
+                .load(Ordering::Acquire)
+                == self.watch
     }
 }
 
@@ -397,6 +401,24 @@ mod tests {
         writer.join().unwrap();
         // Within 300 ms the writer has posted: some read saw a posting whole or caught it.
         assert!(whole > 0 || rewritten);
+    }
+
+    #[test]
+    fn a_posting_made_before_close_is_still_read_and_keeps_the_poster_alive() {
+        // Rank 0 posts and closes at once; rank 1 gets to the posting only afterwards. Until
+        // it has read it, rank 0 is not lost; then it is.
+        let mut eps = fabric(2);
+        let mut e1 = eps.pop().unwrap();
+        let mut e0 = eps.pop().unwrap();
+        assert!(e0.post(1, b"last").unwrap());
+        e0.close(Duration::from_secs(5));
+        e1.watch(1);
+        assert!(e1.peer_alive(0), "the unread posting keeps rank 0 alive");
+        assert_eq!(read(&mut e1, 0, 1).as_deref(), Some(&b"last"[..]));
+        assert!(!e1.peer_alive(0), "read: rank 0 is closed");
+        // A closed peer with no posting under the watched number is gone at once.
+        e1.watch(3);
+        assert!(!e1.peer_alive(0));
     }
 
     #[test]

@@ -14,6 +14,7 @@ use super::liveness::{LIVENESS_EVERY, pidfd_exited, process_state};
 use super::peer::{Me, Peer};
 use super::ring::Payload;
 use super::segment::Segment;
+use super::stream::STREAM_MIN;
 use super::wire::{BOARD_CAPACITY, INLINE_MAX, RecordRepr};
 use crate::caps::{Board, PeerCaps, Route, SharedMemory};
 use crate::error::{Result, TransportError, Violation};
@@ -354,7 +355,15 @@ impl Endpoint for ShmEndpoint {
             // a.len`, so the destination is in range; it is a separate mapping, so it does not
             // overlap the sources, which lie in registered regions (checked) that the caller
             // keeps readable until the write completes.
-            unsafe { Payload::Gather(sges).copy_to(base.add((a.off + offset) as usize)) };
+            unsafe {
+                Payload::Gather(sges).copy_to_streaming(base.add((a.off + offset) as usize), |s| {
+                    s.len >= STREAM_MIN
+                        && regions
+                            .regions
+                            .access_of(s.lkey)
+                            .is_some_and(|a| a.contains(Access::STREAMED))
+                })
+            };
             // The bytes are in place; the notification is published after them.
             // SAFETY: an empty payload reads nothing.
             unsafe { p.push(me, &notify, Payload::Empty) }?;
@@ -436,8 +445,8 @@ impl Endpoint for ShmEndpoint {
         if p.broken {
             return false;
         }
-        // Records the peer published before it closed or exited are still to be read: until
-        // they are, the peer counts as alive (a caller that checks liveness between two polls
+        // Records the peer published before it closed or exited, and its board posting of the
+        // watched operation, are still to be read: until they are, the peer counts as alive (a caller that checks liveness between two polls
         // must not lose them). The closed flag is read first, then the ring: a record
         // published before the close is then always seen.
         let gone = p.down.is_some() || p.seg.closed() || p.process_gone().is_some();
@@ -447,7 +456,7 @@ impl Endpoint for ShmEndpoint {
         fence(Ordering::SeqCst);
         let c = self.conn.as_ref().expect("checked above");
         let tail = c.own.a64(ctl_off(pos) + C_TAIL).load(Ordering::Acquire);
-        tail != p.rx_head
+        tail != p.rx_head || c.board.unread(p)
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>) -> Result<()> {

@@ -128,6 +128,7 @@ mod peer;
 mod ring;
 mod segment;
 mod setup;
+mod stream;
 #[cfg(test)]
 mod tests;
 pub mod wire;

@@ -6,6 +6,7 @@ use super::directory::LocalTable;
 use super::layout::{C_HEAD, C_TAIL, C_WANT_SPACE, RING_BYTES, ctl_off};
 use super::peer::{Me, Peer};
 use super::segment::Segment;
+use super::stream::copy_streaming;
 use super::wire::{
     KIND_PAD, RECORD_HEADER_LEN, RECORD_PREFIX_LEN, RecordHeader, RecordRepr, record_len,
 };
@@ -54,6 +55,32 @@ impl Payload<'_> {
                     at += s.len;
                 }
             }
+        }
+    }
+
+    /// Copies the payload to `dst` as [`copy_to`](Self::copy_to) does, with non-temporal
+    /// stores for the spans `stream` picks (see [`super::stream`]).
+    ///
+    /// # Safety
+    ///
+    /// As for [`copy_to`](Self::copy_to).
+    pub(super) unsafe fn copy_to_streaming(&self, dst: *mut u8, stream: impl Fn(&Sge) -> bool) {
+        let Payload::Gather(sges) = self else {
+            // SAFETY: forwarded from the caller.
+            return unsafe { self.copy_to(dst) };
+        };
+        let mut at = 0;
+        for s in sges.iter() {
+            let (src, d) = (s.addr as *const u8, dst.wrapping_add(at));
+            if stream(s) {
+                // SAFETY: the caller guarantees the span is readable and `dst` holds the sum
+                // of the span lengths, without overlap.
+                unsafe { copy_streaming(d, src, s.len) };
+            } else {
+                // SAFETY: as above.
+                unsafe { ptr::copy_nonoverlapping(src, d, s.len) };
+            }
+            at += s.len;
         }
     }
 }

@@ -385,13 +385,18 @@ impl Engine {
         let mut lkeys = [0u32; 3];
         let mut rkeys = [0u32; 3];
         let mut mrs = Vec::new();
+        let streaming = sig.count.saturating_mul(dsize as u64) >= STREAMING_OP_MIN as u64;
+        // A large operation that only moves data reads its buffers once and its peers do not
+        // read what it sends from a cache: transports may copy from them with non-temporal
+        // stores (a reduction's inputs, read right after they land, stay in the cache).
+        let streamed = streaming && sig.coll.moves_only();
         // An eager operation writes into no buffer of another rank's: nothing to register.
         if mode == Mode::Slots {
             for (i, b) in bufs.iter().enumerate() {
                 if b.len == 0 {
                     continue;
                 }
-                match self.register(i, *b, pooled) {
+                match self.register(i, *b, pooled, streamed) {
                     Ok((mr, fresh)) => {
                         lkeys[i] = mr.lkey;
                         rkeys[i] = mr.rkey;
@@ -414,7 +419,7 @@ impl Engine {
             _scratch: scratch,
             record: crate::recorder::NO_HANDLE,
             started: self.now_coarse,
-            streaming: sig.count.saturating_mul(dsize as u64) >= STREAMING_OP_MIN as u64,
+            streaming,
         });
         // What can go at once goes before the bookkeeping: the first messages (an eager post)
         // leave sooner, and the clock read and the flight record overlap their flight.
@@ -449,18 +454,24 @@ impl Engine {
 
     /// The registration of buffer `i` (Input, Output, Scratch) of an operation: cached for
     /// caller buffers, the pool's for pooled scratch, fresh otherwise (returned for
-    /// deregistration at the end).
+    /// deregistration at the end). `streamed` marks caller buffers [`Access::STREAMED`].
     fn register(
         &mut self,
         i: usize,
         b: RawBuf,
         pooled: bool,
+        streamed: bool,
     ) -> Result<(MemoryRegion, Option<MemoryRegion>), Error> {
         // Output and scratch may be written by peers that got a clear-to-send for them.
         let access = if i == 0 {
             Access::LOCAL_READ
         } else {
             Access::LOCAL_READ.union(Access::REMOTE_WRITE)
+        };
+        let access = if streamed && i < 2 {
+            access.union(Access::STREAMED)
+        } else {
+            access
         };
         // Only the input's registration is kept between operations: it allows no remote
         // access. The output accepts peers' writes only while its operation runs (registered
