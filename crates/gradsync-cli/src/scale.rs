@@ -1,4 +1,5 @@
-//! `gradsync scale`: every all-reduce algorithm on paper, from 8 to 4096 ranks.
+//! `gradsync scale`: every all-reduce algorithm on paper, from 8 to 4096 ranks: its time, and
+//! the connections and receive memory it needs per rank ([`footprints`]).
 //!
 //! For every world size and buffer size of the sweep, the simulator replays the messages of every
 //! all-reduce schedule that [`gradsync::cost::all_reduce_candidates`] lists, on one host of
@@ -40,7 +41,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use anyhow::{Context, ensure};
-use gradsync::cost::{all_reduce_candidates, all_reduce_params, predict_all_reduce};
+use gradsync::cost::{
+    EAGER_WORLD_MAX, all_reduce_candidates, all_reduce_params, predict_all_reduce,
+};
 use gradsync::{Algorithm, DataType};
 use gradsync_core::rng::XorShift64;
 use gradsync_core::schedule::plan::{self, Params};
@@ -189,6 +192,7 @@ struct Report<'a> {
     max_ops: u64,
     points: &'a [Point],
     crossovers: &'a [Crossover],
+    footprints: &'a [Footprint],
 }
 
 /// The buffer sizes of a sweep: `min`, `min * factor`, ... up to `max`, and `max` itself.
@@ -416,6 +420,81 @@ pub fn crossover(world: usize, points: &[&Point]) -> Crossover {
     }
 }
 
+/// What one algorithm costs a rank in connections and receive memory at one world size.
+#[derive(Clone, Debug, Serialize)]
+pub struct Footprint {
+    /// Ranks.
+    pub world: usize,
+    /// The algorithm; `any` for the union of every candidate (what a job that lets the choice
+    /// change with the size may talk to; every rank in worlds that run small all-reduces
+    /// eagerly); `full mesh` for every other rank.
+    pub algorithm: String,
+    /// Most peers one rank's program exchanges messages with (over every rank in worlds of at
+    /// most 64, else rank 0, 1, the last and 13 picked at random).
+    pub peers: usize,
+    /// TCP sockets of such a rank: its streams to each of those peers and its listener.
+    pub sockets: usize,
+    /// Receive memory of such a rank when inbox slots exist only for those peers.
+    pub receive_bytes: u64,
+}
+
+/// The ranks whose programs a footprint looks at.
+fn footprint_ranks(world: usize) -> BTreeSet<usize> {
+    if world <= 64 {
+        return (0..world).collect();
+    }
+    let mut rng = XorShift64::new(world as u64 ^ 0x9e37);
+    [0, 1, world - 1]
+        .into_iter()
+        .chain((0..13).map(|_| rng.below(world)))
+        .collect()
+}
+
+/// Connections and receive memory per rank of every candidate algorithm on `world` ranks, and
+/// of their union (`any`), for a buffer of `bytes` per rank; `nsocks` streams per peer and
+/// inboxes of `nslots` slots of `slot_bytes` per connected peer.
+pub fn footprints(
+    world: usize,
+    bytes: usize,
+    segment: usize,
+    nsocks: usize,
+    nslots: usize,
+    slot_bytes: usize,
+) -> anyhow::Result<Vec<Footprint>> {
+    let ranks = footprint_ranks(world);
+    let algos = all_reduce_candidates(world, 0);
+    let mut union: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); world];
+    let mut out = Vec::new();
+    let row = |algorithm: String, peers: usize| Footprint {
+        world,
+        algorithm,
+        peers,
+        sockets: peers * nsocks + 1,
+        receive_bytes: (peers * nslots * slot_bytes) as u64,
+    };
+    for &a in &algos {
+        let params = all_reduce_params(world, 0, segment, DTYPE, bytes, a);
+        let mut most = 0;
+        for &r in &ranks {
+            let prog = plan::build(&params[r])
+                .with_context(|| format!("planning {a} for rank {r} of {world}"))?;
+            let peers = prog.peers(r, world);
+            most = most.max(peers.len());
+            union[r].extend(peers);
+        }
+        out.push(row(a.name().to_string(), most));
+    }
+    // Small all-reduces of small worlds run eagerly: every rank posts to every other.
+    let any = if world <= EAGER_WORLD_MAX {
+        world - 1
+    } else {
+        ranks.iter().map(|&r| union[r].len()).max().unwrap_or(0)
+    };
+    out.push(row("any".to_string(), any));
+    out.push(row("full mesh".to_string(), world - 1));
+    Ok(out)
+}
+
 /// The header of the table of one world.
 fn table_header(names: &[String]) -> String {
     let mut line = format!("#{:>5} {:>9}", "world", "size");
@@ -607,6 +686,40 @@ pub fn run(args: &ScaleArgs) -> anyhow::Result<i32> {
     for c in &crossovers {
         println!("{}", c.text);
     }
+    let cfg = gradsync::Config::new("", 0, 1);
+    let (nsocks, nslots) = (cfg.nsocks, cfg.nslots);
+    println!(
+        "\n# per-rank connections and receive memory: the peers one rank's program talks to \
+         (most over the ranks), TCP sockets ({nsocks} streams a peer and a listener), and the \
+         inbox for those peers ({nslots} slots of {} each); `any`: every candidate together, \
+         `full mesh`: every other rank",
+        human(segment_bytes)
+    );
+    let mut feet = Vec::new();
+    for &w in &args.worlds {
+        let f = footprints(
+            w,
+            (1usize << 20).max(segment * elem as usize),
+            segment,
+            nsocks,
+            nslots,
+            segment_bytes as usize,
+        )?;
+        let cells: Vec<String> = f
+            .iter()
+            .map(|x| {
+                format!(
+                    "{} {}/{}/{}",
+                    x.algorithm,
+                    x.peers,
+                    x.sockets,
+                    human(x.receive_bytes)
+                )
+            })
+            .collect();
+        println!("n={w}: {}", cells.join(", "));
+        feet.extend(f);
+    }
     let count = |m: Method| {
         points
             .iter()
@@ -631,6 +744,7 @@ pub fn run(args: &ScaleArgs) -> anyhow::Result<i32> {
             max_ops: args.max_ops,
             points: &points,
             crossovers: &crossovers,
+            footprints: &feet,
         };
         std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
             .with_context(|| format!("cannot write {}", path.display()))?;
@@ -706,6 +820,28 @@ mod tests {
         assert_eq!(
             (c.spans[2].from_bytes, c.spans[2].to_bytes),
             (2 << 20, 8 << 20)
+        );
+    }
+
+    #[test]
+    fn footprints_follow_the_peers_of_each_algorithm() {
+        let f = footprints(1024, 1 << 20, 1 << 17, 2, 8, 512 << 10).unwrap();
+        let get = |name: &str| f.iter().find(|x| x.algorithm == name).unwrap();
+        assert_eq!(get("ring").peers, 2);
+        assert_eq!(get("ring").sockets, 5);
+        assert_eq!(get("ring").receive_bytes, 2 * 8 * (512 << 10));
+        assert_eq!(get("recursive_doubling").peers, 10);
+        assert_eq!(get("full mesh").peers, 1023);
+        let any = get("any").peers;
+        assert!(
+            (10..=8 * 10).contains(&any),
+            "{any} peers for every candidate together"
+        );
+        // Small worlds can run eagerly: a post reaches every rank.
+        let small = footprints(8, 64, 1 << 17, 2, 8, 512 << 10).unwrap();
+        assert_eq!(
+            small.iter().find(|x| x.algorithm == "any").unwrap().peers,
+            7
         );
     }
 

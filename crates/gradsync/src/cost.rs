@@ -448,6 +448,10 @@ pub fn choose_all_to_all(
 /// machine measures for `memcpy`).
 pub const COPY_BYTES_PER_S: f64 = 10e9;
 
+/// Largest world that runs small all-reduces eagerly: each rank sends `world - 1` messages
+/// (or posts once on a shared-memory board).
+pub const EAGER_WORLD_MAX: usize = 16;
+
 /// The all-reduce algorithms the model compares on `world` ranks in hosts of `local_size`
 /// (0: one host).
 pub fn all_reduce_candidates(world: usize, local_size: usize) -> Vec<Algorithm> {

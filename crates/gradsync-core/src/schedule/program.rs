@@ -228,4 +228,54 @@ impl Program {
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty()
     }
+
+    /// The ranks this program exchanges messages with, ascending: the peers of its sends and
+    /// receives, and every other rank of `world` when it posts (a post goes to everyone).
+    pub fn peers(&self, rank: usize, world: usize) -> Vec<usize> {
+        let mut seen = vec![false; world];
+        for op in &self.ops {
+            match *op {
+                Op::Send { peer, .. } | Op::Recv { peer, .. } if peer < world => seen[peer] = true,
+                Op::Post { .. } => seen.iter_mut().for_each(|s| *s = true),
+                _ => {}
+            }
+        }
+        (0..world).filter(|&p| p != rank && seen[p]).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::plan::{self, Params};
+    use crate::schedule::Algorithm;
+    use crate::types::{Collective, ReduceOp};
+
+    fn peers(algorithm: Algorithm, rank: usize, world: usize) -> Vec<usize> {
+        let p = Params {
+            coll: Collective::AllReduce,
+            rank,
+            world,
+            count: 4 * world,
+            root: 0,
+            op: ReduceOp::Sum,
+            segment: 1 << 20,
+            in_place: false,
+            algorithm,
+            local_size: 0,
+        };
+        plan::build(&p).unwrap().peers(rank, world)
+    }
+
+    #[test]
+    fn peers_are_the_ranks_a_program_talks_to() {
+        assert_eq!(peers(Algorithm::Ring, 5, 16), vec![4, 6]);
+        assert_eq!(peers(Algorithm::Ring, 0, 16), vec![1, 15]);
+        assert_eq!(
+            peers(Algorithm::RecursiveDoubling, 5, 16),
+            vec![1, 4, 7, 13]
+        );
+        // An eager program posts to everyone.
+        assert_eq!(peers(Algorithm::Eager, 2, 5), vec![0, 1, 3, 4]);
+        assert!(peers(Algorithm::Ring, 0, 1).is_empty());
+    }
 }

@@ -17,8 +17,7 @@ use super::memory::{AlignedBuf, RawBuf, RegCache, buf_index};
 pub(super) const EAGER_HDR: usize = DATA_HEADER_LEN;
 /// Largest buffer an eager all-reduce carries in one two-sided message.
 pub(crate) const EAGER_MAX: usize = gradsync_transport::MAX_SEND - EAGER_HDR;
-/// Largest world that runs small all-reduces eagerly: each rank sends `world - 1` messages.
-pub(crate) const EAGER_WORLD_MAX: usize = 16;
+pub(crate) use crate::cost::EAGER_WORLD_MAX;
 
 /// Tunables of the engine.
 #[derive(Clone, Debug)]
