@@ -407,7 +407,7 @@ impl Communicator {
         meet_inboxes(ex, &mut engine, inbox, &config)?;
         tracing::info!(
             target: "gradsync::init",
-            "gradsync {} rank {rank}/{world} interface {ifname} {ip} transport {} hosts {} local ranks {} {} chunk {} KiB x {} slots eager up to {} bytes{} timeout {:?} (init {:.1} ms)",
+            "gradsync {} rank {rank}/{world} interface {ifname} {ip} transport {} hosts {} local ranks {} {} chunk {} KiB x {} slots eager up to {} bytes{} connections {} receive memory {} MiB registered timeout {:?} (init {:.1} ms)",
             crate::VERSION,
             engine.ep.name(),
             topo.hosts(),
@@ -425,6 +425,8 @@ impl Communicator {
             config.nslots,
             engine.eager_limit(),
             if engine.board() { " on the board" } else { "" },
+            layout.routes.iter().filter(|r| **r != Route::Own).count(),
+            engine.inbox_bytes() >> 20,
             config.timeout,
             t0.elapsed().as_secs_f64() * 1e3
         );

@@ -294,6 +294,12 @@ impl Engine {
         path.min(self.opts.eager_max)
     }
 
+    /// Bytes of the inbox registered for peers' messages (resident only where written,
+    /// except where a transport pins it).
+    pub(crate) fn inbox_bytes(&self) -> usize {
+        self.inbox.len
+    }
+
     /// Starts an operation: `planned` runs over `input` and `output` (the scratch size comes
     /// from its program).
     ///
