@@ -74,6 +74,10 @@ pub struct PeerCaps {
     /// Messages in flight that suit the link, if fewer than an inbox holds (TCP: a short
     /// socket queue).
     pub window: Option<usize>,
+    /// Whether the pair is connected now. Backends that connect lazily (TCP) connect a pair
+    /// at its first [`Endpoint::connect`](crate::Endpoint::connect); messages to a peer not
+    /// connected fail.
+    pub connected: bool,
 }
 
 impl PeerCaps {
@@ -84,6 +88,7 @@ impl PeerCaps {
             direct_writes: true,
             mapped: false,
             window: None,
+            connected: true,
         }
     }
 }

@@ -536,6 +536,13 @@ impl<E: Endpoint> Endpoint for FaultyEndpoint<E> {
         self.inner.post_send(peer, data, wr_id)
     }
 
+    fn connect(&mut self, peers: &[usize], timeout: Duration) -> Result<()> {
+        if self.stats.killed {
+            return Err(self.dead(self.some_peer(), "connect"));
+        }
+        self.inner.connect(peers, timeout)
+    }
+
     fn peer_alive(&self, peer: usize) -> bool {
         !self.stats.killed && self.inner.peer_alive(peer)
     }

@@ -283,6 +283,19 @@ impl Endpoint for HybridEndpoint {
         }
     }
 
+    fn connect(&mut self, peers: &[usize], timeout: Duration) -> Result<()> {
+        // Shared-memory peers are connected at setup; the network connects its own.
+        let net: Vec<usize> = peers
+            .iter()
+            .copied()
+            .filter(|&p| matches!(self.routes.get(p), Some(Via::Net)))
+            .collect();
+        if net.is_empty() {
+            return Ok(());
+        }
+        self.net.connect(&net, timeout)
+    }
+
     fn peer_alive(&self, peer: usize) -> bool {
         match self.routes.get(peer) {
             // The shared-memory backend knows best: it keeps a closed peer alive until its last

@@ -168,8 +168,16 @@ pub trait Endpoint: Send + fmt::Debug {
     /// Sends a small two-sided message (copied at post time).
     fn post_send(&mut self, peer: usize, data: &[u8], wr_id: u64) -> Result<()>;
 
-    /// Whether the connection to `peer` is still up (no end of stream or error seen).
+    /// Whether the connection to `peer` is still up (no end of stream or error seen); true for
+    /// a peer not connected yet (nothing is known against it).
     fn peer_alive(&self, peer: usize) -> bool;
+
+    /// Connects to every rank of `peers` that this endpoint is not connected to yet (see
+    /// [`PeerCaps::connected`](crate::PeerCaps::connected)), within `timeout`. Both ranks of a
+    /// pair call it for each other before their first message (the engine does, for the peers
+    /// of each operation's program); backends whose peers are connected from the start return
+    /// at once.
+    fn connect(&mut self, peers: &[usize], timeout: Duration) -> Result<()>;
 
     /// Makes progress without blocking; appends completions to `out`.
     fn poll(&mut self, out: &mut Vec<Completion>) -> Result<()>;

@@ -74,6 +74,12 @@ pub struct Config {
     /// rings): every rank posts its buffer once in its own segment and reads the others' there,
     /// with no message per peer. Used only when every rank's transport has a board.
     pub shm_board: bool,
+    /// Whether TCP pairs connect on first use (`GRADSYNC_RUNTIME_CONNECT`, `1` default, as
+    /// NCCL's namesake): a rank connects only to the peers its operations talk to, when the
+    /// first one does (a ring two, a tree three, recursive doubling log2 n), so sockets and
+    /// resident inbox memory follow those peers, not the world. `0`: every pair connects at
+    /// init. Set it alike on every rank.
+    pub runtime_connect: bool,
     /// Deterministic floating-point all-reduce (`GRADSYNC_DETERMINISTIC`, `0` or `1`, default
     /// off): every element is reduced in rank order, `((x0 op x1) op x2) ...`, so the result does
     /// not depend on the algorithm, the chunk size or the buffer size. Small buffers go eagerly
@@ -327,6 +333,7 @@ impl Config {
             shm_direct_min: usize::MAX,
             eager_max: usize::MAX,
             shm_board: true,
+            runtime_connect: true,
             deterministic: false,
             token: None,
             checksum: false,
@@ -527,6 +534,9 @@ impl Config {
         }
         if let Some(on) = env.flag("GRADSYNC_SHM_BOARD")? {
             self.shm_board = on;
+        }
+        if let Some(on) = env.flag("GRADSYNC_RUNTIME_CONNECT")? {
+            self.runtime_connect = on;
         }
         if let Some(on) = env.flag("GRADSYNC_CHECKSUM")? {
             self.checksum = on;
@@ -973,6 +983,11 @@ mod tests {
         assert!(e.to_string().contains("at most 16384 bytes"), "{e}");
         let c = from(&[base[0], base[1], ("GRADSYNC_SHM_BOARD", "0")]).unwrap();
         assert!(!c.shm_board);
+        assert!(from(&base).unwrap().runtime_connect);
+        let c = from(&[base[0], base[1], ("GRADSYNC_RUNTIME_CONNECT", "0")]).unwrap();
+        assert!(!c.runtime_connect);
+        let e = from(&[base[0], base[1], ("GRADSYNC_RUNTIME_CONNECT", "x")]).unwrap_err();
+        assert!(e.to_string().contains("GRADSYNC_RUNTIME_CONNECT"), "{e}");
         let e = from(&[base[0], base[1], ("GRADSYNC_SHM_BOARD", "no")]).unwrap_err();
         assert!(e.to_string().contains("GRADSYNC_SHM_BOARD"), "{e}");
     }

@@ -5,7 +5,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use gradsync::{Communicator, Config, ReduceOp};
+use gradsync::{Communicator, Config, ReduceOp, TransportMode};
 use gradsync_store::{ServerConfig, StoreClient, StoreServer};
 
 const TOKEN: &str = "3f1c0e9d4b7a26580f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a6978";
@@ -65,6 +65,9 @@ fn intruder_with_wrong_proof_is_refused_and_job_is_correct() {
             cfg.timeout = T;
             cfg.nsocks = 2;
             cfg.token = Some(TOKEN.into());
+            // Every pair over TCP: the ranks' connections (on first use) go through the
+            // listener the intruder dials.
+            cfg.transport = TransportMode::Tcp;
             std::thread::spawn(move || {
                 if rank == 2 {
                     std::thread::sleep(Duration::from_millis(1500));

@@ -57,6 +57,9 @@ pub struct Verdict {
     pub lost: Vec<usize>,
     /// Peers behind this rank: (peer, the sequence number it is at, whether inside it).
     pub behind: Vec<(usize, u64, bool)>,
+    /// Peers this rank has no connection to (a transport that connects on first use): not
+    /// asked. The executor moves them here from `silent`.
+    pub unreached: Vec<usize>,
 }
 
 /// The verdict with the probe's window, for the error message.
@@ -102,7 +105,24 @@ impl fmt::Display for VerdictWithin<'_> {
             parts.push(format!("behind: {}", behind.join(", ")));
         }
         if parts.is_empty() {
-            parts.push("every peer answered and is inside this collective".into());
+            parts.push(if v.unreached.is_empty() {
+                "every peer answered and is inside this collective".into()
+            } else {
+                "every connected peer answered and is inside this collective".into()
+            });
+        }
+        if !v.unreached.is_empty() {
+            let shown: Vec<usize> = v.unreached.iter().copied().take(8).collect();
+            parts.push(format!(
+                "{} rank(s) not connected to this one were not asked (rank {}{})",
+                v.unreached.len(),
+                ranks(&shown),
+                if v.unreached.len() > shown.len() {
+                    ", ..."
+                } else {
+                    ""
+                }
+            ));
         }
         f.write_str(&parts.join("; "))
     }

@@ -1,6 +1,7 @@
 //! A rank's TCP endpoint: its streams to every peer, the round-robin send path, graceful close
 //! and the [`Endpoint`] implementation.
 
+use super::lazy::Lazy;
 use super::stream::{RXBUF, Rx, Stream, TxItem, done_completion, flush, rx_stream};
 use super::wire::FrameHeaderRepr;
 use crate::caps::{Board, PeerCaps, Route, SharedMemory};
@@ -38,9 +39,12 @@ pub struct TcpEndpoint {
     pub(super) peers: Vec<Option<Peer>>,
     regions: RegionTable,
     pollfds: Vec<libc::pollfd>,
-    done: Vec<Completion>,
+    pub(super) done: Vec<Completion>,
     /// The window every peer's capabilities report.
     window: Option<usize>,
+    /// Connections on first use (see [`super::lazy`]); `None`: every peer was connected at
+    /// setup.
+    pub(super) lazy: Option<Lazy>,
 }
 
 impl TcpEndpoint {
@@ -59,12 +63,14 @@ impl TcpEndpoint {
             regions: RegionTable::new(rank),
             pollfds: Vec::new(),
             done: Vec::new(),
+            lazy: None,
         }
     }
 
     fn peer_mut(&mut self, peer: usize, op: &'static str) -> Result<&mut Peer> {
         let rank = self.rank;
         let world = self.world;
+        let lazy = self.lazy.is_some();
         let p = self
             .peers
             .get_mut(peer)
@@ -72,7 +78,11 @@ impl TcpEndpoint {
             .ok_or_else(|| TransportError::Invalid {
                 rank,
                 op,
-                msg: format!("peer {peer} is not another rank of a world of {world}"),
+                msg: if lazy && peer < world && peer != rank {
+                    format!("rank {peer} is not connected yet (connect to it first)")
+                } else {
+                    format!("peer {peer} is not another rank of a world of {world}")
+                },
             })?;
         if let Some(why) = &p.broken {
             return Err(TransportError::PeerClosed {
@@ -194,6 +204,7 @@ impl Endpoint for TcpEndpoint {
         }
         PeerCaps {
             window: self.window,
+            connected: self.peers.get(peer).is_some_and(Option::is_some),
             ..PeerCaps::plain(Route::Tcp)
         }
     }
@@ -279,15 +290,28 @@ impl Endpoint for TcpEndpoint {
         self.close_gracefully(timeout);
     }
 
+    fn connect(&mut self, peers: &[usize], timeout: Duration) -> Result<()> {
+        if self.lazy.is_none() {
+            // Every peer was connected at setup.
+            return Ok(());
+        }
+        self.connect_lazy(peers, timeout)
+    }
+
     fn peer_alive(&self, peer: usize) -> bool {
-        self.peers
-            .get(peer)
-            .and_then(Option::as_ref)
-            .is_some_and(|p| p.broken.is_none())
+        match self.peers.get(peer) {
+            Some(Some(p)) => p.broken.is_none(),
+            // Not connected yet: nothing is known against it.
+            Some(None) => self.lazy.is_some() && peer != self.rank,
+            None => false,
+        }
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>) -> Result<()> {
         let rank = self.rank;
+        if self.lazy.as_mut().is_some_and(Lazy::accept_due) {
+            self.accept_pending()?;
+        }
         out.append(&mut self.done);
         // With many streams, one poll(2) finds the readable ones instead of a failing read on
         // every stream.
@@ -374,6 +398,14 @@ impl Endpoint for TcpEndpoint {
                     revents: 0,
                 });
             }
+        }
+        // A peer's dial wakes a rank that waits for its first connection.
+        if let Some(lz) = self.lazy.as_ref().filter(|lz| lz.missing > 0) {
+            self.pollfds.push(libc::pollfd {
+                fd: lz.listener_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
         }
         let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
         // SAFETY: pollfds is a valid array of pollfd structs of the given length.

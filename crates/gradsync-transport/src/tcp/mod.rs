@@ -50,6 +50,9 @@
 
 mod auth;
 mod endpoint;
+mod first_use;
+mod lazy;
+mod options;
 mod setup;
 mod stream;
 #[cfg(test)]
@@ -58,4 +61,5 @@ pub mod wire;
 
 pub use endpoint::TcpEndpoint;
 
-pub use setup::{TcpOptions, listen};
+pub use options::TcpOptions;
+pub use setup::{LISTEN_BACKLOG, listen};

@@ -4,6 +4,7 @@
 
 use super::auth::{StreamId, accept_auth, dial_auth};
 use super::endpoint::{Peer, TcpEndpoint};
+use super::options::TcpOptions;
 use super::stream::Stream;
 use super::wire::{HELLO_LEN, Hello, HelloRepr};
 use crate::error::{Result, TransportError, Violation};
@@ -11,49 +12,6 @@ use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
-
-/// Options of the TCP backend. The `Debug` form does not show the token.
-#[derive(Clone)]
-pub struct TcpOptions {
-    /// Streams per peer (at least 1).
-    pub nsocks: usize,
-    /// Socket send and receive buffer size in bytes; 0 keeps the kernel's auto-tuning.
-    pub sock_buf: usize,
-    /// Deadline for connection setup.
-    pub timeout: Duration,
-    /// The job token: with one, every stream is authenticated by the challenge-response
-    /// described in the [module documentation](super#authentication) (all ranks must use the
-    /// same token); without one, streams are not authenticated.
-    pub token: Option<Vec<u8>>,
-    /// Messages in flight per peer that suit these streams, if fewer than an inbox holds (the
-    /// [`window`](crate::PeerCaps::window) the endpoint reports): fewer keep the socket
-    /// queues short.
-    pub window: Option<usize>,
-}
-
-impl Default for TcpOptions {
-    fn default() -> Self {
-        TcpOptions {
-            nsocks: 2,
-            sock_buf: 0,
-            timeout: Duration::from_secs(60),
-            token: None,
-            window: None,
-        }
-    }
-}
-
-impl std::fmt::Debug for TcpOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TcpOptions")
-            .field("nsocks", &self.nsocks)
-            .field("sock_buf", &self.sock_buf)
-            .field("timeout", &self.timeout)
-            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
-            .field("window", &self.window)
-            .finish()
-    }
-}
 
 fn tune(sock: &TcpStream, opts: &TcpOptions) -> io::Result<()> {
     sock.set_nodelay(true)?;
@@ -93,52 +51,8 @@ impl TcpEndpoint {
             .map(|_| (0..nsocks).map(|_| None).collect())
             .collect();
         for (peer, addr) in addrs.iter().enumerate().take(rank) {
-            #[allow(clippy::needless_range_loop)] // `s` is also the stream index sent in the hello
-            for s in 0..nsocks {
-                let sock = loop {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    match TcpStream::connect_timeout(addr, left.max(Duration::from_millis(1))) {
-                        Ok(sock) => break sock,
-                        Err(e) if Instant::now() < deadline => {
-                            tracing::debug!(target: "gradsync::net", "rank {rank}: connect to rank {peer} at {addr}: {e}; retrying");
-                            std::thread::sleep(Duration::from_millis(20));
-                        }
-                        Err(e) => {
-                            return Err(TransportError::Timeout {
-                                rank,
-                                timeout: opts.timeout,
-                                msg: format!("could not connect to rank {peer} at {addr}: {e}"),
-                            });
-                        }
-                    }
-                };
-                tune(&sock, opts).map_err(io_err(peer, "setsockopt"))?;
-                let hello = HelloRepr {
-                    comm_id,
-                    rank: rank as u32,
-                    stream: s as u16,
-                    nsocks: nsocks as u16,
-                };
-                (&sock)
-                    .write_all(&hello.to_bytes())
-                    .map_err(io_err(peer, "hello"))?;
-                if let Some(token) = &opts.token {
-                    let id = StreamId {
-                        comm_id,
-                        dialer: rank,
-                        acceptor: peer,
-                        stream: s,
-                    };
-                    dial_auth(&sock, token, id, deadline).map_err(|why| {
-                        tracing::warn!(target: "gradsync::net", "rank {rank}: authentication failed on the connection to rank {peer} at {addr}: {why}");
-                        TransportError::Protocol {
-                            rank,
-                            peer,
-                            violation: Violation::Authentication { addr: *addr, why },
-                        }
-                    })?;
-                }
-                slots[peer][s] = Some(sock);
+            for (s, slot) in slots[peer].iter_mut().enumerate() {
+                *slot = Some(dial_stream(rank, peer, *addr, s, comm_id, opts, deadline)?);
             }
         }
         let expected = (world - rank - 1) * nsocks;
@@ -165,50 +79,13 @@ impl TcpEndpoint {
             }
             match listener.accept() {
                 Ok((sock, from)) => {
-                    sock.set_nonblocking(false)
-                        .map_err(io_err(usize::MAX, "accept"))?;
-                    let _ = sock.set_read_timeout(Some(Duration::from_secs(5).min(deadline - now)));
-                    let _ =
-                        sock.set_write_timeout(Some(Duration::from_secs(5).min(deadline - now)));
-                    let mut h = [0u8; HELLO_LEN];
-                    let ok = (&sock).read_exact(&mut h).is_ok();
-                    let view = Hello::new_unchecked(&h[..]);
-                    let parsed = HelloRepr::parse(&view);
-                    let (magic, version, cid) = (view.magic(), view.version(), view.comm_id());
-                    let (peer, s, n) = (
-                        view.rank() as usize,
-                        view.stream() as usize,
-                        view.nsocks() as usize,
-                    );
-                    let valid = ok
-                        && parsed.is_ok()
-                        && cid == comm_id
-                        && peer > rank
-                        && peer < world
-                        && s < nsocks
-                        && n == nsocks
-                        && slots[peer][s].is_none();
-                    if !valid {
-                        tracing::warn!(target: "gradsync::net", "rank {rank}: dropped a connection from {from} with an invalid hello (magic 0x{magic:08x}, version {version}, communicator {cid:x}, rank {peer}, stream {s}/{n})");
-                        continue;
+                    let fits = |peer: usize, s: usize| peer > rank && slots[peer][s].is_none();
+                    if let Some((peer, s, sock)) =
+                        accept_stream(rank, world, sock, from, comm_id, opts, deadline, fits)?
+                    {
+                        slots[peer][s] = Some(sock);
+                        got += 1;
                     }
-                    if let Some(token) = &opts.token {
-                        let id = StreamId {
-                            comm_id,
-                            dialer: peer,
-                            acceptor: rank,
-                            stream: s,
-                        };
-                        if let Err(why) = accept_auth(&sock, token, id) {
-                            tracing::warn!(target: "gradsync::net", "rank {rank}: dropped a connection from {from} claiming rank {peer} stream {s}: authentication failed ({why})");
-                            continue;
-                        }
-                    }
-                    let _ = sock.set_read_timeout(None);
-                    let _ = sock.set_write_timeout(None);
-                    tune(&sock, opts).map_err(io_err(peer, "setsockopt"))?;
-                    slots[peer][s] = Some(sock);
-                    got += 1;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     let mut pfd = libc::pollfd {
@@ -241,7 +118,162 @@ impl TcpEndpoint {
     }
 }
 
-/// Binds a listener for incoming peer connections on `ip` (port chosen by the kernel).
-pub fn listen(ip: IpAddr) -> io::Result<TcpListener> {
-    TcpListener::bind(SocketAddr::new(ip, 0))
+/// Dials stream `s` of the pair with `peer` at `addr` (this rank dials: it is the higher one):
+/// connect, retrying until `deadline`, then the hello and, with a token, the handshake.
+pub(super) fn dial_stream(
+    rank: usize,
+    peer: usize,
+    addr: SocketAddr,
+    s: usize,
+    comm_id: u64,
+    opts: &TcpOptions,
+    deadline: Instant,
+) -> Result<TcpStream> {
+    let nsocks = opts.nsocks.max(1);
+    let io_err = |op: &'static str| {
+        move |source| TransportError::Io {
+            rank,
+            peer,
+            op,
+            source,
+        }
+    };
+    let sock = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match TcpStream::connect_timeout(&addr, left.max(Duration::from_millis(1))) {
+            Ok(sock) => break sock,
+            Err(e) if Instant::now() < deadline => {
+                tracing::debug!(target: "gradsync::net", "rank {rank}: connect to rank {peer} at {addr}: {e}; retrying");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => {
+                return Err(TransportError::Timeout {
+                    rank,
+                    timeout: opts.timeout,
+                    msg: format!("could not connect to rank {peer} at {addr}: {e}"),
+                });
+            }
+        }
+    };
+    tune(&sock, opts).map_err(io_err("setsockopt"))?;
+    let hello = HelloRepr {
+        comm_id,
+        rank: rank as u32,
+        stream: s as u16,
+        nsocks: nsocks as u16,
+    };
+    (&sock)
+        .write_all(&hello.to_bytes())
+        .map_err(io_err("hello"))?;
+    if let Some(token) = &opts.token {
+        let id = StreamId {
+            comm_id,
+            dialer: rank,
+            acceptor: peer,
+            stream: s,
+        };
+        dial_auth(&sock, token, id, deadline).map_err(|why| {
+            tracing::warn!(target: "gradsync::net", "rank {rank}: authentication failed on the connection to rank {peer} at {addr}: {why}");
+            TransportError::Protocol {
+                rank,
+                peer,
+                violation: Violation::Authentication { addr, why },
+            }
+        })?;
+    }
+    Ok(sock)
 }
+
+/// Takes a connection accepted from `from`: reads and checks its hello and, with a token,
+/// runs the handshake, each step within 5 s and `deadline`. `fits(peer, stream)` says whether
+/// the stream it claims is one this rank waits for. `Ok(None)`: the connection was dropped
+/// with a warning (bad hello, unwanted stream, failed handshake); setup goes on.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn accept_stream(
+    rank: usize,
+    world: usize,
+    sock: TcpStream,
+    from: SocketAddr,
+    comm_id: u64,
+    opts: &TcpOptions,
+    deadline: Instant,
+    fits: impl Fn(usize, usize) -> bool,
+) -> Result<Option<(usize, usize, TcpStream)>> {
+    let nsocks = opts.nsocks.max(1);
+    let io_err = |op: &'static str| {
+        move |source| TransportError::Io {
+            rank,
+            peer: usize::MAX,
+            op,
+            source,
+        }
+    };
+    sock.set_nonblocking(false).map_err(io_err("accept"))?;
+    let step = Duration::from_secs(5)
+        .min(deadline.saturating_duration_since(Instant::now()))
+        .max(Duration::from_millis(1));
+    let _ = sock.set_read_timeout(Some(step));
+    let _ = sock.set_write_timeout(Some(step));
+    let mut h = [0u8; HELLO_LEN];
+    let ok = (&sock).read_exact(&mut h).is_ok();
+    let view = Hello::new_unchecked(&h[..]);
+    let parsed = HelloRepr::parse(&view);
+    let (magic, version, cid) = (view.magic(), view.version(), view.comm_id());
+    let (peer, s, n) = (
+        view.rank() as usize,
+        view.stream() as usize,
+        view.nsocks() as usize,
+    );
+    let valid = ok
+        && parsed.is_ok()
+        && cid == comm_id
+        && peer < world
+        && peer != rank
+        && s < nsocks
+        && n == nsocks
+        && fits(peer, s);
+    if !valid {
+        tracing::warn!(target: "gradsync::net", "rank {rank}: dropped a connection from {from} with an invalid hello (magic 0x{magic:08x}, version {version}, communicator {cid:x}, rank {peer}, stream {s}/{n})");
+        return Ok(None);
+    }
+    if let Some(token) = &opts.token {
+        let id = StreamId {
+            comm_id,
+            dialer: peer,
+            acceptor: rank,
+            stream: s,
+        };
+        if let Err(why) = accept_auth(&sock, token, id) {
+            tracing::warn!(target: "gradsync::net", "rank {rank}: dropped a connection from {from} claiming rank {peer} stream {s}: authentication failed ({why})");
+            return Ok(None);
+        }
+    }
+    let _ = sock.set_read_timeout(None);
+    let _ = sock.set_write_timeout(None);
+    tune(&sock, opts).map_err(|source| TransportError::Io {
+        rank,
+        peer,
+        op: "setsockopt",
+        source,
+    })?;
+    Ok(Some((peer, s, sock)))
+}
+
+/// Binds a listener for incoming peer connections on `ip` (port chosen by the kernel), with a
+/// backlog of [`LISTEN_BACKLOG`]: peers that dial at once (lazy connections of many ranks to a
+/// tree's root, a full mesh at setup) wait in the kernel's queue, not in SYN retries.
+pub fn listen(ip: IpAddr) -> io::Result<TcpListener> {
+    let addr = SocketAddr::new(ip, 0);
+    let sock = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    sock.bind(&addr.into())?;
+    sock.listen(LISTEN_BACKLOG)?;
+    Ok(sock.into())
+}
+
+/// Connections a listener queues before it accepts them (the kernel caps it at
+/// `net.core.somaxconn`).
+pub const LISTEN_BACKLOG: i32 = 4096;

@@ -1,7 +1,7 @@
 //! Malformed frames from a connected peer: each is a protocol error naming what the peer did.
 
 use super::endpoint::TcpEndpoint;
-use super::setup::TcpOptions;
+use super::options::TcpOptions;
 use super::setup::listen;
 use super::wire::{FRAME_HEADER_LEN, FrameHeader, FrameHeaderRepr};
 use crate::error::{TransportError, Violation};

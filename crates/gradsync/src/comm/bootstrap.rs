@@ -343,10 +343,12 @@ impl Communicator {
                     token: token.map(<[u8]>::to_vec),
                     window: Some(tcp_window(&config)),
                 };
-                Box::new(
+                let ep = if config.runtime_connect {
+                    TcpEndpoint::lazy(rank, &addrs, listener, comm_id, &topts)
+                } else {
                     TcpEndpoint::establish(rank, &addrs, listener, comm_id, &topts)
-                        .map_err(|e| Error::transport(rank, "connect", e))?,
-                )
+                };
+                Box::new(ep.map_err(|e| Error::transport(rank, "connect", e))?)
             }
         };
         // The network backend's route (tcp or rdma), for the INFO line.
@@ -407,7 +409,7 @@ impl Communicator {
         meet_inboxes(ex, &mut engine, inbox, &config)?;
         tracing::info!(
             target: "gradsync::init",
-            "gradsync {} rank {rank}/{world} interface {ifname} {ip} transport {} hosts {} local ranks {} {} chunk {} KiB x {} slots eager up to {} bytes{} connections {} receive memory {} MiB registered timeout {:?} (init {:.1} ms)",
+            "gradsync {} rank {rank}/{world} interface {ifname} {ip} transport {} hosts {} local ranks {} {} chunk {} KiB x {} slots eager up to {} bytes{} connections {}{} receive memory {} MiB registered timeout {:?} (init {:.1} ms)",
             crate::VERSION,
             engine.ep.name(),
             topo.hosts(),
@@ -425,7 +427,12 @@ impl Communicator {
             config.nslots,
             engine.eager_limit(),
             if engine.board() { " on the board" } else { "" },
-            layout.routes.iter().filter(|r| **r != Route::Own).count(),
+            engine.connections(),
+            if engine.connections() + 1 < world {
+                " (more on first use)"
+            } else {
+                ""
+            },
             engine.inbox_bytes() >> 20,
             config.timeout,
             t0.elapsed().as_secs_f64() * 1e3

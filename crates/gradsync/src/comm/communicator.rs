@@ -85,6 +85,15 @@ impl Communicator {
         self.layout.routes[peer]
     }
 
+    /// The peers this rank is connected to now, ascending. Over TCP with
+    /// `GRADSYNC_RUNTIME_CONNECT` on (the default) a pair connects when an operation first
+    /// needs it; shared memory, RDMA and in-process peers are connected from init.
+    pub fn connected_peers(&self) -> Vec<usize> {
+        (0..self.world)
+            .filter(|&p| p != self.rank && self.engine.ep.caps(p).connected)
+            .collect()
+    }
+
     /// Whether small all-reduces go eagerly through the transports' shared-memory boards
     /// (every rank on one host, `GRADSYNC_SHM_BOARD` on) rather than as messages.
     pub fn eager_board(&self) -> bool {

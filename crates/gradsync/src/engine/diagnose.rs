@@ -63,13 +63,19 @@ impl Engine {
     pub(super) fn diagnose_timeout(&mut self) -> Error {
         let window =
             (self.opts.timeout / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
+        // Only connected peers are asked: a probe opens no connection.
         let ep = &self.ep;
-        self.proto.begin_probe(|p| ep.peer_alive(p));
+        self.proto
+            .begin_probe(|p| ep.peer_alive(p) && ep.caps(p).connected);
         // The probes, and anything else queued (best effort from here on).
         self.send_controls_only();
         let end = Instant::now() + window;
         let mut comps = Vec::new();
-        while Instant::now() < end && !self.proto.probe_settled(|p| self.ep.peer_alive(p)) {
+        while Instant::now() < end
+            && !self
+                .proto
+                .probe_settled(|p| self.ep.peer_alive(p) && self.ep.caps(p).connected)
+        {
             comps.clear();
             if self.ep.poll(&mut comps).is_err() {
                 break;
@@ -84,7 +90,12 @@ impl Engine {
             self.send_controls_only();
             let _ = self.ep.wait(Duration::from_millis(10));
         }
-        let verdict = self.proto.verdict(|p| self.ep.peer_alive(p));
+        let mut verdict = self.proto.verdict(|p| self.ep.peer_alive(p));
+        let (unreached, silent) = verdict
+            .silent
+            .iter()
+            .partition(|&&p| !self.ep.caps(p).connected);
+        (verdict.unreached, verdict.silent) = (unreached, silent);
         let mut e = self.timeout_error();
         if let Error::Timeout { verdict: v, .. } = &mut e {
             *v = VerdictWithin {

@@ -126,6 +126,9 @@ pub(crate) struct Engine {
     /// The engine's last clock reading (operation start, idle rounds): when peers were last
     /// heard from, without a clock read per message.
     pub(super) now_coarse: Instant,
+    /// Whether some peer may not be connected yet (the transport connects on first use): an
+    /// operation then connects the peers of its program before it starts.
+    pub(super) partly_connected: bool,
 }
 
 impl Engine {
@@ -210,6 +213,7 @@ impl Engine {
                 msg: Vec::new(),
                 batch: Vec::new(),
                 now_coarse: now,
+                partly_connected: true,
             },
             remote,
         ))
@@ -294,6 +298,31 @@ impl Engine {
         path.min(self.opts.eager_max)
     }
 
+    /// Connects the peers `prog` talks to that the transport has not connected yet (within
+    /// the operation timeout); then notes whether every peer is connected.
+    fn connect_for(&mut self, sig: &Signature, prog: &Program) -> Result<(), Error> {
+        let missing: Vec<usize> = prog
+            .peers(self.rank, self.world)
+            .into_iter()
+            .filter(|&p| !self.ep.caps(p).connected)
+            .collect();
+        if !missing.is_empty() {
+            tracing::debug!(target: "gradsync::net", "rank {}: {sig}: connecting to rank(s) {missing:?}", self.rank);
+            self.ep
+                .connect(&missing, self.opts.timeout)
+                .map_err(|e| Error::transport(self.rank, "connect", e))?;
+        }
+        self.partly_connected = self.connections() + 1 < self.world;
+        Ok(())
+    }
+
+    /// Peers connected now.
+    pub(crate) fn connections(&self) -> usize {
+        (0..self.world)
+            .filter(|&p| p != self.rank && self.ep.caps(p).connected)
+            .count()
+    }
+
     /// Bytes of the inbox registered for peers' messages (resident only where written,
     /// except where a transport pins it).
     pub(crate) fn inbox_bytes(&self) -> usize {
@@ -339,6 +368,9 @@ impl Engine {
             }
         }
         let prog = sched.program();
+        if self.partly_connected {
+            self.connect_for(&sig, prog)?;
+        }
         let dsize = sig.dtype.size();
         let scratch_len = prog.scratch_elems() * dsize;
         // Scratch comes from a buffer the engine keeps (registered once, grown when needed);

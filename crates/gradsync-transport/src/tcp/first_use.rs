@@ -1,0 +1,208 @@
+//! Connections on first use, the endpoint's side: [`TcpEndpoint::lazy`], accepting dials,
+//! and [`Endpoint::connect`](crate::Endpoint::connect) (see [`super::lazy`]).
+
+use super::endpoint::{Peer, TcpEndpoint};
+use super::lazy::Lazy;
+use super::options::TcpOptions;
+use super::setup::{accept_stream, dial_stream};
+use super::stream::{Stream, done_completion, flush};
+use crate::error::{Result, TransportError};
+use crate::verbs::Endpoint;
+use std::collections::HashMap;
+use std::io;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+impl TcpEndpoint {
+    /// An endpoint that connects to a peer only when [`Endpoint::connect`](crate::Endpoint::connect)
+    /// first names it (see [`super::lazy`]). `addrs[p]` is the listening address of
+    /// rank p; `listener` is this rank's, already published to the peers.
+    pub fn lazy(
+        rank: usize,
+        addrs: &[SocketAddr],
+        listener: TcpListener,
+        comm_id: u64,
+        opts: &TcpOptions,
+    ) -> Result<TcpEndpoint> {
+        let world = addrs.len();
+        listener
+            .set_nonblocking(true)
+            .map_err(|source| TransportError::Io {
+                rank,
+                peer: usize::MAX,
+                op: "listen",
+                source,
+            })?;
+        let mut ep = TcpEndpoint::new(rank, world, (0..world).map(|_| None).collect(), opts.window);
+        ep.lazy = Some(Lazy {
+            listener,
+            addrs: addrs.to_vec(),
+            comm_id,
+            opts: opts.clone(),
+            partial: HashMap::new(),
+            missing: world.saturating_sub(1),
+            polls: 0,
+        });
+        Ok(ep)
+    }
+
+    /// Takes every connection waiting on the listener (without blocking when none is); a peer
+    /// whose streams are then all there is connected.
+    pub(super) fn accept_pending(&mut self) -> Result<()> {
+        let (rank, world) = (self.rank(), self.world());
+        loop {
+            let Some(lz) = self.lazy.as_mut() else {
+                return Ok(());
+            };
+            let (sock, from) = match lz.listener.accept() {
+                Ok(x) => x,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(source) => {
+                    return Err(TransportError::Io {
+                        rank,
+                        peer: usize::MAX,
+                        op: "accept",
+                        source,
+                    });
+                }
+            };
+            let nsocks = lz.opts.nsocks.max(1);
+            let deadline = Instant::now() + lz.opts.timeout;
+            let peers = &self.peers;
+            let partial = &lz.partial;
+            // A higher rank's stream this rank does not have yet.
+            let fits = |peer: usize, s: usize| {
+                peer > rank
+                    && peers[peer].is_none()
+                    && partial
+                        .get(&peer)
+                        .is_none_or(|v| v.get(s).is_some_and(Option::is_none))
+            };
+            let Some((peer, s, sock)) = accept_stream(
+                rank, world, sock, from, lz.comm_id, &lz.opts, deadline, fits,
+            )?
+            else {
+                continue;
+            };
+            let slots = lz
+                .partial
+                .entry(peer)
+                .or_insert_with(|| (0..nsocks).map(|_| None).collect());
+            slots[s] = Some(sock);
+            if slots.iter().all(Option::is_some) {
+                let socks = lz.partial.remove(&peer).expect("present");
+                self.install(peer, socks.into_iter().flatten().collect())?;
+            }
+        }
+    }
+
+    /// Makes `socks` the streams to `peer`.
+    fn install(&mut self, peer: usize, socks: Vec<TcpStream>) -> Result<()> {
+        let rank = self.rank();
+        let mut streams = Vec::with_capacity(socks.len());
+        for sock in socks {
+            sock.set_nonblocking(true)
+                .map_err(|source| TransportError::Io {
+                    rank,
+                    peer,
+                    op: "set_nonblocking",
+                    source,
+                })?;
+            streams.push(Stream::new(sock));
+        }
+        self.peers[peer] = Some(Peer::new(streams));
+        if let Some(lz) = self.lazy.as_mut() {
+            lz.missing = lz.missing.saturating_sub(1);
+        }
+        tracing::debug!(target: "gradsync::net", "rank {rank}: connected to rank {peer}");
+        Ok(())
+    }
+
+    /// [`Endpoint::connect`](crate::Endpoint::connect) of a lazy endpoint: dials the lower
+    /// peers of `peers` not connected yet, then waits, accepting, until the higher ones have
+    /// dialed this rank.
+    pub(super) fn connect_lazy(&mut self, peers: &[usize], timeout: Duration) -> Result<()> {
+        let (rank, world) = (self.rank(), self.world());
+        let Some(lz) = self.lazy.as_ref() else {
+            return Ok(());
+        };
+        if let Some(&p) = peers.iter().find(|&&p| p >= world || p == rank) {
+            return Err(TransportError::Invalid {
+                rank,
+                op: "connect",
+                msg: format!("rank {p} is not a peer in a world of {world}"),
+            });
+        }
+        let start = Instant::now();
+        let deadline = start + timeout;
+        let (comm_id, opts) = (lz.comm_id, lz.opts.clone());
+        let mut lower: Vec<usize> = peers
+            .iter()
+            .copied()
+            .filter(|&p| p < rank && self.peers[p].is_none())
+            .collect();
+        lower.sort_unstable();
+        lower.dedup();
+        for p in lower {
+            let addr = self.lazy.as_ref().expect("lazy").addrs[p];
+            let socks = (0..opts.nsocks.max(1))
+                .map(|s| dial_stream(rank, p, addr, s, comm_id, &opts, deadline))
+                .collect::<Result<Vec<_>>>()?;
+            self.install(p, socks)?;
+        }
+        loop {
+            self.accept_pending()?;
+            let missing: Vec<usize> = peers
+                .iter()
+                .copied()
+                .filter(|&p| p > rank && self.peers[p].is_none())
+                .collect();
+            if missing.is_empty() {
+                return Ok(());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let mut list: Vec<String> = missing.iter().map(usize::to_string).collect();
+                list.dedup();
+                return Err(TransportError::Timeout {
+                    rank,
+                    timeout,
+                    msg: format!(
+                        "no connection from rank{} {} (listening on {:?})",
+                        if list.len() > 1 { "s" } else { "" },
+                        list.join(", "),
+                        self.lazy
+                            .as_ref()
+                            .and_then(|l| l.listener.local_addr().ok())
+                    ),
+                });
+            }
+            self.flush_queued();
+            let fd = self.lazy.as_ref().expect("lazy").listener_fd();
+            let mut pfd = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let ms = (deadline - now).as_millis().clamp(1, 20) as i32;
+            // SAFETY: pfd is a valid pollfd array of length 1.
+            unsafe { libc::poll(&mut pfd, 1, ms) };
+        }
+    }
+
+    /// Flushes what is queued to the connected peers (best effort; a failing stream is marked
+    /// as [`poll`](crate::Endpoint::poll) would).
+    fn flush_queued(&mut self) {
+        let mut done = Vec::new();
+        for p in self.peers.iter_mut().flatten() {
+            for st in p.streams.iter_mut() {
+                if !st.tx_failed && !st.txq.is_empty() && flush(st, &mut done).is_err() {
+                    st.tx_failed = true;
+                    st.txq.clear();
+                }
+            }
+        }
+        self.done.extend(done.into_iter().map(done_completion));
+    }
+}

@@ -1,0 +1,189 @@
+//! TCP pairs connect on first use (`GRADSYNC_RUNTIME_CONNECT`, on by default): after init a
+//! rank is connected only to the peers init's own operations talked to, an operation connects
+//! the peers of its program, results are right on every path, and a peer that never connects
+//! is named within the timeout.
+
+use gradsync::{Algorithm, Communicator, Config, ReduceOp, TransportMode};
+use gradsync_store::{ServerConfig, StoreServer};
+use std::collections::BTreeSet;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+/// Runs `f(comm)` on `world` ranks over TCP (threads of this process), with `tweak` applied
+/// to every rank's config.
+fn run<R: Send + 'static>(
+    world: usize,
+    tweak: impl Fn(&mut Config) + Send + Sync + Clone + 'static,
+    f: impl Fn(Communicator) -> R + Send + Sync + Clone + 'static,
+) -> Vec<R> {
+    // The store runs with the job token, if the ranks have one.
+    let mut probe = Config::new("", 0, world);
+    tweak(&mut probe);
+    let mut sc = ServerConfig::default();
+    sc.token = probe.token.map(String::into_bytes);
+    let server = StoreServer::bind_with_config("127.0.0.1:0".parse().unwrap(), sc).unwrap();
+    let addr = server.local_addr().to_string();
+    let hs: Vec<_> = (0..world)
+        .map(|rank| {
+            let mut cfg = Config::new(addr.clone(), rank, world);
+            cfg.host_store = false;
+            cfg.transport = TransportMode::Tcp;
+            cfg.timeout = Duration::from_secs(60);
+            tweak(&mut cfg);
+            let f = f.clone();
+            std::thread::spawn(move || f(Communicator::init(cfg).expect("init")))
+        })
+        .collect();
+    hs.into_iter()
+        .map(|h| h.join().expect("rank thread panicked"))
+        .collect()
+}
+
+/// Whether `p` is at a power-of-two distance from `rank` either way round a ring of `world`.
+fn power_of_two_apart(rank: usize, p: usize, world: usize) -> bool {
+    let d = (p + world - rank) % world;
+    d.is_power_of_two() || (world - d).is_power_of_two()
+}
+
+#[test]
+fn a_ring_job_connects_its_neighbours_and_first_use_connects_the_rest() {
+    let world = 16;
+    // Snapshots are taken between phases that every rank has finished (ranks that run
+    // ahead would otherwise already dial for the next one).
+    let phase = Arc::new(Barrier::new(world));
+    let res = run(
+        world,
+        |c| {
+            c.algorithm = Some(Algorithm::Ring);
+            c.eager_max = 0;
+        },
+        move |mut c| {
+            let rank = c.rank();
+            phase.wait();
+            let after_init = c.connected_peers();
+            // A ring all-reduce, checked.
+            let mut a: Vec<f32> = (0..1000).map(|i| (rank * 1000 + i) as f32).collect();
+            c.all_reduce(&mut a, ReduceOp::Sum).unwrap();
+            for (i, x) in a.iter().enumerate() {
+                let want: usize = (0..world).map(|r| r * 1000 + i).sum();
+                assert_eq!(*x, want as f32, "rank {rank} element {i}");
+            }
+            phase.wait();
+            let after_ring = c.connected_peers();
+            phase.wait();
+            // Point-to-point between ranks 0 and 5, five apart: never connected so far.
+            if rank == 0 {
+                c.send(&[7i32, 8, 9], 5).unwrap();
+            } else if rank == 5 {
+                let mut b = [0i32; 3];
+                c.recv(&mut b, 0).unwrap();
+                assert_eq!(b, [7, 8, 9]);
+            }
+            phase.wait();
+            let after_p2p = c.connected_peers();
+            phase.wait();
+            // All-to-all needs every pair.
+            let input: Vec<i64> = (0..world).map(|p| (rank * 100 + p) as i64).collect();
+            let mut output = vec![0i64; world];
+            c.all_to_all(&input, &mut output).unwrap();
+            for (p, x) in output.iter().enumerate() {
+                assert_eq!(*x, (p * 100 + rank) as i64, "rank {rank} block {p}");
+            }
+            (rank, after_init, after_ring, after_p2p, c.connected_peers())
+        },
+    );
+    for (rank, init, ring, p2p, all) in res {
+        // Init's own operations (the first barrier, the cost model's ring) talk to ranks at
+        // power-of-two distances; so does a ring.
+        for p in init.iter().chain(&ring) {
+            assert!(
+                power_of_two_apart(rank, p.to_owned(), world),
+                "rank {rank} connected to rank {p}: {ring:?}"
+            );
+        }
+        assert!(
+            ring.len() <= 2 * 4,
+            "rank {rank}: {} peers after a ring",
+            ring.len()
+        );
+        let left = (rank + world - 1) % world;
+        let right = (rank + 1) % world;
+        assert!(
+            ring.contains(&left) && ring.contains(&right),
+            "rank {rank}: {ring:?}"
+        );
+        let ring_set: BTreeSet<usize> = ring.iter().copied().collect();
+        let p2p_set: BTreeSet<usize> = p2p.iter().copied().collect();
+        let extra: Vec<usize> = p2p_set.difference(&ring_set).copied().collect();
+        match rank {
+            0 => assert_eq!(extra, vec![5], "rank 0"),
+            5 => assert_eq!(extra, vec![0], "rank 5"),
+            _ => assert!(extra.is_empty(), "rank {rank}: {extra:?}"),
+        }
+        assert_eq!(all.len(), world - 1, "rank {rank} after all-to-all");
+    }
+}
+
+#[test]
+fn connections_on_first_use_are_authenticated_with_the_token() {
+    let world = 6;
+    let res = run(
+        world,
+        |c| {
+            c.token = Some("lazy-secret".into());
+            c.algorithm = Some(Algorithm::Tree);
+        },
+        move |mut c| {
+            let rank = c.rank();
+            let mut a = vec![rank as i64 + 1; 4099];
+            c.all_reduce(&mut a, ReduceOp::Sum).unwrap();
+            assert!(a.iter().all(|&x| x == 21), "rank {rank}");
+            let mut b = vec![if rank == 3 { 42u8 } else { 0 }; 70_001];
+            c.broadcast(&mut b, 3).unwrap();
+            assert!(b.iter().all(|&x| x == 42), "rank {rank}");
+            c.connected_peers().len()
+        },
+    );
+    assert!(res.iter().all(|&n| n >= 1));
+}
+
+#[test]
+fn runtime_connect_off_connects_every_pair_at_init() {
+    let world = 5;
+    let res = run(
+        world,
+        |c| c.runtime_connect = false,
+        |c| c.connected_peers().len(),
+    );
+    assert_eq!(res, vec![world - 1; world]);
+}
+
+#[test]
+fn a_peer_that_never_connects_is_named_within_the_timeout() {
+    // Ranks 0 and 5 of 8 are not connected after init (five apart); rank 0 waits for a
+    // message from rank 5, which never calls: rank 0's wait for rank 5's connection ends
+    // within the timeout, naming rank 5.
+    let world = 8;
+    let done = Arc::new(Barrier::new(world));
+    let res = run(
+        world,
+        |c| c.timeout = Duration::from_secs(3),
+        move |mut c| {
+            let rank = c.rank();
+            let mut out = None;
+            if rank == 0 {
+                assert!(!c.connected_peers().contains(&5));
+                let t0 = Instant::now();
+                let mut b = [0f32; 4];
+                let e = c.recv(&mut b, 5).unwrap_err();
+                out = Some((e.to_string(), t0.elapsed()));
+            }
+            done.wait();
+            out
+        },
+    );
+    let (msg, took) = res[0].clone().unwrap();
+    assert!(msg.contains("rank 5"), "{msg}");
+    assert!(msg.contains("no connection"), "{msg}");
+    assert!(took < Duration::from_secs(10), "{took:?}: {msg}");
+}
