@@ -9,6 +9,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+use socket2::{Domain, Protocol, Socket, Type};
 use tracing::{debug, warn};
 
 use crate::StoreError;
@@ -16,6 +17,10 @@ use crate::auth;
 use crate::framed::{self, FrameReadError, ReadSome};
 use crate::wire::{self, Frame, MAX_BODY_LEN, MAX_WAIT_TIMEOUT_MS, Repr};
 
+/// Listen backlog asked for; the kernel caps it at its own limit (`net.core.somaxconn` on
+/// Linux). Every rank of a job connects at about the same time, and a connection that finds
+/// the queue full is retried by the client's kernel only after a second or more.
+const LISTEN_BACKLOG: i32 = 65535;
 /// How often the accept thread polls its non-blocking listener.
 const ACCEPT_POLL: Duration = Duration::from_millis(10);
 /// Back-off after an accept error other than "no connection pending" (e.g. out of descriptors).
@@ -138,7 +143,7 @@ impl StoreServer {
         config: ServerConfig,
     ) -> Result<StoreServer, StoreError> {
         let bind_err = |source| StoreError::Bind { addr, source };
-        let listener = TcpListener::bind(addr).map_err(bind_err)?;
+        let listener = listen(addr).map_err(bind_err)?;
         let local_addr = listener.local_addr().map_err(bind_err)?;
         listener.set_nonblocking(true).map_err(bind_err)?;
         let shared = Arc::new(Shared {
@@ -221,6 +226,17 @@ impl Drop for StoreServer {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// A listener on `addr` with a backlog of [`LISTEN_BACKLOG`] (the standard library's
+/// `TcpListener::bind` asks for 128), with `SO_REUSEADDR` on Unix as `TcpListener::bind` sets it.
+fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    #[cfg(unix)]
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(LISTEN_BACKLOG)?;
+    Ok(socket.into())
 }
 
 fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
