@@ -48,7 +48,9 @@ pub struct ServerConfig {
     /// exceed it is refused with an error reply; the connection stays open.
     pub max_total_bytes: u64,
     /// Most connections served at once (default 8192). Further connections receive an error
-    /// reply and are closed.
+    /// reply and are closed. Each connection holds one descriptor and one thread, so the
+    /// process's open-file limit (`RLIMIT_NOFILE`) must leave room for as many connections as
+    /// the job has ranks; an accept that fails for want of descriptors is logged and retried.
     pub max_connections: usize,
     /// Deadline for a peer to complete a frame once its first byte arrived, and for the server
     /// to write a reply (default 60 s). Idle connections between frames are not timed out.
@@ -128,8 +130,9 @@ struct Conns {
 
 #[derive(Debug)]
 struct Conn {
-    /// A clone of the served stream, for shutting it down from outside.
-    stream: TcpStream,
+    /// The served stream, shared with its thread, for shutting it down from outside (one
+    /// descriptor per connection).
+    stream: Arc<TcpStream>,
     thread: JoinHandle<()>,
 }
 
@@ -282,13 +285,8 @@ fn admit(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) {
         let _ = framed::write_all_by(&stream, &bytes, Instant::now() + REJECT_WRITE_TIMEOUT);
         return;
     }
-    let clone = match stream.try_clone() {
-        Ok(c) => c,
-        Err(e) => {
-            warn!(target: "gradsync::bootstrap", %peer, error = %e, "store connection setup failed");
-            return;
-        }
-    };
+    let stream = Arc::new(stream);
+    let thread_stream = Arc::clone(&stream);
     let id = conns.next_id;
     conns.next_id += 1;
     let thread_shared = Arc::clone(shared);
@@ -296,19 +294,13 @@ fn admit(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) {
         .name(format!("gradsync-store-conn-{id}"))
         .stack_size(CONN_STACK)
         .spawn(move || {
-            serve(&stream, peer, &thread_shared);
-            let _ = stream.shutdown(Shutdown::Both);
+            serve(&thread_stream, peer, &thread_shared);
+            let _ = thread_stream.shutdown(Shutdown::Both);
             lock(&thread_shared.conns).live.remove(&id);
         });
     match spawned {
         Ok(thread) => {
-            conns.live.insert(
-                id,
-                Conn {
-                    stream: clone,
-                    thread,
-                },
-            );
+            conns.live.insert(id, Conn { stream, thread });
         }
         Err(e) => {
             warn!(target: "gradsync::bootstrap", %peer, error = %e, "store connection thread not started");
