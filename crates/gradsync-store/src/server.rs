@@ -9,6 +9,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+use socket2::{Domain, Protocol, Socket, Type};
 use tracing::{debug, warn};
 
 use crate::StoreError;
@@ -16,6 +17,10 @@ use crate::auth;
 use crate::framed::{self, FrameReadError, ReadSome};
 use crate::wire::{self, Frame, MAX_BODY_LEN, MAX_WAIT_TIMEOUT_MS, Repr};
 
+/// Listen backlog asked for; the kernel caps it at its own limit (`net.core.somaxconn` on
+/// Linux). Every rank of a job connects at about the same time, and a connection that finds
+/// the queue full is retried by the client's kernel only after a second or more.
+const LISTEN_BACKLOG: i32 = 65535;
 /// How often the accept thread polls its non-blocking listener.
 const ACCEPT_POLL: Duration = Duration::from_millis(10);
 /// Back-off after an accept error other than "no connection pending" (e.g. out of descriptors).
@@ -43,7 +48,9 @@ pub struct ServerConfig {
     /// exceed it is refused with an error reply; the connection stays open.
     pub max_total_bytes: u64,
     /// Most connections served at once (default 8192). Further connections receive an error
-    /// reply and are closed.
+    /// reply and are closed. Each connection holds one descriptor and one thread, so the
+    /// process's open-file limit (`RLIMIT_NOFILE`) must leave room for as many connections as
+    /// the job has ranks; an accept that fails for want of descriptors is logged and retried.
     pub max_connections: usize,
     /// Deadline for a peer to complete a frame once its first byte arrived, and for the server
     /// to write a reply (default 60 s). Idle connections between frames are not timed out.
@@ -81,9 +88,10 @@ impl fmt::Debug for ServerConfig {
 /// The rendezvous key-value server.
 ///
 /// [`StoreServer::bind`] starts an accept thread; every accepted connection is served by its
-/// own thread. All connections share one map guarded by a mutex; a wait blocks on a condition
-/// variable that every set and add signals. Dropping the server shuts it down as
-/// [`StoreServer::shutdown`] does.
+/// own thread. All connections share one map guarded by a mutex. A wait blocks on a condition
+/// variable of its own, registered under the first of its keys that is missing; a set or add
+/// of a key signals only the waits registered under that key, which then check their keys
+/// again. Dropping the server shuts it down as [`StoreServer::shutdown`] does.
 #[derive(Debug)]
 pub struct StoreServer {
     local_addr: SocketAddr,
@@ -96,16 +104,22 @@ struct Shared {
     config: ServerConfig,
     local_addr: SocketAddr,
     state: Mutex<State>,
-    changed: Condvar,
     stopping: AtomicBool,
     conns: Mutex<Conns>,
 }
+
+/// The waits registered under one key: waiter id to its condition variable.
+type Waiters = HashMap<u64, Arc<Condvar>>;
 
 #[derive(Debug, Default)]
 struct State {
     map: HashMap<String, Arc<[u8]>>,
     /// Sum of key and value lengths over the map.
     total_bytes: u64,
+    /// Blocked waits by the missing key each is registered under. A set or add of the key
+    /// takes the whole entry and signals every wait in it.
+    waiters: HashMap<String, Waiters>,
+    next_waiter: u64,
 }
 
 #[derive(Debug, Default)]
@@ -116,9 +130,21 @@ struct Conns {
 
 #[derive(Debug)]
 struct Conn {
-    /// A clone of the served stream, for shutting it down from outside.
-    stream: TcpStream,
+    /// The served stream, shared with its thread, for shutting it down from outside (one
+    /// descriptor per connection).
+    stream: Arc<TcpStream>,
     thread: JoinHandle<()>,
+}
+
+impl Shared {
+    /// Signals every blocked wait, so that it checks `stopping` again.
+    fn wake_all_waits(&self) {
+        // Taking the lock orders these notifications after any waiter's check of `stopping`.
+        let state = lock(&self.state);
+        for cv in state.waiters.values().flat_map(HashMap::values) {
+            cv.notify_one();
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -138,14 +164,13 @@ impl StoreServer {
         config: ServerConfig,
     ) -> Result<StoreServer, StoreError> {
         let bind_err = |source| StoreError::Bind { addr, source };
-        let listener = TcpListener::bind(addr).map_err(bind_err)?;
+        let listener = listen(addr).map_err(bind_err)?;
         let local_addr = listener.local_addr().map_err(bind_err)?;
         listener.set_nonblocking(true).map_err(bind_err)?;
         let shared = Arc::new(Shared {
             config,
             local_addr,
             state: Mutex::new(State::default()),
-            changed: Condvar::new(),
             stopping: AtomicBool::new(false),
             conns: Mutex::new(Conns::default()),
         });
@@ -182,11 +207,7 @@ impl StoreServer {
         };
         debug!(target: "gradsync::bootstrap", local_addr = %self.local_addr, "store server stopping");
         self.shared.stopping.store(true, Ordering::SeqCst);
-        {
-            // Taking the lock orders this notification after any waiter's check of `stopping`.
-            let _state = lock(&self.shared.state);
-            self.shared.changed.notify_all();
-        }
+        self.shared.wake_all_waits();
         // Bounded: the accept loop polls `stopping` every ACCEPT_POLL.
         let _ = accept.join();
         let conns: Vec<Conn> = lock(&self.shared.conns)
@@ -223,6 +244,17 @@ impl Drop for StoreServer {
     }
 }
 
+/// A listener on `addr` with a backlog of [`LISTEN_BACKLOG`] (the standard library's
+/// `TcpListener::bind` asks for 128), with `SO_REUSEADDR` on Unix as `TcpListener::bind` sets it.
+fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    #[cfg(unix)]
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(LISTEN_BACKLOG)?;
+    Ok(socket.into())
+}
+
 fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
     while !shared.stopping.load(Ordering::SeqCst) {
         match listener.accept() {
@@ -253,13 +285,8 @@ fn admit(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) {
         let _ = framed::write_all_by(&stream, &bytes, Instant::now() + REJECT_WRITE_TIMEOUT);
         return;
     }
-    let clone = match stream.try_clone() {
-        Ok(c) => c,
-        Err(e) => {
-            warn!(target: "gradsync::bootstrap", %peer, error = %e, "store connection setup failed");
-            return;
-        }
-    };
+    let stream = Arc::new(stream);
+    let thread_stream = Arc::clone(&stream);
     let id = conns.next_id;
     conns.next_id += 1;
     let thread_shared = Arc::clone(shared);
@@ -267,19 +294,13 @@ fn admit(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) {
         .name(format!("gradsync-store-conn-{id}"))
         .stack_size(CONN_STACK)
         .spawn(move || {
-            serve(&stream, peer, &thread_shared);
-            let _ = stream.shutdown(Shutdown::Both);
+            serve(&thread_stream, peer, &thread_shared);
+            let _ = thread_stream.shutdown(Shutdown::Both);
             lock(&thread_shared.conns).live.remove(&id);
         });
     match spawned {
         Ok(thread) => {
-            conns.live.insert(
-                id,
-                Conn {
-                    stream: clone,
-                    thread,
-                },
-            );
+            conns.live.insert(id, Conn { stream, thread });
         }
         Err(e) => {
             warn!(target: "gradsync::bootstrap", %peer, error = %e, "store connection thread not started");
@@ -449,10 +470,10 @@ fn handle(repr: &Repr<'_>, peer: SocketAddr, shared: &Shared) -> Vec<u8> {
         Repr::Set { key, value } => {
             debug!(target: "gradsync::bootstrap", %peer, key, len = value.len(), "store set");
             let value: Arc<[u8]> = Arc::from(value);
-            let result = lock(&shared.state).set(key, value, max);
+            let result = lock(&shared.state).set_and_release(key, value, max);
             match result {
-                Ok(()) => {
-                    shared.changed.notify_all();
+                Ok(waiters) => {
+                    wake(waiters);
                     Repr::Ok.to_bytes()
                 }
                 Err(msg) => error_reply(&msg, peer),
@@ -467,11 +488,11 @@ fn handle(repr: &Repr<'_>, peer: SocketAddr, shared: &Shared) -> Vec<u8> {
             }
         }
         Repr::Add { key, delta } => {
-            let result = lock(&shared.state).add(key, delta, max);
-            debug!(target: "gradsync::bootstrap", %peer, key, delta, ?result, "store add");
+            let result = lock(&shared.state).add_and_release(key, delta, max);
+            debug!(target: "gradsync::bootstrap", %peer, key, delta, result = ?result.as_ref().map(|r| r.0), "store add");
             match result {
-                Ok(value) => {
-                    shared.changed.notify_all();
+                Ok((value, waiters)) => {
+                    wake(waiters);
                     Repr::Int { value }.to_bytes()
                 }
                 Err(msg) => error_reply(&msg, peer),
@@ -528,6 +549,7 @@ fn error_reply(message: &str, peer: SocketAddr) -> Vec<u8> {
     .to_bytes()
 }
 
+#[derive(Debug)]
 enum WaitOutcome<'k> {
     Ready(Vec<Arc<[u8]>>),
     Missing(Vec<&'k str>),
@@ -536,12 +558,37 @@ enum WaitOutcome<'k> {
 }
 
 /// Blocks until every key exists or the (clamped) timeout passes.
+///
+/// While keys are missing, the wait is registered under the first missing one (in request
+/// order) with a condition variable of its own, so that it wakes only when that key is set or
+/// added to, at its deadline, or at shutdown. A wait on `n` keys thus wakes about `n` times at
+/// most, however many other keys change meanwhile.
 fn wait<'k>(shared: &Shared, keys: &[&'k str], timeout_ms: u64) -> WaitOutcome<'k> {
     let timeout = Duration::from_millis(timeout_ms.min(MAX_WAIT_TIMEOUT_MS));
     let deadline = Instant::now() + timeout;
+    let cv = Arc::new(Condvar::new());
     let mut state = lock(&shared.state);
-    loop {
-        if keys.iter().all(|k| state.map.contains_key(*k)) {
+    let id = state.next_waiter;
+    state.next_waiter += 1;
+    // The key this wait is registered under, if any.
+    let mut registered: Option<&'k str> = None;
+    // Where the search for a missing key starts: the keys before the one last found missing
+    // were present then, so each key is usually looked up once however often the wait wakes.
+    let mut from = 0;
+    let outcome = loop {
+        if let Some(key) = registered.take() {
+            state.unregister(key, id);
+        }
+        let absent = |k: &&str| !state.map.contains_key(*k);
+        let found = match keys[from..].iter().position(absent) {
+            Some(i) => Some(from + i),
+            // A delete may have removed one of the earlier keys meanwhile.
+            None => keys[..from].iter().position(absent),
+        };
+        let Some(missing) = found.map(|i| {
+            from = i;
+            keys[i]
+        }) else {
             let values: Vec<Arc<[u8]>> = keys
                 .iter()
                 .filter_map(|k| state.map.get(*k).cloned())
@@ -550,12 +597,12 @@ fn wait<'k>(shared: &Shared, keys: &[&'k str], timeout_ms: u64) -> WaitOutcome<'
                 .iter()
                 .fold(4usize, |acc, v| acc.saturating_add(4 + v.len()));
             if len > MAX_BODY_LEN {
-                return WaitOutcome::TooLarge(len);
+                break WaitOutcome::TooLarge(len);
             }
-            return WaitOutcome::Ready(values);
-        }
+            break WaitOutcome::Ready(values);
+        };
         if shared.stopping.load(Ordering::SeqCst) {
-            return WaitOutcome::Stopping;
+            break WaitOutcome::Stopping;
         }
         let now = Instant::now();
         if now >= deadline {
@@ -564,19 +611,73 @@ fn wait<'k>(shared: &Shared, keys: &[&'k str], timeout_ms: u64) -> WaitOutcome<'
                 .copied()
                 .filter(|k| !state.map.contains_key(*k))
                 .collect();
-            return WaitOutcome::Missing(missing);
+            break WaitOutcome::Missing(missing);
         }
-        state = shared
-            .changed
+        state.register(missing, id, &cv);
+        registered = Some(missing);
+        state = cv
             .wait_timeout(state, deadline - now)
             .unwrap_or_else(PoisonError::into_inner)
             .0;
+    };
+    drop(state);
+    outcome
+}
+
+/// Signals the waits taken from a key's entry (after the state lock is released, so that they
+/// do not wake into a held lock).
+fn wake(waiters: Option<Waiters>) {
+    for cv in waiters.into_iter().flat_map(HashMap::into_values) {
+        cv.notify_one();
     }
 }
 
 impl State {
     fn entry_bytes(key: &str, value: &[u8]) -> u64 {
         key.len() as u64 + value.len() as u64
+    }
+
+    /// Registers wait `id` under the missing `key`.
+    fn register(&mut self, key: &str, id: u64, cv: &Arc<Condvar>) {
+        if let Some(waiters) = self.waiters.get_mut(key) {
+            waiters.insert(id, Arc::clone(cv));
+        } else {
+            self.waiters
+                .insert(key.to_owned(), HashMap::from([(id, Arc::clone(cv))]));
+        }
+    }
+
+    /// Removes wait `id` from the entry of `key`, if it is still there (a set or add of the
+    /// key takes the whole entry).
+    fn unregister(&mut self, key: &str, id: u64) {
+        if let Some(waiters) = self.waiters.get_mut(key) {
+            waiters.remove(&id);
+            if waiters.is_empty() {
+                self.waiters.remove(key);
+            }
+        }
+    }
+
+    /// [`State::set`], then takes the waits registered under `key`, for the caller to wake.
+    fn set_and_release(
+        &mut self,
+        key: &str,
+        value: Arc<[u8]>,
+        max: u64,
+    ) -> Result<Option<Waiters>, String> {
+        self.set(key, value, max)?;
+        Ok(self.waiters.remove(key))
+    }
+
+    /// [`State::add`], then takes the waits registered under `key`, for the caller to wake.
+    fn add_and_release(
+        &mut self,
+        key: &str,
+        delta: i64,
+        max: u64,
+    ) -> Result<(i64, Option<Waiters>), String> {
+        let value = self.add(key, delta, max)?;
+        Ok((value, self.waiters.remove(key)))
     }
 
     /// Replaces the value of `key`, keeping the total under `max`.
@@ -630,3 +731,6 @@ impl State {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
