@@ -8,7 +8,9 @@
 //! the faster measurement counts: on a busy machine a link can lose much of its rate for the
 //! few milliseconds of one measurement, while a slow link is slow every time. Rank 0 prints
 //!
-//! - one line per rank: host, address, interface, MTU, NUMA placement;
+//! - one line per rank: host, address, interface, MTU, the peers it was connected to before
+//!   the measurements (which connect every pair) and its registered receive memory (inbox),
+//!   NUMA placement;
 //! - the RDMA devices of its host (with the `rdma` feature): port state, MTU, link layer and
 //!   GIDs, as `ibv_devinfo` shows them;
 //! - the bandwidth and latency matrices;
@@ -54,7 +56,7 @@ pub struct DoctorArgs {
     pub json: Option<std::path::PathBuf>,
 }
 
-const INFO_LEN: usize = 192;
+const INFO_LEN: usize = 256;
 
 /// Runs `gradsync doctor`; returns the exit code.
 pub fn run(args: &DoctorArgs) -> anyhow::Result<i32> {
@@ -125,7 +127,7 @@ fn rdma_devices() -> String {
     "#\n# RDMA devices: not listed (gradsync built without the rdma feature)\n".into()
 }
 
-/// This rank's line: host, address, interface, MTU, NUMA placement.
+/// This rank's line: host, address, interface, MTU, connected peers, inbox, NUMA placement.
 fn describe_self(comm: &Communicator) -> String {
     let ifname = comm.interface().to_string();
     let mtu = topology::interface_mtu(&ifname).map_or("?".to_string(), |m| m.to_string());
@@ -134,8 +136,10 @@ fn describe_self(comm: &Communicator) -> String {
         .peer_addr(comm.rank())
         .map_or("-".to_string(), |a| a.ip().to_string());
     format!(
-        "host {} addr {addr} if {ifname} mtu {mtu} numa: {numa}",
+        "host {} addr {addr} if {ifname} mtu {mtu} peers {} inbox {} MiB numa: {numa}",
         comm.host_name(comm.rank()),
+        comm.connected_peers().len(),
+        comm.receive_memory() >> 20,
     )
 }
 

@@ -94,6 +94,12 @@ impl Communicator {
             .collect()
     }
 
+    /// Bytes of this rank's inbox, registered for every peer's messages (resident only where
+    /// peers have written into it, except under RDMA, which pins it).
+    pub fn receive_memory(&self) -> usize {
+        self.engine.inbox_bytes()
+    }
+
     /// Whether small all-reduces go eagerly through the transports' shared-memory boards
     /// (every rank on one host, `GRADSYNC_SHM_BOARD` on) rather than as messages.
     pub fn eager_board(&self) -> bool {
