@@ -257,6 +257,10 @@ impl Communicator {
         c._store = server;
         c.barrier()?;
         c.settle_costs(&prefix)?;
+        // Nothing after init uses the store (shrink connects anew): closing the client spares
+        // the store's host one connection per rank.
+        c.store = None;
+        c.via_store = true;
         Ok(c)
     }
 
@@ -680,6 +684,7 @@ impl Communicator {
             coll_algorithms: Vec::new(),
             queue: VecDeque::new(),
             store: None,
+            via_store: false,
             config: None,
             generation: 0,
             splits: 0,
@@ -713,7 +718,7 @@ impl Communicator {
     /// the survivors. This communicator stays unusable after a failure; drop it.
     pub fn shrink(&mut self, exclude: &[usize]) -> Result<Communicator> {
         let t0 = Instant::now();
-        let (Some(config), Some(_)) = (self.config.clone(), self.store.as_ref()) else {
+        let (Some(config), true) = (self.config.clone(), self.via_store) else {
             return Err(self.invalid(
                 "shrink",
                 "this communicator was not built through a rendezvous store".into(),

@@ -31,7 +31,11 @@ pub struct Communicator {
     /// Forced algorithms of the other collectives.
     pub(super) coll_algorithms: Vec<(Collective, Algorithm)>,
     pub(super) queue: VecDeque<Queued>,
+    /// The store client, during init only: afterwards it is closed, so that the store's host
+    /// (rank 0 unless the store is external) does not keep a connection per rank.
     pub(super) store: Option<StoreClient>,
+    /// Built through a rendezvous store (which [`shrink`](Self::shrink) meets through again).
+    pub(super) via_store: bool,
     pub(super) config: Option<Config>,
     pub(super) generation: u64,
     /// Communicators split from this one so far by this rank (part of their ids).
