@@ -3,9 +3,10 @@
 
 For every world size and transport, `gradsync bench --nproc N all_reduce` (8-byte all-reduces, so
 that the job's own buffers cost nothing) runs with `GRADSYNC_DEBUG=INFO`; while it runs, every
-rank process is sampled every 0.2 s: its resident memory (`VmRSS` of `/proc/PID/status`) and its
-open sockets (links to `socket:` in `/proc/PID/fd`). The table gives, per row, the median over
-the ranks of each one's largest sample, the largest over the ranks, and the slowest rank's init
+rank process is sampled every 0.2 s: its resident memory (`VmRSS` of `/proc/PID/status`, the
+largest sample) and its open sockets (links to `socket:` in `/proc/PID/fd`, the median sample:
+the count while the job runs its all-reduces). The table gives, per row, the median over the ranks, the
+largest over the ranks, and the slowest rank's init
 time from its INFO line (setup of connections and inboxes; the first barrier and the cost model
 follow it). Ranks are processes of one host: with `GRADSYNC_TRANSPORT=tcp` every pair goes
 through loopback TCP, as every pair of a multi-host job does; `auto` uses shared memory.
@@ -73,8 +74,11 @@ def one(binary, world, transport, iters, timeout):
             s = sample(c)
             if s is None:
                 continue
-            r, k = peak.get(c, (0, 0))
-            peak[c] = (max(r, s[0]), max(k, s[1]))
+            # Resident memory: the largest sample; sockets: every sample, of which the median
+            # is the count while the job runs (init briefly adds the store's connection,
+            # teardown closes them).
+            r, ks = peak.get(c, (0, []))
+            peak[c] = (max(r, s[0]), ks + [s[1]])
         time.sleep(0.2)
     log.seek(0)
     text = log.read()
@@ -82,7 +86,7 @@ def one(binary, world, transport, iters, timeout):
         return None, f"exit {p.returncode}: {text[-1500:]}"
     inits = [float(m) for m in re.findall(r"\(init ([0-9.]+) ms\)", text)]
     # The ranks: the processes that opened sockets (the launcher holds none).
-    ranks = [v for v in peak.values() if v[1] > 0]
+    ranks = [(r, statistics.median(ks)) for r, ks in peak.values() if max(ks) > 0]
     if len(ranks) < world or len(inits) < world:
         return None, f"saw {len(ranks)} rank processes and {len(inits)} init lines of {world}"
     rss = sorted(r for r, _ in ranks)[-world:]
@@ -98,7 +102,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worlds", default="16,32,64,128,256")
     ap.add_argument("--transports", default="tcp,auto")
-    ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--iters", type=int, default=2000)
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--label", default="", help="a column naming the binary (before/after)")
     ap.add_argument("--gradsync", default=os.path.join(
@@ -118,7 +122,7 @@ def main():
                 print(err, file=sys.stderr)
                 continue
             print(f"| {args.label} | {w} | {t} | {r['rss_med']:.1f} / {r['rss_max']:.1f} | "
-                  f"{r['socks_med']:.0f} / {r['socks_max']} | {r['init_max_ms']:.0f} |", flush=True)
+                  f"{r['socks_med']:.0f} / {r['socks_max']:.0f} | {r['init_max_ms']:.0f} |", flush=True)
     return 1 if failed else 0
 
 

@@ -146,8 +146,9 @@ impl Communicator {
 
     /// Builds a communicator over TCP: rendezvous through the store at `config.store_addr`
     /// (started by rank 0 when `config.host_store`), exchange of listening addresses and inbox
-    /// keys, then one connection of `config.nsocks` streams to every peer. Bounded by
-    /// `config.timeout`.
+    /// keys, then a connection of `config.nsocks` streams to each peer, made when the first
+    /// operation that talks to it starts (`config.runtime_connect`, the default) or to every
+    /// peer at init. Bounded by `config.timeout`.
     pub fn init(config: Config) -> Result<Self> {
         let rank = config.rank;
         let world = config.world;

@@ -5,6 +5,9 @@ use crate::error::Error;
 use gradsync_core::proto::VerdictWithin;
 use std::time::{Duration, Instant};
 
+/// How long a rank that lost a connection looks for an abort that explains it.
+const ABORT_BEHIND_WAIT: Duration = Duration::from_millis(50);
+
 impl Engine {
     /// A lost connection may be the consequence of an abort whose message is already here (the
     /// aborting rank's message arrived, then a third rank that read it closed): report the
@@ -13,16 +16,30 @@ impl Engine {
         if !matches!(e, Error::Transport { .. } | Error::PeerLost { .. }) {
             return e;
         }
+        self.await_abort(ABORT_BEHIND_WAIT).unwrap_or(e)
+    }
+
+    /// Polls for up to `wait` for an abort from a peer, answering the peers' probes meanwhile;
+    /// completions a failing poll returned before its error are looked at too (a peer that aborted then closed: its message comes
+    /// before the end of its stream).
+    fn await_abort(&mut self, wait: Duration) -> Option<Error> {
+        let end = Instant::now() + wait;
         let mut comps = Vec::new();
-        if self.ep.poll(&mut comps).is_err() {
-            return e;
-        }
-        for c in comps {
-            if let Err(a @ Error::PeerAborted { .. }) = self.feed(c) {
-                return a;
+        loop {
+            comps.clear();
+            let polled = self.ep.poll(&mut comps);
+            for c in comps.drain(..) {
+                if let Err(a @ Error::PeerAborted { .. }) = self.feed(c) {
+                    return Some(a);
+                }
             }
+            if polled.is_err() || Instant::now() >= end {
+                return None;
+            }
+            // Answers to the peers' probes: this rank is alive and says where it is.
+            self.send_controls_only();
+            let _ = self.ep.wait(Duration::from_millis(5));
         }
-        e
     }
 
     pub(super) fn check_peers_alive(&self) -> Result<(), Error> {
@@ -96,6 +113,18 @@ impl Engine {
             .iter()
             .partition(|&&p| !self.ep.caps(p).connected);
         (verdict.unreached, verdict.silent) = (unreached, silent);
+        // Every rank this rank could ask answered (some may be behind, waiting themselves),
+        // and there are ranks it cannot ask: the culprit may be among those. A rank connected
+        // to it finds it silent or lost, and its abort travels from rank to rank (each passes
+        // it on once): wait for that before giving the job a verdict that names no silent or
+        // lost rank.
+        if verdict.silent.is_empty()
+            && verdict.lost.is_empty()
+            && !verdict.unreached.is_empty()
+            && let Some(a) = self.await_abort(2 * window)
+        {
+            return a;
+        }
         let mut e = self.timeout_error();
         if let Error::Timeout { verdict: v, .. } = &mut e {
             *v = VerdictWithin {

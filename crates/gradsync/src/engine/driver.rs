@@ -654,13 +654,17 @@ impl Engine {
         }
         // Buffers of a failed operation are never touched again.
         self.finish();
-        if !matches!(e, Error::PeerAborted { .. }) {
-            self.proto
-                .abort(&msg, gradsync_transport::MAX_SEND - proto_abort_header());
-            self.send_controls_only();
-            let mut sink = Vec::new();
-            let _ = self.ep.poll(&mut sink);
-        }
+        // Peers are told; an abort received is passed on, once, with its reason: where ranks
+        // connect on first use, many are not connected to the one that failed.
+        let reason = match e {
+            Error::PeerAborted { reason, .. } => reason.as_str(),
+            _ => msg.as_str(),
+        };
+        self.proto
+            .abort(reason, gradsync_transport::MAX_SEND - proto_abort_header());
+        self.send_controls_only();
+        let mut sink = Vec::new();
+        let _ = self.ep.poll(&mut sink);
     }
 
     fn progress_inner(&mut self, block: bool) -> Result<bool, Error> {
