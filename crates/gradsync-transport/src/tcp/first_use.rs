@@ -1,5 +1,5 @@
 //! Connections on first use, the endpoint's side: [`TcpEndpoint::lazy`], accepting dials,
-//! and [`Endpoint::connect`](crate::Endpoint::connect) (see [`super::lazy`]).
+//! and [`Endpoint::connect`](crate::Endpoint::connect) (see [Connections on first use](super#connections-on-first-use)).
 
 use super::endpoint::{Peer, TcpEndpoint};
 use super::lazy::Lazy;
@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 impl TcpEndpoint {
     /// An endpoint that connects to a peer only when [`Endpoint::connect`](crate::Endpoint::connect)
-    /// first names it (see [`super::lazy`]). `addrs[p]` is the listening address of
+    /// first names it (see [Connections on first use](super#connections-on-first-use)). `addrs[p]` is the listening address of
     /// rank p; `listener` is this rank's, already published to the peers.
     pub fn lazy(
         rank: usize,

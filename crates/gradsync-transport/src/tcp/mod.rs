@@ -41,12 +41,24 @@
 //! with an error naming the peer and its address, since retrying with the same token cannot
 //! help. Authentication covers who may connect; the data that follows is not encrypted.
 //!
+//! # Connections on first use
+//!
+//! [`TcpEndpoint::establish`] connects every pair at setup. [`TcpEndpoint::lazy`] connects to
+//! nobody at setup: a pair connects when [`Endpoint::connect`](crate::Endpoint::connect) first
+//! names it, which both ranks do before their first message (the engine does so for the peers
+//! of every operation's program). In both, the higher rank of a pair dials the lower one's
+//! listener and the lower one accepts; a lazy endpoint accepts whenever it polls and while its
+//! own `connect` waits, so a dial is served as soon as the lower rank calls into the library,
+//! and chains of dials, which only go down in rank, always end. Messages to a peer not
+//! connected yet fail; [`PeerCaps::connected`](crate::PeerCaps::connected) tells.
+//!
 //! # Modules
 //!
-//! [`wire`] holds the formats; `setup` connection setup, the listener and [`TcpOptions`];
-//! `auth` the handshake; `stream` one stream's receive state machine and send queue;
-//! `endpoint` the [`TcpEndpoint`] and its [`Endpoint`](crate::Endpoint) implementation. The
-//! host's interfaces are the communicator's business (`gradsync::topology`).
+//! [`wire`] holds the formats; `options` [`TcpOptions`]; `setup` connection setup at init and
+//! the listener; `auth` the handshake; `lazy` and `first_use` connections on first use;
+//! `stream` one stream's receive state machine and send queue; `endpoint` the [`TcpEndpoint`]
+//! and its [`Endpoint`](crate::Endpoint) implementation. The host's interfaces are the
+//! communicator's business (`gradsync::topology`).
 
 mod auth;
 mod endpoint;
