@@ -45,11 +45,12 @@ def test_ddp_fsdp2_and_collectives_on_cuda_tensors_match_gloo(tmp_path):
 def test_the_harness_compares_gradsync_and_gloo_on_cpu_tensors(tmp_path):
     p, rows = run_check(tmp_path, "--device", "cpu", "--steps", "3", "--width", "129", "--mib", "1")
     assert p.returncode == 0, p.stdout + p.stderr
-    compared = {(r[0], r[2]): r for r in rows}
+    # A Gloo reference run that crashed is tried once more and named "gloo cpu (2nd try)".
     for kind in ("ddp", "fsdp2"):
         for against in ("gloo cpu", "one process (cpu)"):
-            assert compared[kind, against][-1] == "PASS", rows
-            assert float(compared[kind, against][3]) <= 1e-5, rows
+            [row] = [r for r in rows if r[0] == kind and r[2].startswith(against)]
+            assert row[-1] == "PASS", rows
+            assert float(row[3]) <= 1e-5, rows
     assert len(rows) >= 11 and all(r[-1] == "PASS" for r in rows), rows
     assert "gpu-check: PASS" in p.stdout, p.stdout
 
