@@ -31,6 +31,11 @@ ROOT = os.path.dirname(HERE)
 PEERS = os.path.join(ROOT, "..", "shared", "peers")
 
 
+def us(t):
+    """A time in microseconds, with two decimals below 10 us (sub-microsecond latencies)."""
+    return f"{t:.2f}" if t < 10 else f"{t:.1f}"
+
+
 def size_arg(s):
     m = re.fullmatch(r"(\d+)([KMG]?)", s.strip(), re.I)
     if not m:
@@ -163,7 +168,7 @@ def main():
                 print(f"# {name}: {err}")
                 continue
             res[name].append(r)
-            print(f"  {name:12s} 8 B {r['lat_us']:9.1f} us   {args.size >> 20} MiB busbw {r['busbw']:6.2f} GB/s", flush=True)
+            print(f"  {name:12s} 8 B {us(r['lat_us']):>9s} us   {args.size >> 20} MiB busbw {r['busbw']:6.2f} GB/s", flush=True)
 
     def med(name, key):
         v = [r[key] for r in res[name] if key in r]
@@ -176,7 +181,7 @@ def main():
         if not res[name]:
             continue
         (lm, lb), (bm, bb) = med(name, "lat_us"), med(name, "busbw")
-        print(f"| {name} | {lm:.1f} ({lb:.1f}) | {bm:.2f} ({bb:.2f}) | {len(res[name])} |")
+        print(f"| {name} | {us(lm)} ({us(lb)}) | {bm:.2f} ({bb:.2f}) | {len(res[name])} |")
     print()
     for ours, peers in (("gradsync", ("ompi-tcp", "gloo")), ("gradsync-shm", ("ompi-shm", "gradsync"))):
         if not res[ours]:

@@ -57,6 +57,11 @@
 //! - `started_unix_us` and `ended_unix_us` time it; a `started` operation's age is
 //!   `dumped_unix_us - started_unix_us`.
 //!
+//! Small all-reduces that run on the shared-memory fast path (see the engine) are not recorded
+//! one by one, which would cost more than the operation: the recorder counts them, and a dump
+//! shows the latest as one `completed` record with `algorithm` `eager-fast`, no times (0 and
+//! `null`), among the others by `seq`; `recorded` includes them.
+//!
 //! One rank's dump rarely tells the story; the dumps of all ranks together do. `gradsync flight
 //! /tmp/gradsync-flight-*.json` reads them and names the rank that is behind:
 //!
@@ -301,6 +306,17 @@ struct Inner {
     ring: Mutex<Ring>,
     /// A monotonic instant and the wall-clock time it was, for stamping from an [`Instant`].
     epoch: (Instant, u64),
+    /// Operations of the fast path (written by the communicator's thread only).
+    fast: FastOps,
+}
+
+/// The fast path's operations: how many, and the latest (0: none yet).
+#[derive(Debug, Default)]
+struct FastOps {
+    count: AtomicU64,
+    seq: AtomicU64,
+    elems: AtomicU64,
+    dtype: AtomicU64,
 }
 
 /// The last operations of one rank of one communicator, in a bounded ring.
@@ -393,6 +409,7 @@ impl FlightRecorder {
                 next: 0,
             }),
             epoch: (Instant::now(), now_unix_us()),
+            fast: FastOps::default(),
         });
         let mut reg = lock(&REGISTRY);
         reg.retain(|w| w.strong_count() > 0);
@@ -519,6 +536,20 @@ impl FlightRecorder {
         }
     }
 
+    /// Counts an all-reduce of the fast path (see the [module documentation](self)): no lock,
+    /// no clock read.
+    pub(crate) fn fast(&self, sig: &gradsync_core::wire::Signature) {
+        if self.inner.capacity == 0 {
+            return;
+        }
+        let f = &self.inner.fast;
+        f.elems.store(sig.count, Ordering::Relaxed);
+        f.dtype.store(sig.dtype as u64, Ordering::Relaxed);
+        f.count
+            .store(f.count.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        f.seq.store(sig.seq, Ordering::Release);
+    }
+
     /// Forgets every recorded operation, as if none had run (after the communicator's own
     /// operations at init, whose sequence numbers the caller's operations then reuse).
     pub fn clear(&self) {
@@ -546,6 +577,7 @@ impl FlightRecorder {
             let ops: Vec<OpRecord> = older.iter().chain(newer).map(|s| s.rec.clone()).collect();
             (ops, ring.next as u64)
         };
+        let (ops, recorded) = self.with_fast(ops, recorded);
         Dump {
             rank: self.inner.rank,
             world: self.inner.world,
@@ -558,6 +590,31 @@ impl FlightRecorder {
             recorded,
             ops,
         }
+    }
+
+    /// `ops` (oldest first) with the latest operation of the fast path among them, by its
+    /// sequence number, and `recorded` with the fast path's count.
+    fn with_fast(&self, mut ops: Vec<OpRecord>, recorded: u64) -> (Vec<OpRecord>, u64) {
+        let f = &self.inner.fast;
+        let seq = f.seq.load(Ordering::Acquire);
+        if seq == 0 {
+            return (ops, recorded);
+        }
+        let count = f.count.load(Ordering::Relaxed);
+        let dtype = u8::try_from(f.dtype.load(Ordering::Relaxed))
+            .ok()
+            .and_then(|c| gradsync_core::DataType::from_code(c).ok());
+        let elems = f.elems.load(Ordering::Relaxed);
+        let mut rec = OpRecord::new(seq, "all_reduce", dtype.map_or("", |d| d.name()), elems);
+        rec.algorithm = Cow::Borrowed("eager-fast");
+        rec.peers = (0..self.inner.world)
+            .filter(|&p| p != self.inner.rank)
+            .collect();
+        rec.state = OpState::Completed;
+        rec.bytes = elems * dtype.map_or(0, |d| d.size() as u64);
+        let at = ops.partition_point(|o| o.seq < seq);
+        ops.insert(at, rec);
+        (ops, recorded + count)
     }
 
     /// Writes a snapshot with `reason` as JSON into the recorder's directory (see

@@ -86,6 +86,19 @@
 //! just before that call's own posting, which carries the release to the peers. A
 //! waiting rank's transport watches the call's postings, so a posting wakes a sleeping reader.
 //!
+//! **The fast path.** A board all-reduce whose schedule the driver already knows (not the
+//! first call of its shape) does not need the machine's rounds: the driver asks
+//! [`Protocol::fast_begin`], releases what is due, puts its posting up, reads every peer's
+//! posting for a short budget of spins (a few passes with a yield of the core between them when
+//! the host's ranks do not have a core each), checks each one
+//! ([`Protocol::fast_check`]: the same header checks as the eager path), reduces in rank order
+//! and ends with [`Protocol::fast_end`]. No clock read, allocation or system call is on that
+//! path, and the bytes are the eager path's, so a rank on the fast path and a rank on the
+//! machine's work together. Whatever the fast path cannot finish at once — a refused posting,
+//! a peer not there within the budget, a posting with a checksum — it hands to the machine,
+//! which starts the operation as usual and takes the posting as made; the deadline, probes and
+//! mismatches are then the machine's.
+//!
 //! Every rank must choose eager or scheduled alike. A rank that runs a call eagerly and finds
 //! a slot message of the same call from a peer, or that runs it through slots and finds an
 //! eager message or (looked for every [`BOARD_CHECK_EVERY`] while it waits) a board posting
@@ -108,6 +121,9 @@
 //! results against the reference bit for bit.
 //!
 //! [`Protocol`]: super::Protocol
+//! [`Protocol::fast_begin`]: super::Protocol::fast_begin
+//! [`Protocol::fast_check`]: super::Protocol::fast_check
+//! [`Protocol::fast_end`]: super::Protocol::fast_end
 //! [`Program`]: crate::schedule::Program
 //! [`Schedule`]: crate::schedule::Schedule
 //! [`Mode`]: super::Mode

@@ -118,6 +118,10 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> DataHeader<T> {
     pub fn set_payload_len(&mut self, len: u32) {
         self.buffer.as_mut()[field::LEN..field::LEN + 4].copy_from_slice(&len.to_le_bytes());
     }
+    /// Writes the sender rank.
+    pub fn set_sender(&mut self, rank: u32) {
+        self.buffer.as_mut()[field::SENDER..field::SENDER + 4].copy_from_slice(&rank.to_le_bytes());
+    }
 }
 
 /// Parsed form of a data header.

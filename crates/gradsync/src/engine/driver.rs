@@ -129,6 +129,9 @@ pub(crate) struct Engine {
     /// Whether some peer may not be connected yet (the transport connects on first use): an
     /// operation then connects the peers of its program before it starts.
     pub(super) partly_connected: bool,
+    /// The operation whose board posting the fast path put up before handing it to the
+    /// machine (see [`fast`](super::fast)).
+    pub(super) fast_posted: Option<u64>,
 }
 
 impl Engine {
@@ -214,6 +217,7 @@ impl Engine {
                 batch: Vec::new(),
                 now_coarse: now,
                 partly_connected: true,
+                fast_posted: None,
             },
             remote,
         ))
@@ -356,12 +360,7 @@ impl Engine {
         output: RawBuf,
     ) -> Result<(), Error> {
         self.check_usable()?;
-        let Planned {
-            sched,
-            params,
-            checked,
-        } = planned;
-        let mode = match params {
+        let mode = match planned.params {
             Some(p) if p.algorithm == Algorithm::Eager => Mode::Eager,
             _ => Mode::Slots,
         };
@@ -377,6 +376,19 @@ impl Engine {
                 });
             }
         }
+        let mut planned = planned;
+        if mode == Mode::Eager && self.proto.board() && !self.partly_connected {
+            // SAFETY: forwarded from the caller.
+            match unsafe { self.fast(sig, planned, input, output)? } {
+                None => return Ok(()),
+                Some(p) => planned = p,
+            }
+        }
+        let Planned {
+            sched,
+            params,
+            checked,
+        } = planned;
         let prog = sched.program();
         if self.partly_connected {
             self.connect_for(&sig, prog)?;
@@ -592,11 +604,16 @@ impl Engine {
         }
         self.recorder.finish(record, OpState::Completed, None);
         if let Some(p) = params {
-            if self.sched_cache.len() >= SCHEDULE_CACHE {
-                self.sched_cache.remove(0);
-            }
-            self.sched_cache.push((p, f.sched, lens));
+            self.keep_schedule(p, f.sched, lens);
         }
+    }
+
+    /// Keeps a finished schedule for the next call with the same parameters.
+    pub(super) fn keep_schedule(&mut self, p: Params, sched: Box<Schedule>, lens: [usize; 3]) {
+        if self.sched_cache.len() >= SCHEDULE_CACHE {
+            self.sched_cache.remove(0);
+        }
+        self.sched_cache.push((p, sched, lens));
     }
 
     /// A program planned outside the cache (send/recv), run once.

@@ -11,6 +11,9 @@
 //!   reduces arrived payloads into place (checking checksums first), runs local copies and
 //!   rank-order reductions, posts on and reads from the transport's board — and feeds the
 //!   transport's completions back ([`exec`]);
+//! - **the fast path**: a small all-reduce over the board runs straight through when it can,
+//!   with the machine's bytes and checks but none of its rounds, and goes to the machine when
+//!   it cannot ([`fast`]);
 //! - **waiting**: it spins for a short while when nothing moves (`GRADSYNC_SPIN_US`), then
 //!   sleeps in the transport until data arrives, so an idle rank leaves its core to the others;
 //!   every wait has a deadline, and a timeout asks every peer where it is ([`diagnose`]).
@@ -21,6 +24,7 @@
 mod diagnose;
 mod driver;
 mod exec;
+mod fast;
 mod memory;
 
 pub(crate) use driver::{Engine, EngineOptions, Planned};
