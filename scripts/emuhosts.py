@@ -19,6 +19,9 @@ the bridge port its download.
     python3 scripts/emuhosts.py measure --hosts 4 --nproc 1 --rate 1000 --size 64M \\
         --algos ring,tree --reps 3 --svg busbw.svg
     python3 scripts/emuhosts.py measure --hosts 2,3,4 --rate 1000 --algos ring,tree --svg h.svg
+    # beside iperf3's goodput and the cost model's prediction, two binaries alternating
+    GRADSYNC_CALIBRATE=always python3 scripts/emuhosts.py measure --hosts 4 --rate 1000 \
+        --iperf 5 --predict --bins old/gradsync,new/gradsync
 
 Names, all derived from PFX (letters, digits, `_`, `.`, `-`; at most 32 characters) with the
 32-bit FNV-1a hash h of its bytes: tag T = `emu` + the low 24 bits of h in 6 hex digits, bridge
@@ -40,7 +43,12 @@ within a repetition so that all see the same machine load), `gradsync launch --n
 in every namespace at once, with `GRADSYNC_ALGO=<algo>` (passed through as given) and one random
 `GRADSYNC_TOKEN`; it reads rank 0's `--json` rows and prints a markdown table of the median bus
 and algorithm bandwidth and the bus bandwidth as a share of the link rate (the slowest host's
-rate). The rest of the environment passes through (`GRADSYNC_NSOCKS=4 python3 ...`). It always
+rate). `--iperf S` also runs one iperf3 stream from host 0 to host 1 for S seconds in every
+repetition and gives busbw as a share of its goodput (the most TCP gets through a link);
+`--predict` runs the bench with `--explain` and gives the time the cost model predicts for each
+algorithm beside the measured one (with `GRADSYNC_CALIBRATE=always` every run measures its
+links instead of reading the per-host cache); `--bins A,B` alternates binaries within every
+repetition (rows `ALGO@0`, `ALGO@1`). The rest of the environment passes through (`GRADSYNC_NSOCKS=4 python3 ...`). It always
 tears its hosts down, also on failure and Ctrl-C.
 
 Needs root (network namespaces), iproute2 (`ip`, and `tc` for rates); a bridge in the root
@@ -434,6 +442,11 @@ def stop(procs):
 def one_run(args, desc, algo, hosts, port, token, workdir, tag):
     """Runs the bench once across all hosts; returns (row, None) or (None, why)."""
     env = {k: v for k, v in os.environ.items() if k not in JOB_VARS}
+    binary = args.bin
+    if "@" in algo:
+        # `ALGO@K`: the K-th binary of --bins
+        algo, k = algo.rsplit("@", 1)
+        binary = args.bins[int(k)]
     env["GRADSYNC_ALGO"] = algo
     env["GRADSYNC_TOKEN"] = token
     master = f"{desc['hosts'][0]['address']}:{port}"
@@ -441,12 +454,12 @@ def one_run(args, desc, algo, hosts, port, token, workdir, tag):
     jsons = [os.path.join(workdir, f"{tag}-h{i}.json") for i in range(hosts)]
     try:
         for i, h in enumerate(desc["hosts"]):
-            cmd = ["ip", "netns", "exec", h["namespace"], args.bin, "launch",
+            cmd = ["ip", "netns", "exec", h["namespace"], binary, "launch",
                    "--nnodes", str(hosts), "--node-rank", str(i), "--nproc", str(args.nproc),
-                   "--master", master, "--", args.bin, "bench", "all_reduce",
+                   "--master", master, "--", binary, "bench", "all_reduce",
                    "-b", str(args.size), "-e", str(args.size), "-n", str(args.iters),
                    "-w", str(args.warmup), "-c", str(args.check), "-d", args.dtype,
-                   "--json", jsons[i]]
+                   "--json", jsons[i]] + (["--explain"] if args.predict else [])
             out = os.path.join(workdir, f"{tag}-h{i}.out")
             err = os.path.join(workdir, f"{tag}-h{i}.err")
             outs.append(out)
@@ -480,17 +493,82 @@ def one_run(args, desc, algo, hosts, port, token, workdir, tag):
             rows = json.load(f)
         row = next(r for r in rows if r.get("size") == args.size or len(rows) == 1)
         m = row.get("out_of_place") or row.get("in_place")
-        return {"busbw": m["busbw"], "algbw": m["algbw"], "time_us": m["time_us"],
-                "wrong": m.get("wrong"), "world": row.get("world")}, None
+        res = {"busbw": m["busbw"], "algbw": m["algbw"], "time_us": m["time_us"],
+               "wrong": m.get("wrong"), "world": row.get("world")}
+        if args.predict:
+            with open(outs[0]) as f:
+                text = f.read()
+            res["predicted_us"] = predicted_us(text, args.size, algo)
+            model = [line for line in text.splitlines() if "# explain:" in line]
+            if model:
+                print(f"# {tag} {algo}: {model[0].split('# explain: ', 1)[1]}", file=sys.stderr)
+        return res, None
     except (OSError, ValueError, KeyError, StopIteration, TypeError) as e:
         return None, f"cannot read rank 0's JSON {jsons[0]}: {e}\n{tail(outs[0])}"
 
 
+def iperf_goodput(desc, seconds, port=5201):
+    """TCP goodput in GB/s of one iperf3 stream from host 0 to host 1 for `seconds` (what the
+    receiver got), or None with the reason printed."""
+    h0, h1 = desc["hosts"][0], desc["hosts"][1]
+    server = subprocess.Popen(["ip", "netns", "exec", h1["namespace"], "iperf3", "-s", "-1",
+                               "-p", str(port)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        for _ in range(50):
+            p = subprocess.run(["ip", "netns", "exec", h0["namespace"], "iperf3", "-c",
+                                h1["address"], "-p", str(port), "-t", str(seconds), "-J"],
+                               capture_output=True, text=True, timeout=seconds + 30)
+            try:
+                bps = json.loads(p.stdout)["end"]["sum_received"]["bits_per_second"]
+                if p.returncode == 0:
+                    return bps / 8e9
+            except (ValueError, KeyError, TypeError):
+                pass
+            if "Connection refused" not in p.stdout + p.stderr and "busy" not in p.stdout:
+                print(f"# iperf3 failed: {(p.stdout + p.stderr).strip()[-300:]}",
+                      file=sys.stderr)
+                return None
+            time.sleep(0.1)
+        print("# iperf3: the server never listened", file=sys.stderr)
+        return None
+    finally:
+        stop([server])
+
+
+def predicted_us(text, size, algo):
+    """The time (us) `gradsync bench --explain` predicts for `algo` at `size` bytes, from rank
+    0's output (the table after `# explain:`), or None."""
+    names = None
+    for line in text.splitlines():
+        f = re.sub(r"^\[\d+\]\s*", "", line).lstrip("#").split()
+        if f[:2] == ["size", "eager"]:
+            names = f[1:]
+        elif names and f and f[0] == str(size):
+            name = {"rd": "recursive_doubling", "dbtree": "double_tree", "rhd": "rabenseifner",
+                    "halving_doubling": "rabenseifner"}.get(algo.lower(), algo.lower())
+            if name in names:
+                try:
+                    return float(f[1 + names.index(name)])
+                except (ValueError, IndexError):
+                    return None
+    return None
+
+
 def measure(args):
-    args.bin = resolve_bin(args.bin)
+    if not args.bins:
+        args.bin = resolve_bin(args.bin)
+    if args.iperf and shutil.which("iperf3") is None:
+        raise Failure("--iperf needs iperf3 (apt-get install iperf3)")
     algos = [a.strip() for a in args.algos.split(",") if a.strip()]
     if not algos:
         raise Failure("--algos: give at least one algorithm")
+    if args.bins:
+        # Every algorithm with every binary, alternating within each repetition.
+        args.bins = [resolve_bin(b) for b in args.bins.split(",") if b]
+        algos = [f"{a}@{k}" for a in algos for k in range(len(args.bins))]
+        for k, b in enumerate(args.bins):
+            print(f"# @{k}: {b}", file=sys.stderr)
     if args.nproc < 1 or args.reps < 1 or args.iters < 1:
         raise Failure("--nproc, --reps and --iters must be at least 1")
     if max(args.hosts) > MAX_HOSTS:
@@ -500,6 +578,7 @@ def measure(args):
     results = {}  # (hosts, algo) -> list of rows
     failures = {}  # (hosts, algo) -> first failure
     link = {}  # hosts -> slowest link rate (Mbit/s) or None
+    goodput = {}  # hosts -> iperf3 goodputs (GB/s), one per repetition
     t0 = time.monotonic()
     run_no = 0
     with tempfile.TemporaryDirectory(prefix="emuhosts-") as workdir:
@@ -514,6 +593,12 @@ def measure(args):
                 print(f"# {hosts} hosts up in {time.monotonic() - t_up:.2f} s "
                       f"(link rates, Mbit/s: {rates})", file=sys.stderr)
                 for rep in range(args.reps):
+                    if args.iperf and hosts >= 2:
+                        g = iperf_goodput(desc, args.iperf)
+                        if g is not None:
+                            goodput.setdefault(hosts, []).append(g)
+                            print(f"# hosts {hosts} rep {rep + 1} iperf3: {g:.4f} GB/s "
+                                  f"({g * 8000:.1f} Mbit/s)", file=sys.stderr)
                     for algo in algos:
                         run_no += 1
                         port = args.port + run_no % 1000
@@ -534,7 +619,7 @@ def measure(args):
             finally:
                 down(args.name, quiet=True)
     elapsed = time.monotonic() - t0
-    print(table(args, algos, results, failures, link))
+    print(table(args, algos, results, failures, link, goodput))
     print(f"\n{run_no} runs in {elapsed:.1f} s")
     if args.svg:
         with open(args.svg, "w") as f:
@@ -547,7 +632,8 @@ def pct_of_link(busbw, mbit):
     return None if not mbit else busbw * 8000.0 / mbit * 100.0
 
 
-def table(args, algos, results, failures, link):
+def table(args, algos, results, failures, link, goodput=None):
+    goodput = goodput or {}
     parts = [f"{fmt_rate(args.rate)} Mbit/s"] if args.rate else []
     parts += ["host %s %s Mbit/s" % tuple(x.split("=", 1)) for x in args.rate_of or []]
     rate = ", ".join(parts) or "unlimited"
@@ -556,8 +642,10 @@ def table(args, algos, results, failures, link):
         f"links {rate}, {args.iters} iters + {args.warmup} warm-up, median of {args.reps} "
         f"rep(s) (min-max)",
         "",
-        "| hosts | ranks | algo | busbw GB/s | algbw GB/s | time ms | busbw % of link |",
-        "|---:|---:|---|---:|---:|---:|---:|",
+        "| hosts | ranks | algo | busbw GB/s | algbw GB/s | time ms | busbw % of link | "
+        "busbw % of iperf3 | wrong |" + (" predicted ms | predicted / measured |"
+                                         if args.predict else ""),
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if args.predict else ""),
     ]
     for hosts in args.hosts:
         for algo in algos:
@@ -566,23 +654,43 @@ def table(args, algos, results, failures, link):
                 why = (failures.get((hosts, algo)) or "no result").splitlines()[0]
                 why = why.replace("|", "/")[:120]
                 lines.append(f"| {hosts} | {hosts * args.nproc} | {algo} | failed: {why} "
-                             "| | | |")
+                             "| | | | | |")
                 continue
             bus = [r["busbw"] for r in rows]
             alg = [r["algbw"] for r in rows]
             ms = [r["time_us"] / 1e3 for r in rows]
             pct = pct_of_link(statistics.median(bus), link.get(hosts))
+            g = goodput.get(hosts)
+            of_g = statistics.median(bus) / statistics.median(g) * 100 if g else None
+            wrong = [r.get("wrong") for r in rows]
+            wrong = "-" if all(w is None for w in wrong) else str(sum(w or 0 for w in wrong))
             note = "" if len(rows) == args.reps else f" ({len(rows)}/{args.reps} ok)"
             lines.append(
                 f"| {hosts} | {hosts * args.nproc} | {algo}{note} | "
                 f"{statistics.median(bus):.3f} ({min(bus):.3f}-{max(bus):.3f}) | "
                 f"{statistics.median(alg):.3f} | {statistics.median(ms):.1f} | "
-                + ("-" if pct is None else f"{pct:.0f}%") + " |")
+                + ("-" if pct is None else f"{pct:.1f}%") + " | "
+                + ("-" if of_g is None else f"{of_g:.1f}%") + f" | {wrong} |"
+                + (predicted_cells(rows, ms) if args.predict else ""))
+    for hosts in args.hosts:
+        g = goodput.get(hosts)
+        if g:
+            lines.append(f"\n{hosts} hosts: iperf3 goodput, one stream host 0 -> host 1, median "
+                         f"of {len(g)}: {statistics.median(g):.4f} GB/s "
+                         f"({statistics.median(g) * 8000:.1f} Mbit/s)")
     if args.nproc > 1:
         lines += ["", "busbw = algbw x 2(n-1)/n over all n ranks (nccl-tests); with several "
                   "ranks per host, an algorithm that reduces within each host first moves less "
                   "over the links, so it can exceed 100% of the link."]
     return "\n".join(lines)
+
+
+def predicted_cells(rows, ms):
+    pred = [r.get("predicted_us") for r in rows if r.get("predicted_us") is not None]
+    if not pred:
+        return " - | - |"
+    p = statistics.median(pred) / 1e3
+    return f" {p:.1f} | {p / statistics.median(ms):.3f} |"
 
 
 def esc(s):
@@ -726,6 +834,15 @@ def main(argv=None):
     p.add_argument("--port", type=int, default=29500, help="base store port (default 29500)")
     p.add_argument("--timeout", type=float, default=600, help="seconds per run (default 600)")
     p.add_argument("--svg", help="also write a plot of busbw to this SVG file")
+    p.add_argument("--bins", help="several gradsync binaries, comma separated, alternating "
+                   "within each repetition (before and after a change); rows are ALGO@K")
+    p.add_argument("--predict", action="store_true",
+                   help="run the bench with --explain and give the cost model's predicted time "
+                        "of each algorithm beside the measured one (GRADSYNC_CALIBRATE=always "
+                        "makes every run measure its links)")
+    p.add_argument("--iperf", type=float, metavar="SECONDS",
+                   help="also measure one iperf3 stream from host 0 to host 1 for SECONDS in "
+                        "every repetition, and give busbw as a share of its goodput")
 
     args = ap.parse_args(argv)
     # SIGTERM and SIGHUP unwind like Ctrl-C, so that every `finally` tears the hosts down.

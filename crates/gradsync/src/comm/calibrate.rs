@@ -258,8 +258,9 @@ impl Communicator {
 
     /// Rank 0's side of the calibration of its link to `peer`: the latency from the median
     /// round trip of small ping-pongs, the bandwidth from bulk messages that double in size
-    /// (64 KiB up to [`CALIBRATION_MAX_BULK`]) while a round takes under a sixteenth of
-    /// `budget`, three rounds at the last size, the whole within about `budget`.
+    /// (64 KiB up to [`CALIBRATION_MAX_BULK`]) while a round takes under an eighth of
+    /// `budget`: the slope between the fastest of five rounds at that size and at half of it,
+    /// the whole within about `budget`.
     fn calibration_lead(
         &mut self,
         peer: usize,
@@ -281,33 +282,45 @@ impl Communicator {
         }
         rtts.sort_by(f64::total_cmp);
         let rtt = rtts[rtts.len() / 2];
+        // Sizes double from 64 KiB while a round takes under an eighth of the budget.
         let mut size = 64usize << 10;
         let mut bulk = Vec::new();
-        let (mut best, mut at_size) = (0f64, 0);
-        loop {
-            bulk.resize(size, 0u8);
-            let t = Instant::now();
-            self.send(&[2i64, size as i64], peer)?;
-            self.send(&bulk, peer)?;
-            self.recv(&mut ctl, peer)?;
-            let secs = t.elapsed().as_secs_f64();
-            let bw = size as f64 / (secs - rtt).max(secs / 2.0);
-            at_size += 1;
-            best = if at_size == 1 { bw } else { best.max(bw) };
-            if start.elapsed() >= budget || at_size >= 3 {
+        while size < CALIBRATION_MAX_BULK && start.elapsed() < budget / 4 {
+            let secs = self.calibration_bulk(peer, &mut bulk, size)?;
+            if secs >= budget.as_secs_f64() / 8.0 {
                 break;
             }
-            if secs < budget.as_secs_f64() / 16.0 && size < CALIBRATION_MAX_BULK {
-                size *= 2;
-                at_size = 0;
-            }
+            size *= 2;
         }
+        // The bandwidth is the slope between half that size and that size, the fastest of
+        // five rounds of each, taken in turn: what a link lets through at first (a shaper's
+        // burst, socket buffers) and the round trip are the same at both sizes and drop out,
+        // so the model gets the rate a long transfer sees (TCP's goodput), not the first
+        // bytes' rate.
+        let (mut half, mut best) = (f64::INFINITY, f64::INFINITY);
+        for _ in 0..5 {
+            half = half.min(self.calibration_bulk(peer, &mut bulk, size / 2)?);
+            best = best.min(self.calibration_bulk(peer, &mut bulk, size)?);
+        }
+        let bw = slope_bandwidth(size, half, best, rtt);
         self.send(&[0i64, 0], peer)?;
         Ok(crate::cost::CostModel {
             transport: self.peer_transport(peer).name().to_string(),
             alpha_us: rtt / 2.0 * 1e6,
-            gbytes_per_s: best / 1e9,
+            gbytes_per_s: bw / 1e9,
         })
+    }
+
+    /// One bulk round of the calibration with `peer`: `size` bytes there and the answer back;
+    /// its seconds.
+    fn calibration_bulk(&mut self, peer: usize, bulk: &mut Vec<u8>, size: usize) -> Result<f64> {
+        bulk.resize(size, 0u8);
+        let t = Instant::now();
+        self.send(&[2i64, size as i64], peer)?;
+        self.send(bulk, peer)?;
+        let mut ctl = [0i64; 2];
+        self.recv(&mut ctl, peer)?;
+        Ok(t.elapsed().as_secs_f64())
     }
 
     /// The other side of [`calibration_lead`](Self::calibration_lead): answers pings and bulk
@@ -336,5 +349,40 @@ impl Communicator {
                 }
             }
         }
+    }
+}
+
+/// Bytes per second of a link from the fastest round at `size / 2` bytes (`half` seconds) and
+/// at `size` bytes (`whole` seconds): the slope between the two, in which what both rounds
+/// share (the round trip, a first burst the link lets through faster) cancels. When the
+/// larger round was not slower (noise), the rate of the whole round less the round trip `rtt`.
+fn slope_bandwidth(size: usize, half: f64, whole: f64, rtt: f64) -> f64 {
+    let slope = (size / 2) as f64 / (whole - half);
+    if whole > half && slope.is_finite() {
+        slope
+    } else {
+        size as f64 / (whole - rtt).max(whole / 2.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::slope_bandwidth;
+
+    #[test]
+    fn the_slope_takes_the_rate_of_a_long_transfer_not_of_its_first_burst() {
+        // A link of 100 MB/s whose first 128 KiB pass at once (a shaper's full bucket),
+        // behind a round trip of 1 ms.
+        let (rate, burst, rtt) = (100e6, 128.0 * 1024.0, 1e-3);
+        let t = |bytes: f64| rtt + (bytes - burst) / rate;
+        let size = 1 << 20;
+        let bw = slope_bandwidth(size, t(size as f64 / 2.0), t(size as f64), rtt);
+        assert!((bw / rate - 1.0).abs() < 1e-9, "{bw}");
+        // The rate of the whole round, which the burst inflates by 14%: what the slope avoids.
+        let naive = size as f64 / (t(size as f64) - rtt);
+        assert!(naive > 1.14 * rate, "{naive}");
+        // A larger round that was not slower (noise): the whole round's rate, never infinite.
+        let bw = slope_bandwidth(size, 0.02, 0.02, rtt);
+        assert!((bw - size as f64 / 0.019).abs() < 1.0, "{bw}");
     }
 }
