@@ -62,19 +62,30 @@ impl Engine {
                 msg: format!("{sig}: the ranks agreed on boards, but this transport has none"),
             });
         };
-        if let Some(seq) = start.release {
+        let posting: Result<bool, Error> = 'post: {
+            if let Some(seq) = start.release
+                && let Err(e) = board.release(seq)
+            {
+                break 'post Err(Error::transport(rank, "eager release", e));
+            }
+            self.proto.fast_header(&mut self.msg);
+            // SAFETY: `input` is valid for `bytes` (checked above) for the call.
+            self.msg.extend_from_slice(unsafe {
+                std::slice::from_raw_parts(input.addr as *const u8, bytes)
+            });
             board
-                .release(seq)
-                .map_err(|e| Error::transport(rank, "eager release", e))?;
-        }
-        self.proto.fast_header(&mut self.msg);
-        // SAFETY: `input` is valid for `bytes` (checked above) for the call.
-        self.msg.extend_from_slice(unsafe {
-            std::slice::from_raw_parts(input.addr as *const u8, bytes)
-        });
-        let posted = board
-            .post(sig.seq, &self.msg)
-            .map_err(|e| Error::transport(rank, "eager post", e))?;
+                .post(sig.seq, &self.msg)
+                .map_err(|e| Error::transport(rank, "eager post", e))
+        };
+        let posted = match posting {
+            Ok(posted) => posted,
+            Err(e) => {
+                // As a failed action of the machine's: the communicator fails, the peers hear.
+                let e = self.abort_behind(e);
+                self.fail(&e);
+                return Err(e);
+            }
+        };
         if !posted {
             return Ok(Some(planned));
         }
