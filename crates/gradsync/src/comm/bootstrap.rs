@@ -204,14 +204,22 @@ impl Communicator {
                     .map_err(|_| Error::Config("malformed communicator id in the store".into()))?,
             )
         };
-        Self::join(store, server, comm_id, rank, world, config, t0)
+        Self::join(
+            store,
+            server.map(std::sync::Arc::new),
+            comm_id,
+            rank,
+            world,
+            config,
+            t0,
+        )
     }
 
     /// The part of init after the communicator id is agreed: the interface, then addresses
     /// and inbox keys through the store, connections, a barrier and the cost model.
     fn join(
         mut store: StoreClient,
-        server: Option<StoreServer>,
+        server: Option<std::sync::Arc<StoreServer>>,
         comm_id: u64,
         rank: usize,
         world: usize,
@@ -671,7 +679,7 @@ impl Communicator {
         rank: usize,
         world: usize,
         algorithm: Option<Algorithm>,
-        store: Option<StoreServer>,
+        store: Option<std::sync::Arc<StoreServer>>,
     ) -> Self {
         let layout = Layout::single_host(engine.ep.as_ref());
         let route = layout.routes[(rank + 1) % world];
@@ -771,7 +779,10 @@ impl Communicator {
         cfg.rank = new_rank;
         cfg.world = new_world;
         crate::logging::set_rank(new_rank);
-        Self::join(store, None, comm_id, new_rank, new_world, cfg, t0)
+        // The new communicator keeps the store this process hosts: this one is dropped after a
+        // failure, and the other survivors may still be meeting through it.
+        let server = self._store.clone();
+        Self::join(store, server, comm_id, new_rank, new_world, cfg, t0)
     }
 }
 

@@ -49,7 +49,9 @@ pub struct Communicator {
     pub(super) next_work: u64,
     /// Where every rank is and how this rank reaches it.
     pub(super) layout: Layout,
-    pub(super) _store: Option<StoreServer>,
+    /// The store this rank's process hosts (rank 0 of the job), shared with the communicators
+    /// shrunk from this one, so that it stays up while any of them may still meet through it.
+    pub(super) _store: Option<std::sync::Arc<StoreServer>>,
     /// All-reduce size classes (log2 of the bytes) whose choice was logged at INFO.
     pub(super) explained: u64,
     /// The cost model of the automatic all-reduce choice.
