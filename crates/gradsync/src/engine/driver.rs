@@ -354,7 +354,7 @@ impl Engine {
     pub(crate) unsafe fn start(
         &mut self,
         sig: Signature,
-        planned: Planned,
+        mut planned: Planned,
         algo: &'static str,
         input: RawBuf,
         output: RawBuf,
@@ -376,7 +376,6 @@ impl Engine {
                 });
             }
         }
-        let mut planned = planned;
         if mode == Mode::Eager && self.proto.board() && !self.partly_connected {
             // SAFETY: forwarded from the caller.
             match unsafe { self.fast(sig, planned, input, output)? } {
@@ -503,12 +502,7 @@ impl Engine {
         });
         let r = self.running.as_mut().expect("running");
         (r.record, r.started) = (record, started);
-        if let Err(e) = early {
-            let e = self.abort_behind(e);
-            self.fail(&e);
-            return Err(e);
-        }
-        Ok(())
+        early.map(drop).map_err(|e| self.failed(e))
     }
 
     /// The registration of buffer `i` (Input, Output, Scratch) of an operation: cached for
@@ -577,11 +571,7 @@ impl Engine {
                 }
                 Ok(done)
             }
-            Err(e) => {
-                let e = self.abort_behind(e);
-                self.fail(&e);
-                Err(e)
-            }
+            Err(e) => Err(self.failed(e)),
         }
     }
 
@@ -652,7 +642,17 @@ impl Engine {
     }
 
     /// Poisons the communicator and tells every peer why (best effort).
+    /// The error an operation that failed with `e` returns: the abort behind a lost
+    /// connection if one is here (see `abort_behind`), after the communicator is failed with it.
+    pub(super) fn failed(&mut self, e: Error) -> Error {
+        let e = self.abort_behind(e);
+        self.fail(&e);
+        e
+    }
+
     pub(crate) fn fail(&mut self, e: &Error) {
+        // A posting the fast path put up belongs to the operation that failed.
+        self.fast_posted = None;
         if self.poisoned.is_some() {
             return;
         }

@@ -473,7 +473,7 @@ impl Engine {
 
 /// A board action on a transport without a board: the ranks agreed on boards at init, so this
 /// is a bug.
-fn no_board(rank: usize, op: &str) -> Error {
+pub(super) fn no_board(rank: usize, op: &str) -> Error {
     Error::Internal {
         rank,
         msg: format!("{op}: the transport has no board"),

@@ -4,7 +4,7 @@
 //! Whatever it cannot finish at once it hands to the machine, with its posting up.
 
 use super::driver::{EAGER_HDR, Engine, Planned};
-use super::exec::{fold, reduce_rank_order};
+use super::exec::{fold, no_board, reduce_rank_order};
 use super::memory::RawBuf;
 use crate::error::Error;
 use gradsync_core::ReduceOp;
@@ -57,10 +57,7 @@ impl Engine {
             return Ok(Some(planned));
         };
         let Some(board) = self.ep.board() else {
-            return Err(Error::Internal {
-                rank,
-                msg: format!("{sig}: the ranks agreed on boards, but this transport has none"),
-            });
+            return Err(no_board(rank, "fast path"));
         };
         let posting: Result<bool, Error> = 'post: {
             if let Some(seq) = start.release
@@ -77,14 +74,10 @@ impl Engine {
                 .post(sig.seq, &self.msg)
                 .map_err(|e| Error::transport(rank, "eager post", e))
         };
+        // A failure fails the communicator as a failed action of the machine's does.
         let posted = match posting {
             Ok(posted) => posted,
-            Err(e) => {
-                // As a failed action of the machine's: the communicator fails, the peers hear.
-                let e = self.abort_behind(e);
-                self.fail(&e);
-                return Err(e);
-            }
+            Err(e) => return Err(self.failed(e)),
         };
         if !posted {
             return Ok(Some(planned));
@@ -99,10 +92,7 @@ impl Engine {
                     Fail::Transport(e) => Error::transport(rank, "board read", e),
                     Fail::Proto(e) => self.proto_error(e),
                 };
-                self.fast_posted = None;
-                let e = self.abort_behind(e);
-                self.fail(&e);
-                return Err(e);
+                return Err(self.failed(e));
             }
         }
         self.fast_posted = None;
