@@ -102,6 +102,16 @@ pub(crate) struct Expected {
 }
 
 impl Expected {
+    /// Whether `data` is a whole message of `peer` with this header: the same bytes but for
+    /// the flags, the sender (`peer`) and the checksum, and the payload length it announces.
+    #[inline]
+    pub(crate) fn matches(&self, peer: usize, data: &[u8]) -> bool {
+        data.len() == DATA_HEADER_LEN + self.payload_len as usize
+            && data[..3] == self.bytes[..3]
+            && data[4..44] == self.bytes[4..44]
+            && data[44..48] == (peer as u32).to_le_bytes()
+    }
+
     /// Makes `slot` the template of `sig`'s messages: written whole the first time, after
     /// that only the two fields that differ between calls (signature and length).
     pub(crate) fn refresh(slot: &mut Option<Expected>, sig: Signature) {

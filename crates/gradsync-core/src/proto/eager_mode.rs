@@ -243,16 +243,13 @@ impl Protocol {
         // one but for the sender and the checksum, compared as bytes (no parse).
         if let Some((t, c)) = self.expect.as_ref().zip(self.call.as_ref())
             && self.expect_on
-            && data.len() == DATA_HEADER_LEN + t.payload_len as usize
-            && data[..3] == t.bytes[..3]
-            && data[4..44] == t.bytes[4..44]
-            && data[44..48] == (peer as u32).to_le_bytes()
+            && t.matches(peer, data)
         {
             let h = DataHeader::new_unchecked(data);
             let crc = match h.flags() {
                 0 => None,
                 FLAG_CRC32C => Some(h.crc32c()),
-                _ => return self.check_message_slow(peer, data),
+                _ => return self.check_message_slow(peer, data, Some(c.sig.comm_id)),
             };
             return Ok(DataHeaderRepr {
                 sig: c.sig,
@@ -262,18 +259,20 @@ impl Protocol {
                 crc32c: crc,
             });
         }
-        self.check_message_slow(peer, data)
+        self.check_message_slow(peer, data, self.call.as_ref().map(|c| c.sig.comm_id))
     }
 
+    /// A whole message from `peer` parsed and checked against its own length and, when given,
+    /// this rank's communicator `comm`.
     pub(super) fn check_message_slow(
         &self,
         peer: usize,
         data: &[u8],
+        comm: Option<u64>,
     ) -> Result<DataHeaderRepr, ProtoError> {
         let v = |violation| ProtoError::violation(peer, violation);
         let h = DataHeaderRepr::parse(&DataHeader::new_unchecked(data))
             .map_err(|e| v(Violation::BadHeader(e)))?;
-        let comm = self.call.as_ref().map(|c| c.sig.comm_id);
         if let Some(ours) = comm
             && h.sig.comm_id != ours
         {

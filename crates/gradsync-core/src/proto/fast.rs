@@ -14,7 +14,7 @@
 //! mismatches).
 
 use super::eager::Expected;
-use super::error::{ProtoError, Violation, mismatch};
+use super::error::{ProtoError, mismatch};
 use super::machine::Protocol;
 use crate::Collective;
 use crate::wire::{DATA_HEADER_LEN, DataHeader, Signature};
@@ -71,24 +71,12 @@ impl Protocol {
         data: &[u8],
     ) -> Result<bool, ProtoError> {
         if let Some(t) = self.expect.as_ref()
-            && data.len() == DATA_HEADER_LEN + t.payload_len as usize
-            && data[..3] == t.bytes[..3]
-            && data[4..44] == t.bytes[4..44]
-            && data[44..48] == (peer as u32).to_le_bytes()
+            && t.matches(peer, data)
             && DataHeader::new_unchecked(data).flags() == 0
         {
             return Ok(true);
         }
-        let h = self.check_message_slow(peer, data)?;
-        if h.sig.comm_id != sig.comm_id {
-            return Err(ProtoError::violation(
-                peer,
-                Violation::ForeignCommunicator {
-                    theirs: h.sig.comm_id,
-                    ours: sig.comm_id,
-                },
-            ));
-        }
+        let h = self.check_message_slow(peer, data, Some(sig.comm_id))?;
         let bytes = sig.count as usize * sig.dtype.size();
         if h.sig != *sig || h.msg != 0 || h.payload_len as usize != bytes {
             return Err(mismatch(peer, sig, &h, 0, bytes));
