@@ -52,7 +52,8 @@ pub(crate) struct EngineOptions {
 pub(crate) struct Planned {
     pub(crate) sched: Box<Schedule>,
     pub(crate) params: Option<Params>,
-    /// The buffer lengths its ops were last checked against (a cached schedule).
+    /// The buffer lengths its ops were last checked against (a kept schedule, which `start`
+    /// restarts before it runs it).
     pub(crate) checked: Option<[usize; 3]>,
 }
 
@@ -384,10 +385,14 @@ impl Engine {
             }
         }
         let Planned {
-            sched,
+            mut sched,
             params,
             checked,
         } = planned;
+        if checked.is_some() {
+            // A kept schedule, finished by its last run.
+            sched.restart();
+        }
         let prog = sched.program();
         if self.partly_connected {
             self.connect_for(&sig, prog)?;
@@ -624,12 +629,12 @@ impl Engine {
             _ => self.sched_cache.iter().rposition(|(p, ..)| p == params),
         };
         if let Some(i) = i {
-            let (p, mut sched, lens) = if i + 1 == self.sched_cache.len() {
+            let (p, sched, lens) = if i + 1 == self.sched_cache.len() {
                 self.sched_cache.pop().expect("non-empty")
             } else {
                 self.sched_cache.remove(i)
             };
-            sched.restart();
+            // Restarted when it starts on the machine: the fast path does not run it.
             return Ok(Planned {
                 sched,
                 params: Some(p),
