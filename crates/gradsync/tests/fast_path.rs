@@ -6,33 +6,23 @@
 
 use gradsync::recorder::OpState;
 use gradsync::{Communicator, Config, Element, ReduceOp, TransportMode};
-use gradsync_store::StoreServer;
 use std::time::Duration;
+
+mod common;
 
 /// Runs `f` on `world` ranks over shared memory (threads of this process, one store).
 fn shm<R: Send + 'static>(
     world: usize,
     f: impl Fn(&mut Communicator) -> R + Send + Sync + Clone + 'static,
 ) -> Vec<R> {
-    let server = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
-    let addr = server.local_addr().to_string();
-    let hs: Vec<_> = (0..world)
-        .map(|rank| {
-            let mut cfg = Config::new(addr.clone(), rank, world);
-            cfg.host_store = false;
-            cfg.transport = TransportMode::Shm;
-            cfg.timeout = Duration::from_secs(30);
-            let f = f.clone();
-            std::thread::spawn(move || {
-                let mut c = Communicator::init(cfg).unwrap();
-                assert!(c.eager_board(), "rank {rank}: no board");
-                f(&mut c)
-            })
-        })
-        .collect();
-    hs.into_iter()
-        .map(|h| h.join().expect("rank thread panicked"))
-        .collect()
+    let tweak = |cfg: &mut Config| {
+        cfg.transport = TransportMode::Shm;
+        cfg.timeout = Duration::from_secs(30);
+    };
+    common::run_ranks(world, tweak, move |mut c| {
+        assert!(c.eager_board(), "rank {}: no board", c.rank());
+        f(&mut c)
+    })
 }
 
 /// Operations of the fast path in a rank's flight record: (count, latest sequence number).

@@ -4,10 +4,11 @@
 //! is named within the timeout.
 
 use gradsync::{Algorithm, Communicator, Config, ReduceOp, TransportMode};
-use gradsync_store::{ServerConfig, StoreServer};
 use std::collections::BTreeSet;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
+
+mod common;
 
 /// Runs `f(comm)` on `world` ranks over TCP (threads of this process), with `tweak` applied
 /// to every rank's config.
@@ -16,27 +17,14 @@ fn run<R: Send + 'static>(
     tweak: impl Fn(&mut Config) + Send + Sync + Clone + 'static,
     f: impl Fn(Communicator) -> R + Send + Sync + Clone + 'static,
 ) -> Vec<R> {
-    // The store runs with the job token, if the ranks have one.
-    let mut probe = Config::new("", 0, world);
-    tweak(&mut probe);
-    let mut sc = ServerConfig::default();
-    sc.token = probe.token.map(String::into_bytes);
-    let server = StoreServer::bind_with_config("127.0.0.1:0".parse().unwrap(), sc).unwrap();
-    let addr = server.local_addr().to_string();
-    let hs: Vec<_> = (0..world)
-        .map(|rank| {
-            let mut cfg = Config::new(addr.clone(), rank, world);
-            cfg.host_store = false;
+    common::run_ranks(
+        world,
+        move |cfg| {
             cfg.transport = TransportMode::Tcp;
-            cfg.timeout = Duration::from_secs(60);
-            tweak(&mut cfg);
-            let f = f.clone();
-            std::thread::spawn(move || f(Communicator::init(cfg).expect("init")))
-        })
-        .collect();
-    hs.into_iter()
-        .map(|h| h.join().expect("rank thread panicked"))
-        .collect()
+            tweak(cfg)
+        },
+        f,
+    )
 }
 
 /// Whether `p` is at a power-of-two distance from `rank` either way round a ring of `world`.
