@@ -42,6 +42,17 @@ pub struct StoreClient {
     stream: Option<TcpStream>,
     io_timeout: Duration,
     buf: Vec<u8>,
+    /// Bytes of request frames written and of reply frames read, over the client's life.
+    traffic: Traffic,
+}
+
+/// The bytes a [`StoreClient`] has exchanged with its store: whole frames, headers included.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Traffic {
+    /// Bytes of the requests sent.
+    pub sent: u64,
+    /// Bytes of the replies received.
+    pub received: u64,
 }
 
 /// A reply, owned, as the client acts on it.
@@ -163,6 +174,7 @@ impl StoreClient {
                         stream: Some(stream),
                         io_timeout: DEFAULT_IO_TIMEOUT,
                         buf: Vec::new(),
+                        traffic: Traffic::default(),
                     });
                 }
                 Err(e) => e,
@@ -199,6 +211,11 @@ impl StoreClient {
     /// blocks forever on a dead server.
     pub fn set_io_timeout(&mut self, t: Duration) {
         self.io_timeout = t.max(Duration::from_millis(1));
+    }
+
+    /// The bytes this client has sent to and received from the store so far (whole frames).
+    pub fn traffic(&self) -> Traffic {
+        self.traffic
     }
 
     /// Whether the connection is still usable (no earlier I/O or protocol error closed it).
@@ -310,6 +327,7 @@ impl StoreClient {
             request,
             self.io_timeout,
             reply_timeout,
+            &mut self.traffic,
         );
         let error = match result {
             Ok(Reply::Error(message)) => {
@@ -376,9 +394,11 @@ fn exchange(
     request: &Repr<'_>,
     io_timeout: Duration,
     reply_timeout: Duration,
+    traffic: &mut Traffic,
 ) -> Result<Reply, ExchangeError> {
     buf.clear();
     buf.resize(request.buffer_len(), 0);
+    traffic.sent += buf.len() as u64;
     request.emit(&mut Frame::new_unchecked(&mut buf[..]));
     let deadline = Instant::now() + io_timeout;
     framed::write_all_by(stream, buf, deadline).map_err(|e| {
@@ -406,6 +426,7 @@ fn exchange(
         Err(FrameReadError::Io(e)) => return Err(ExchangeError::Io(e)),
         Err(FrameReadError::Header(e)) => return Err(ExchangeError::Wire(e)),
     }
+    traffic.received += buf.len() as u64;
     let repr = Repr::parse(&Frame::new_unchecked(&buf[..])).map_err(ExchangeError::Wire)?;
     let kind = repr.kind();
     Reply::from_repr(repr).ok_or(ExchangeError::Unexpected(kind))

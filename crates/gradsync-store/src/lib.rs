@@ -134,7 +134,7 @@ mod framed;
 mod server;
 pub mod wire;
 
-pub use client::{DEFAULT_IO_TIMEOUT, HANDSHAKE_TIMEOUT, StoreClient, WAIT_REPLY_MARGIN};
+pub use client::{DEFAULT_IO_TIMEOUT, HANDSHAKE_TIMEOUT, StoreClient, Traffic, WAIT_REPLY_MARGIN};
 pub use error::StoreError;
 pub use server::{ServerConfig, StoreServer};
 pub use wire::WireError;

@@ -45,4 +45,4 @@ pub mod wire;
 pub use caps::{Board, PeerCaps, Route, SharedMemory};
 pub use error::{Result, TransportError, Violation};
 pub use verbs::{Access, Completion, Endpoint, MAX_SEND, MemoryRegion, Sge};
-pub use wire::RemoteRegion;
+pub use wire::{REMOTE_REGION_LEN, RemoteRegion};

@@ -175,3 +175,31 @@ fn a_peer_that_never_connects_is_named_within_the_timeout() {
     assert!(msg.contains("no connection"), "{msg}");
     assert!(took < Duration::from_secs(10), "{took:?}: {msg}");
 }
+
+#[test]
+fn init_store_traffic_grows_by_a_few_bytes_per_rank() {
+    // A rank other than the first reads the peers and inbox tables (30 bytes a rank), its
+    // host's CPU lists and a few keys of fixed size; it never reads every rank's records.
+    let traffic = |world: usize| -> Vec<(u64, u64)> {
+        run(
+            world,
+            |_| {},
+            |c| c.init_store_traffic().expect("init went through a store"),
+        )
+    };
+    let (small, large) = (traffic(4), traffic(32));
+    eprintln!("store traffic (sent, received) per rank, 4 ranks: {small:?}; 32 ranks: {large:?}");
+    let received = |v: &[(u64, u64)]| v[1..].iter().map(|t| t.1).max().unwrap();
+    let sent = |v: &[(u64, u64)]| v[1..].iter().map(|t| t.0).max().unwrap();
+    // Every rank of one host here: 32 CPU lists come with the 28 more ranks.
+    let per_rank_received = (received(&large) - received(&small)) as f64 / 28.0;
+    let per_rank_sent = (sent(&large) - sent(&small)) as f64 / 28.0;
+    assert!(
+        per_rank_received <= 80.0,
+        "received {per_rank_received} bytes more per rank"
+    );
+    assert!(
+        per_rank_sent <= 40.0,
+        "sent {per_rank_sent} bytes more per rank"
+    );
+}

@@ -8,6 +8,7 @@ use super::choice::no_choices;
 use super::communicator::Communicator;
 use super::records::{Exchange, StoreExchange, step_budget};
 use super::state::Layout;
+use super::tables;
 use crate::Result;
 use crate::config::{Config, TransportMode};
 use crate::engine::{Engine, EngineOptions};
@@ -19,7 +20,7 @@ use gradsync_store::{StoreClient, StoreServer};
 use gradsync_transport::hybrid::HybridEndpoint;
 use gradsync_transport::shm::{ShmEndpoint, ShmInfo, ShmSetup};
 use gradsync_transport::tcp::{self, TcpEndpoint, TcpOptions};
-use gradsync_transport::{Endpoint, RemoteRegion, Route};
+use gradsync_transport::{Endpoint, REMOTE_REGION_LEN, RemoteRegion, Route};
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
 use std::time::{Duration, Instant, SystemTime};
@@ -75,9 +76,18 @@ impl SlotLayout {
 
     /// An error naming both ranks and every setting that differs (the board may differ).
     fn check(&self, rank: usize, peer: usize, theirs: &SlotLayout) -> Result<(), Error> {
+        match self.differences(rank, peer, theirs) {
+            None => Ok(()),
+            Some(d) => Err(Error::Config(format!("rank {rank}: {d}"))),
+        }
+    }
+
+    /// Every setting that differs between this layout (of `rank`) and `theirs` (of `peer`),
+    /// with what to do; `None` when they agree (the board may differ).
+    fn differences(&self, rank: usize, peer: usize, theirs: &SlotLayout) -> Option<String> {
         let settings = |l: &SlotLayout| (l.chunk, l.nslots, l.tcp_nslots);
         if settings(self) == settings(theirs) {
-            return Ok(());
+            return None;
         }
         let mut diff = Vec::new();
         for (name, a, b) in [
@@ -95,10 +105,7 @@ impl SlotLayout {
                 ));
             }
         }
-        Err(Error::Config(format!(
-            "rank {rank}: {}; set them alike on every rank",
-            diff.join(", ")
-        )))
+        Some(format!("{}; set them alike on every rank", diff.join(", ")))
     }
 }
 
@@ -266,9 +273,28 @@ impl Communicator {
         c._store = server;
         c.barrier()?;
         c.settle_costs(&prefix)?;
+        // Rank 0 leaves init last: a rank that finished the barrier and read the cost model
+        // says so, and rank 0 waits for all of them. Rank 0's barrier may complete before a
+        // peer's, and without this wait a rank 0 that aborts, or exits with the store it
+        // hosts, right after init would fail the init of ranks still in it.
+        let timeout = c.timeout();
+        let store = c.store.as_mut().expect("init keeps its store");
+        let st = |source| Error::Store { rank, source };
+        if rank == 0 {
+            let keys: Vec<String> = (1..world).map(|r| format!("{prefix}/init/{r}")).collect();
+            let krefs: Vec<&str> = keys.iter().map(String::as_str).collect();
+            store.wait(&krefs, timeout).map_err(st)?;
+        } else {
+            store
+                .set(&format!("{prefix}/init/{rank}"), &[1])
+                .map_err(st)?;
+        }
         // Nothing after init uses the store (shrink connects anew): closing the client spares
         // the store's host one connection per rank.
-        c.store = None;
+        c.store_traffic = c.store.take().map(|s| s.traffic());
+        if let Some(t) = c.store_traffic {
+            tracing::debug!(target: "gradsync::init", "rank {rank}: init sent {} and received {} bytes through the store", t.sent, t.received);
+        }
         c.via_store = true;
         Ok(c)
     }
@@ -308,33 +334,24 @@ impl Communicator {
             .collect::<Vec<_>>()
             .join(",");
         let everyone: Vec<usize> = (0..world).collect();
-        let vals = ex.swap(
-            &[
-                ("addr", my_addr.to_string().as_bytes()),
-                ("host", host_id.as_bytes()),
-                ("cpus", cpu_list.as_bytes()),
-            ],
+        // Addresses and hosts of every rank, as one compact table (see `tables`); the CPUs
+        // only of the ranks of this host, which alone need them.
+        let peers = ex.table(
+            "peers",
+            &tables::peer_record(my_addr, &host_id),
             &everyone,
+            &tables::pack_peers,
         )?;
-        let mut addrs = Vec::with_capacity(world);
-        for (r, v) in vals.iter().enumerate() {
-            let s = String::from_utf8_lossy(&v[0]);
-            addrs.push(s.parse::<SocketAddr>().map_err(|_| {
-                Error::Config(format!("rank {r} published a malformed address {s:?}"))
-            })?);
-        }
-        let host_ids: Vec<String> = vals
-            .iter()
-            .map(|v| String::from_utf8_lossy(&v[1]).into_owned())
-            .collect();
+        let (addrs, host_ids) = tables::unpack_peers(&peers, rank, world)?;
         let topo = Topology::from_identities(&host_ids);
         let local = topo.local_ranks(rank);
+        let cpus = ex.swap(&[("cpus", cpu_list.as_bytes())], &local)?;
         // The CPUs the ranks of this host may use together: when they number at least the
         // ranks, every rank can have a core of its own (bound by a launcher, or free to move).
-        let local_cpus: std::collections::BTreeSet<usize> = local
+        let local_cpus: std::collections::BTreeSet<usize> = cpus
             .iter()
-            .flat_map(|&r| {
-                topology::parse_cpu_list(&String::from_utf8_lossy(&vals[r][2])).unwrap_or_default()
+            .flat_map(|v| {
+                topology::parse_cpu_list(&String::from_utf8_lossy(&v[0])).unwrap_or_default()
             })
             .collect();
         if config.transport == TransportMode::Shm
@@ -694,6 +711,7 @@ impl Communicator {
             queue: VecDeque::new(),
             store: None,
             via_store: false,
+            store_traffic: None,
             config: None,
             generation: 0,
             splits: 0,
@@ -811,27 +829,66 @@ pub(super) fn meet_inboxes(
     let mut mine = inbox.to_bytes().to_vec();
     mine.extend_from_slice(&slots.to_bytes());
     let everyone: Vec<usize> = (0..world).collect();
-    let vals = ex.swap(&[("inbox", &mine)], &everyone)?;
-    let mut inboxes = Vec::with_capacity(world);
-    let mut board = usize::MAX;
-    for (r, v) in vals.iter().enumerate() {
-        let v = &v[0];
-        let (desc, theirs) = v.split_at(v.len().saturating_sub(SlotLayout::LEN));
-        inboxes.push(
-            RemoteRegion::from_bytes(desc)
-                .zip(SlotLayout::from_bytes(theirs))
-                .ok_or_else(|| {
-                    Error::Config(format!("rank {r} published a malformed inbox descriptor"))
-                })
-                .and_then(|(d, theirs)| {
-                    board = board.min(theirs.board as usize);
-                    slots.check(rank, r, &theirs).map(|()| d)
-                })?,
-        );
-    }
+    let table = ex.table("inbox", &mine, &everyone, &pack_inboxes)?;
+    let (first, inboxes) = unpack_inboxes(&table, rank, world)?;
+    // The first rank checked every rank's settings against its own; this rank's too.
+    slots.check(rank, 0, &first)?;
+    let board = first.board as usize;
     engine.connect_peers(&inboxes);
     engine.enable_board(board);
     Ok(())
+}
+
+/// Packs the inbox records (descriptor, then [`SlotLayout`]) of ranks `0..n` into the inbox
+/// table: the first rank's layout with the least board of all, then every descriptor. A record
+/// that does not parse, or settings that differ from the first rank's, make it an error table.
+fn pack_inboxes(records: &[Vec<u8>]) -> Vec<u8> {
+    let parse = |v: &[u8]| {
+        let (desc, layout) = v.split_at(v.len().saturating_sub(SlotLayout::LEN));
+        (desc.len() == REMOTE_REGION_LEN)
+            .then_some(())
+            .and(SlotLayout::from_bytes(layout))
+            .map(|l| (desc.to_vec(), l))
+    };
+    let mut descs = Vec::with_capacity(records.len() * REMOTE_REGION_LEN);
+    let mut first: Option<SlotLayout> = None;
+    for (r, v) in records.iter().enumerate() {
+        let Some((desc, theirs)) = parse(v) else {
+            return tables::failed(&format!("rank {r} published a malformed inbox descriptor"));
+        };
+        let f = first.get_or_insert(theirs);
+        if let Some(d) = f.differences(0, r, &theirs) {
+            return tables::failed(&d);
+        }
+        f.board = f.board.min(theirs.board);
+        descs.extend_from_slice(&desc);
+    }
+    let mut t = vec![0u8];
+    t.extend_from_slice(&first.map_or([0; SlotLayout::LEN], SlotLayout::to_bytes));
+    t.extend_from_slice(&descs);
+    t
+}
+
+/// The first rank's slot layout (with the least board of all) and every rank's inbox from the
+/// inbox table `t` of `world` ranks.
+fn unpack_inboxes(t: &[u8], rank: usize, world: usize) -> Result<(SlotLayout, Vec<RemoteRegion>)> {
+    let body = tables::body(t, "inbox", rank)?;
+    let malformed = || {
+        Error::Config(format!(
+            "rank {rank}: the inbox table of init is malformed ({} bytes for {world} ranks)",
+            t.len()
+        ))
+    };
+    if body.len() != SlotLayout::LEN + world * REMOTE_REGION_LEN {
+        return Err(malformed());
+    }
+    let (layout, descs) = body.split_at(SlotLayout::LEN);
+    let layout = SlotLayout::from_bytes(layout).ok_or_else(malformed)?;
+    let inboxes = descs
+        .chunks(REMOTE_REGION_LEN)
+        .map(|d| RemoteRegion::from_bytes(d).ok_or_else(malformed))
+        .collect::<Result<Vec<_>>>()?;
+    Ok((layout, inboxes))
 }
 
 pub(super) fn engine_options(c: &Config) -> EngineOptions {

@@ -3,7 +3,7 @@
 //! then published by rank 0 so that every rank chooses alike.
 
 use super::communicator::Communicator;
-use super::records::exchange;
+use super::records::{Exchange, StoreExchange};
 use crate::Result;
 use crate::error::Error;
 use gradsync_transport::Route;
@@ -103,16 +103,16 @@ impl Communicator {
                 None
             };
             let store = self.store.as_mut().expect("init keeps its store");
-            exchange(
+            let everyone: Vec<usize> = (0..self.world).collect();
+            // Rank 0 waits for every rank's mark and publishes one byte that the others wait
+            // for: a barrier through the store that costs the others one key each.
+            StoreExchange {
                 store,
                 prefix,
-                "cost/done",
                 rank,
-                0..self.world,
-                &[1],
                 timeout,
-            )
-            .map_err(st)?;
+            }
+            .table("cost/done", &[1], &everyone, &|_| vec![1])?;
             // Every rank has finished every calibration operation: none of their messages is
             // still on its way, so the numbering can start again where init left it.
             (self.seq, self.p2p_seq) = (seq, p2p_seq);

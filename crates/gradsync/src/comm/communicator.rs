@@ -36,6 +36,8 @@ pub struct Communicator {
     pub(super) store: Option<StoreClient>,
     /// Built through a rendezvous store (which [`shrink`](Self::shrink) meets through again).
     pub(super) via_store: bool,
+    /// What this rank's init exchanged with the store (none without one).
+    pub(super) store_traffic: Option<gradsync_store::Traffic>,
     pub(super) config: Option<Config>,
     pub(super) generation: u64,
     /// Communicators split from this one so far by this rank (part of their ids).
@@ -104,6 +106,13 @@ impl Communicator {
     /// peers have written into it, except under RDMA, which pins it).
     pub fn receive_memory(&self) -> usize {
         self.engine.inbox_bytes()
+    }
+
+    /// Bytes this rank sent to and received from the rendezvous store during init (`None` for
+    /// a communicator built without one, as a split): a table of a few bytes per rank and
+    /// the records of the ranks of its own host, so it grows slowly with the world.
+    pub fn init_store_traffic(&self) -> Option<(u64, u64)> {
+        self.store_traffic.map(|t| (t.sent, t.received))
     }
 
     /// Whether small all-reduces go eagerly through the transports' shared-memory boards

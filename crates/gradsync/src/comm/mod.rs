@@ -33,6 +33,7 @@ mod queue;
 mod records;
 mod split;
 mod state;
+mod tables;
 
 pub use communicator::Communicator;
 pub use group::{Group, GroupPending};

@@ -23,6 +23,25 @@ pub(super) trait Exchange {
     /// When the whole setup must be done, where the exchange has a deadline of its own (a
     /// split); `None` when each step has the full timeout (init).
     fn deadline(&self) -> Option<Instant>;
+
+    /// Every rank of `ranks` gives `value` under `name`; `pack` turns the values, in the order
+    /// of `ranks`, into one table, which every rank returns. `pack` must be a function of the
+    /// values alone. By default every rank swaps the values and packs them itself; through the
+    /// store only the first rank of `ranks` reads the values and the others read its table.
+    fn table(
+        &mut self,
+        name: &str,
+        value: &[u8],
+        ranks: &[usize],
+        pack: &dyn Fn(&[Vec<u8>]) -> Vec<u8>,
+    ) -> Result<Vec<u8>> {
+        let vals = self.swap(&[(name, value)], ranks)?;
+        let vals: Vec<Vec<u8>> = vals
+            .into_iter()
+            .map(|v| v.into_iter().next().unwrap_or_default())
+            .collect();
+        Ok(pack(&vals))
+    }
 }
 
 /// What is left of `full` for a setup step under `ex`'s deadline.
@@ -30,23 +49,6 @@ pub(super) fn step_budget(ex: &dyn Exchange, full: Duration) -> Duration {
     ex.deadline().map_or(full, |d| {
         full.min(d.saturating_duration_since(Instant::now()))
     })
-}
-
-/// Publishes this rank's `value` under `{prefix}/{what}/{rank}` and waits until every rank of
-/// `ranks` has published its own; returns their values in the order of `ranks`.
-pub(super) fn exchange(
-    store: &mut StoreClient,
-    prefix: &str,
-    what: &str,
-    rank: usize,
-    ranks: impl Iterator<Item = usize>,
-    value: &[u8],
-    timeout: Duration,
-) -> std::result::Result<Vec<Vec<u8>>, gradsync_store::StoreError> {
-    store.set(&format!("{prefix}/{what}/{rank}"), value)?;
-    let keys: Vec<String> = ranks.map(|r| format!("{prefix}/{what}/{r}")).collect();
-    let krefs: Vec<&str> = keys.iter().map(String::as_str).collect();
-    store.wait(&krefs, timeout)
 }
 
 /// The exchange of init: every value under `{prefix}/{name}/{rank}` in the rendezvous store.
@@ -85,6 +87,60 @@ impl Exchange for StoreExchange<'_> {
 
     fn deadline(&self) -> Option<Instant> {
         None
+    }
+
+    /// Every rank publishes its value under `{name}/{rank}`; the first rank of `ranks` waits
+    /// for every value, packs them and publishes the table under `{name}/table`, which every
+    /// other rank fetches alone,
+    /// so what it reads does not grow with the length of the keys or the records' raw form.
+    /// A rank whose table does not come names the ranks whose values are missing.
+    fn table(
+        &mut self,
+        name: &str,
+        value: &[u8],
+        ranks: &[usize],
+        pack: &dyn Fn(&[Vec<u8>]) -> Vec<u8>,
+    ) -> Result<Vec<u8>> {
+        let rank = self.rank;
+        let st = |source| Error::Store { rank, source };
+        let prefix = self.prefix;
+        let key = |r: usize| format!("{prefix}/{name}/{r}");
+        let table_key = format!("{prefix}/{name}/table");
+        let others: Vec<String> = ranks
+            .iter()
+            .filter(|&&r| r != rank)
+            .map(|&r| key(r))
+            .collect();
+        let orefs: Vec<&str> = others.iter().map(String::as_str).collect();
+        self.store.set(&key(rank), value).map_err(st)?;
+        if ranks.first() == Some(&rank) {
+            let mut theirs = self
+                .store
+                .wait(&orefs, self.timeout)
+                .map_err(st)?
+                .into_iter();
+            let vals: Vec<Vec<u8>> = ranks
+                .iter()
+                .map(|&r| {
+                    if r == rank {
+                        value.to_vec()
+                    } else {
+                        theirs.next().unwrap_or_default()
+                    }
+                })
+                .collect();
+            let t = pack(&vals);
+            self.store.set(&table_key, &t).map_err(st)?;
+            return Ok(t);
+        }
+        match self.store.wait(&[&table_key], self.timeout) {
+            Ok(mut v) => Ok(v.swap_remove(0)),
+            Err(e) => {
+                // Name the ranks that never published, where the store can still say.
+                let missing = self.store.wait(&orefs, Duration::from_millis(1)).err();
+                Err(st(missing.unwrap_or(e)))
+            }
+        }
     }
 }
 
