@@ -6,9 +6,7 @@
 //! the per-host cache file ([`cache_path`]) that an earlier init wrote, or measured (bounded by
 //! [`CALIBRATION_BUDGET`]) and then cached. On a single host every rank joins ring all-gathers
 //! of 8 bytes and of growing blocks, so that the links are measured loaded as a collective loads
-//! them (ranks that share cores or memory bandwidth share them while measured), and tiny
-//! all-reduces forced to the ring and to recursive doubling in turns, whose difference per step
-//! is the latency of a step without what a call costs besides its steps; across hosts
+//! them (ranks that share cores or memory bandwidth share them while measured); across hosts
 //! rank 0 ping-pongs with a rank on its host and with one on another host. Rank 0 decides and hands its model to
 //! every rank, so all ranks choose alike.
 //!

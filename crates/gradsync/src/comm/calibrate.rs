@@ -17,12 +17,6 @@ struct PublishedCosts {
     path: Option<std::path::PathBuf>,
 }
 
-/// Largest world whose calibration measures the latency of a step as the difference of the
-/// ring and recursive doubling ([`Communicator::calibration_step_latency`]); above it, a ring
-/// all-reduce of `2 (n - 1)` steps per call would lengthen init for little (the model then
-/// takes the small all-gather's time per step).
-const STEP_LATENCY_MAX_WORLD: usize = 16;
-
 /// Largest bulk message of the calibration at init.
 const CALIBRATION_MAX_BULK: usize = 8 << 20;
 
@@ -185,13 +179,11 @@ impl Communicator {
     /// The calibration of a single host, on every rank at once: ring all-gathers, which keep
     /// every rank sending and receiving as an all-reduce does, so that ranks sharing cores or
     /// memory bandwidth are measured sharing them. The median of 10 all-gathers of 8 bytes per
-    /// rank is the time `t_8` of a small one; then rank 0 announces (by broadcast) blocks of
-    /// 64 KiB per rank and up, doubling while a round takes under a sixteenth of the budget (up
-    /// to 16 MiB gathered), three rounds at the last size or until the budget is spent, and the
-    /// fastest round there gives the bandwidth of a link, `(n - 1) * (block - 8) / (t_block -
-    /// t_8)`. The latency of a step is
-    /// [`calibration_step_latency`](Self::calibration_step_latency)'s (`t_8 / (n - 1)` where it
-    /// has none). Returns the model on rank 0.
+    /// rank gives the latency of a step, `t / (n - 1)`; then rank 0 announces (by broadcast) blocks of 64 KiB
+    /// per rank and up, doubling while a round takes under a sixteenth of the budget (up to
+    /// 16 MiB gathered), three rounds at the last size or until the budget is spent, and the
+    /// fastest round there gives the bandwidth of a link,
+    /// `(n - 1) * (block - 8) / (t_block - t_8)`. Returns the model on rank 0.
     fn calibration_ring(&mut self) -> Result<Option<crate::cost::CostModel>> {
         let n = self.world;
         let lead = self.rank == 0;
@@ -251,7 +243,6 @@ impl Communicator {
                 break;
             }
         }
-        let alpha = self.calibration_step_latency()?;
         if !lead {
             return Ok(None);
         }
@@ -260,57 +251,9 @@ impl Communicator {
         let per_step = (best - small).max(best / 2.0) / steps;
         Ok(Some(crate::cost::CostModel {
             transport: self.peer_transport(1).name().to_string(),
-            alpha_us: alpha.unwrap_or(small / steps) * 1e6,
+            alpha_us: small / steps * 1e6,
             gbytes_per_s: (b - 8.0) / per_step / 1e9,
         }))
-    }
-
-    /// The latency of one step of a schedule, on every rank at once: tiny all-reduces (one
-    /// `f32` per rank) forced to the ring, `2 (n - 1)` steps, and to recursive doubling,
-    /// `log2 n` steps (`log2 p + 2` with `p` the largest power of two below `n`), in turns. The
-    /// difference of their times, per step they differ by, is what a step costs: what a call
-    /// costs besides its steps (starting it, planning, waking up) cancels out, where the time
-    /// of one call divided by its steps would charge it to every step. Returns the median over
-    /// the pairs of calls on rank 0 (`None` where the median is not positive, above
-    /// [`STEP_LATENCY_MAX_WORLD`] ranks, and on the other ranks).
-    fn calibration_step_latency(&mut self) -> Result<Option<f64>> {
-        use gradsync_core::schedule::Algorithm;
-        let n = self.world;
-        let (ring_steps, rd_steps) = step_counts(n);
-        if ring_steps <= rd_steps || n > STEP_LATENCY_MAX_WORLD {
-            return Ok(None);
-        }
-        // Where the two differ by few steps, the difference is small beside the noise of one
-        // call: take more pairs.
-        let pairs = if ring_steps - rd_steps < 4 { 64 } else { 16 };
-        let saved = self.algorithm;
-        let mut buf = vec![0f32; n];
-        let mut diffs = Vec::new();
-        let mut run = |c: &mut Self, algo| -> Result<f64> {
-            c.algorithm = Some(algo);
-            let t = Instant::now();
-            let r = c.all_reduce(&mut buf, crate::ReduceOp::Sum);
-            c.algorithm = saved;
-            r.map(|()| t.elapsed().as_secs_f64())
-        };
-        for i in 0..pairs + 4 {
-            // Alternate which goes first, so that neither always follows the other.
-            let (ring, rd) = if i % 2 == 0 {
-                let r = run(self, Algorithm::Ring)?;
-                (r, run(self, Algorithm::RecursiveDoubling)?)
-            } else {
-                let d = run(self, Algorithm::RecursiveDoubling)?;
-                (run(self, Algorithm::Ring)?, d)
-            };
-            if i >= 4 {
-                diffs.push((ring - rd) / (ring_steps - rd_steps) as f64);
-            }
-        }
-        if self.rank != 0 {
-            return Ok(None);
-        }
-        let d = crate::cost::median(&mut diffs);
-        Ok((d > 0.0).then_some(d))
     }
 
     /// Rank 0's side of the calibration of its link to `peer`: the latency from the median
@@ -422,51 +365,9 @@ fn slope_bandwidth(size: usize, half: f64, whole: f64, rtt: f64) -> f64 {
     }
 }
 
-/// The steps on the critical path of a tiny all-reduce (one element per rank) of `n` ranks with
-/// the ring, `2 (n - 1)`, and with recursive doubling, `log2 n`, or `log2 p + 2` with `p` the
-/// largest power of two below `n` (the fold in and the result back out).
-fn step_counts(n: usize) -> (usize, usize) {
-    let p = 1usize << (usize::BITS - 1 - n.max(1).leading_zeros());
-    let rd = p.trailing_zeros() as usize + if p == n { 0 } else { 2 };
-    (2 * n.saturating_sub(1), rd)
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{slope_bandwidth, step_counts};
-    use gradsync_core::DataType;
-    use gradsync_core::schedule::Algorithm;
-    use gradsync_core::sim::LinkModel;
-
-    #[test]
-    fn step_counts_are_the_schedules_critical_paths() {
-        // With one second per message and free bytes, the simulator's time of the schedules
-        // the calibration runs is the number of steps on their critical path.
-        let link = LinkModel::new(1.0, 1e18);
-        for n in 2..=16 {
-            let steps = |a| {
-                crate::cost::predict_all_reduce(
-                    n,
-                    0,
-                    1 << 17,
-                    DataType::F32,
-                    4 * n,
-                    Some(a),
-                    &link,
-                    &link,
-                )
-                .unwrap()
-                .round() as usize
-            };
-            let (ring, rd) = step_counts(n);
-            assert_eq!(steps(Algorithm::Ring), ring, "ring on {n} ranks");
-            assert_eq!(
-                steps(Algorithm::RecursiveDoubling),
-                rd,
-                "recursive doubling on {n} ranks"
-            );
-        }
-    }
+    use super::slope_bandwidth;
 
     #[test]
     fn the_slope_takes_the_rate_of_a_long_transfer_not_of_its_first_burst() {
