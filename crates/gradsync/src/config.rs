@@ -44,6 +44,10 @@ pub struct Config {
     /// most `nslots`). Fewer in flight keep the socket queues and the inbox slots being filled
     /// in the cache; over loopback 3 measured 1.3-1.4x the busbw of 8.
     pub tcp_nslots: usize,
+    /// Receive memory per rank (`GRADSYNC_RECV_BUDGET`): the inbox slots' payload bytes over
+    /// all peers. Where `world * nslots` slots of `chunk_bytes` would exceed it, every peer gets
+    /// fewer slots ([`Config::slots_within_budget`]), at least 2.
+    pub recv_budget: usize,
     /// How long a waiting rank spins before it sleeps (`GRADSYNC_SPIN_US`).
     pub spin: Duration,
     /// Forced all-reduce algorithm (`GRADSYNC_ALGO`), `None` = automatic.
@@ -213,6 +217,13 @@ impl TransportMode {
 
 /// Default `GRADSYNC_NSOCKS`.
 pub const DEFAULT_NSOCKS: usize = 2;
+/// Default `GRADSYNC_RECV_BUDGET`: every peer keeps the default 8 slots of 512 KiB up to 256
+/// ranks; 1024 ranks get 2 slots a peer (1 GiB, within a 4 GiB pin limit under RDMA).
+pub const DEFAULT_RECV_BUDGET: usize = 1 << 30;
+/// Fewest inbox slots a peer gets, whatever the receive budget: one message in flight while
+/// the previous one is consumed.
+pub const MIN_SLOTS_PER_PEER: usize = 2;
+
 /// Default `GRADSYNC_CHUNK_SIZE`.
 pub const DEFAULT_CHUNK: usize = 512 * 1024;
 /// Default `GRADSYNC_NSLOTS`.
@@ -325,6 +336,7 @@ impl Config {
             socket_bufsize: 0,
             chunk_bytes: DEFAULT_CHUNK,
             nslots: DEFAULT_NSLOTS,
+            recv_budget: DEFAULT_RECV_BUDGET,
             tcp_nslots: DEFAULT_TCP_NSLOTS,
             spin: DEFAULT_SPIN,
             algorithm: None,
@@ -344,6 +356,18 @@ impl Config {
             calibrate: Calibrate::Auto,
             cost_file: None,
         }
+    }
+
+    /// Inbox slots per peer on `world` ranks: `nslots`, or fewer where `world * nslots`
+    /// slots of `chunk_bytes` exceed `recv_budget` (the most that fit, at least
+    /// 2, or `nslots` if fewer). A function of the settings and the world alone, so ranks with
+    /// the same settings agree. The second value is whether even the fewest slots exceed the
+    /// budget.
+    pub fn slots_within_budget(&self, world: usize) -> (usize, bool) {
+        let per_slot = world.max(1).saturating_mul(self.chunk_bytes.max(1));
+        let fit = self.recv_budget / per_slot;
+        let least = MIN_SLOTS_PER_PEER.min(self.nslots);
+        (fit.clamp(least, self.nslots.max(least)), fit < least)
     }
 
     /// Reads rank, world and store address from the launcher's environment, then the
@@ -501,6 +525,13 @@ impl Config {
         }
         if let Some(n) = env.parse_in::<usize>("GRADSYNC_TCP_NSLOTS", 1..=1024)? {
             self.tcp_nslots = n;
+        }
+        if let Some(v) = var("GRADSYNC_RECV_BUDGET") {
+            self.recv_budget = parse_size(&v).filter(|&b| b > 0).ok_or_else(|| {
+                Error::Config(format!(
+                    "GRADSYNC_RECV_BUDGET={v:?} is not a size above 0 (for example 512M or 2G)"
+                ))
+            })?;
         }
         if let Some(v) = var("GRADSYNC_DIRECT_MIN") {
             self.direct_min = direct_min_var("GRADSYNC_DIRECT_MIN", &v)?;
@@ -958,6 +989,35 @@ mod tests {
             c.cost_file.as_deref(),
             Some(std::path::Path::new("/tmp/m.json"))
         );
+    }
+
+    #[test]
+    fn receive_budget_fits_the_slots_per_peer() {
+        let base = [("RANK", "0"), ("WORLD_SIZE", "1")];
+        let c = from(&base).unwrap();
+        assert_eq!(c.recv_budget, DEFAULT_RECV_BUDGET);
+        // 8 slots of 512 KiB per peer fit 1 GiB up to 256 ranks; then fewer, at least 2.
+        for (world, slots, over) in [
+            (2, 8, false),
+            (256, 8, false),
+            (257, 7, false),
+            (512, 4, false),
+            (1024, 2, false),
+            (1025, 2, true),
+            (4096, 2, true),
+        ] {
+            assert_eq!(c.slots_within_budget(world), (slots, over), "{world} ranks");
+        }
+        let small = from(&[base[0], base[1], ("GRADSYNC_RECV_BUDGET", "3M")]).unwrap();
+        assert_eq!(small.recv_budget, 3 << 20);
+        assert_eq!(small.slots_within_budget(2), (3, false));
+        // GRADSYNC_NSLOTS below the minimum stays as set.
+        let one = from(&[base[0], base[1], ("GRADSYNC_NSLOTS", "1")]).unwrap();
+        assert_eq!(one.slots_within_budget(1 << 20), (1, true));
+        for bad in ["0", "lots", "-1M"] {
+            let e = from(&[base[0], base[1], ("GRADSYNC_RECV_BUDGET", bad)]).unwrap_err();
+            assert!(e.to_string().contains("GRADSYNC_RECV_BUDGET"), "{e}");
+        }
     }
 
     #[test]

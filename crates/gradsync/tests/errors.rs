@@ -164,6 +164,35 @@ fn slot_settings_that_differ_between_ranks_fail_init_naming_them() {
 }
 
 #[test]
+fn receive_budgets_that_differ_between_ranks_fail_init_naming_them() {
+    // The budget sets the slots per peer: ranks with other budgets would lay out their inboxes
+    // differently, so init refuses and names the budget as well as the slots.
+    let server = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = server.local_addr().to_string();
+    let hs: Vec<_> = (0..2)
+        .map(|rank| {
+            let mut cfg = Config::new(addr.clone(), rank, 2);
+            cfg.host_store = false;
+            cfg.timeout = Duration::from_secs(20);
+            if rank == 1 {
+                cfg.recv_budget = 2 * 3 * cfg.chunk_bytes;
+            }
+            std::thread::spawn(move || {
+                Communicator::init(cfg)
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            })
+        })
+        .collect();
+    let res: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+    let all = every_rank_failed(&res);
+    assert!(
+        all.contains("GRADSYNC_NSLOTS is 8 on rank 0 but 3 on rank 1, GRADSYNC_RECV_BUDGET is 1073741824 on rank 0 but 3145728 on rank 1; set them alike on every rank"),
+        "{all}"
+    );
+}
+
+#[test]
 fn collective_mismatch_fails_every_rank() {
     // Rank 2 broadcasts from rank 0 while ranks 0 and 1 all-reduce a buffer too large to go
     // eagerly. With 3 ranks the all-reduce first needs rank 2's data and rank 2 waits for

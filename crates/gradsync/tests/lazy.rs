@@ -203,3 +203,46 @@ fn init_store_traffic_grows_by_a_few_bytes_per_rank() {
         "sent {per_rank_sent} bytes more per rank"
     );
 }
+
+#[test]
+fn a_receive_budget_gives_every_peer_fewer_slots_and_results_stay_right() {
+    // 4 ranks, slots of 64 KiB, a budget of 2 slots a peer: the default 8 would need 2 MiB.
+    let (world, chunk) = (4usize, 64usize << 10);
+    let res = run(
+        world,
+        move |c| {
+            c.chunk_bytes = chunk;
+            c.recv_budget = world * 2 * chunk + 1000;
+            c.eager_max = 0;
+        },
+        move |mut c| {
+            let rank = c.rank();
+            let stride = (chunk + 64).div_ceil(64) * 64;
+            assert_eq!(c.receive_memory(), world * 2 * stride, "rank {rank}");
+            // Enough data for many messages per pair through 2 slots, every algorithm.
+            for algo in [Algorithm::Ring, Algorithm::Rabenseifner, Algorithm::Tree] {
+                c.set_algorithm(Some(algo)).unwrap();
+                let mut a: Vec<f32> = (0..300_000).map(|i| (rank * 7 + i % 1000) as f32).collect();
+                c.all_reduce(&mut a, ReduceOp::Sum).unwrap();
+                for (i, x) in a.iter().enumerate() {
+                    let want: usize = (0..world).map(|r| r * 7 + i % 1000).sum();
+                    assert_eq!(*x, want as f32, "rank {rank} {algo:?} element {i}");
+                }
+            }
+            let send: Vec<i32> = (0..world * 50_000)
+                .map(|i| (rank * 1_000_000 + i) as i32)
+                .collect();
+            let mut recv = vec![0i32; send.len()];
+            c.all_to_all(&send, &mut recv).unwrap();
+            for (i, x) in recv.iter().enumerate() {
+                let (from, k) = (i / 50_000, i % 50_000);
+                assert_eq!(
+                    *x,
+                    (from * 1_000_000 + rank * 50_000 + k) as i32,
+                    "rank {rank} element {i}"
+                );
+            }
+        },
+    );
+    assert_eq!(res.len(), world);
+}

@@ -37,11 +37,13 @@ struct SlotLayout {
     tcp_nslots: u32,
     /// Bytes of the rank's transport board, 0 without one (or with `GRADSYNC_SHM_BOARD=0`).
     board: u32,
+    /// `GRADSYNC_RECV_BUDGET`, which `nslots` was fitted to: named when the slots differ.
+    budget: u64,
 }
 
 impl SlotLayout {
     /// Length of [`to_bytes`](Self::to_bytes), which follows the inbox descriptor.
-    const LEN: usize = 20;
+    const LEN: usize = 28;
 
     fn of(c: &Config, board: usize) -> Self {
         SlotLayout {
@@ -53,6 +55,7 @@ impl SlotLayout {
             } else {
                 0
             },
+            budget: c.recv_budget as u64,
         }
     }
 
@@ -61,7 +64,8 @@ impl SlotLayout {
         b[..8].copy_from_slice(&self.chunk.to_le_bytes());
         b[8..12].copy_from_slice(&self.nslots.to_le_bytes());
         b[12..16].copy_from_slice(&self.tcp_nslots.to_le_bytes());
-        b[16..].copy_from_slice(&self.board.to_le_bytes());
+        b[16..20].copy_from_slice(&self.board.to_le_bytes());
+        b[20..].copy_from_slice(&self.budget.to_le_bytes());
         b
     }
 
@@ -70,7 +74,8 @@ impl SlotLayout {
             chunk: u64::from_le_bytes(b[..8].try_into().expect("8")),
             nslots: u32::from_le_bytes(b[8..12].try_into().expect("4")),
             tcp_nslots: u32::from_le_bytes(b[12..16].try_into().expect("4")),
-            board: u32::from_le_bytes(b[16..].try_into().expect("4")),
+            board: u32::from_le_bytes(b[16..20].try_into().expect("4")),
+            budget: u64::from_le_bytes(b[20..].try_into().expect("8")),
         })
     }
 
@@ -104,6 +109,13 @@ impl SlotLayout {
                     "{name} is {a} on rank {rank} but {b} on rank {peer}"
                 ));
             }
+        }
+        // The slots per peer are GRADSYNC_NSLOTS fitted to the budget: name the budget too.
+        if self.nslots != theirs.nslots && self.budget != theirs.budget {
+            diff.push(format!(
+                "GRADSYNC_RECV_BUDGET is {} on rank {rank} but {} on rank {peer}",
+                self.budget, theirs.budget
+            ));
         }
         Some(format!("{}; set them alike on every rank", diff.join(", ")))
     }
@@ -312,6 +324,27 @@ impl Communicator {
         net: NetSetup,
         t0: Instant,
     ) -> Result<Self> {
+        let mut config = config;
+        let (slots, over) = config.slots_within_budget(world);
+        if slots < config.nslots {
+            tracing::info!(
+                target: "gradsync::init",
+                "rank {rank}: {world} ranks x {} slots of {} KiB would exceed GRADSYNC_RECV_BUDGET ({} MiB): {slots} slots per peer",
+                config.nslots,
+                config.chunk_bytes >> 10,
+                config.recv_budget >> 20
+            );
+            config.nslots = slots;
+        }
+        if over && rank == 0 {
+            tracing::warn!(
+                target: "gradsync::init",
+                "rank 0: {world} ranks x {slots} slots of {} KiB ({} MiB of receive memory per rank) exceed GRADSYNC_RECV_BUDGET ({} MiB), and no peer gets fewer than {slots}: raise GRADSYNC_RECV_BUDGET or lower GRADSYNC_CHUNK_SIZE",
+                config.chunk_bytes >> 10,
+                (world * slots * config.chunk_bytes) >> 20,
+                config.recv_budget >> 20
+            );
+        }
         let token = config.token.as_deref().map(str::as_bytes);
         let NetSetup {
             ip,
@@ -439,7 +472,7 @@ impl Communicator {
         meet_inboxes(ex, &mut engine, inbox, &config)?;
         tracing::info!(
             target: "gradsync::init",
-            "gradsync {} rank {rank}/{world} interface {ifname} {ip} transport {} hosts {} local ranks {} {} chunk {} KiB x {} slots eager up to {} bytes{} connections {}{} receive memory {} MiB registered timeout {:?} (init {:.1} ms)",
+            "gradsync {} rank {rank}/{world} interface {ifname} {ip} transport {} hosts {} local ranks {} {} chunk {} KiB x {} slots eager up to {} bytes{} connections {}{} receive memory {} MiB registered (budget {} MiB) timeout {:?} (init {:.1} ms)",
             crate::VERSION,
             engine.ep.name(),
             topo.hosts(),
@@ -464,6 +497,7 @@ impl Communicator {
                 ""
             },
             engine.inbox_bytes() >> 20,
+            config.recv_budget >> 20,
             config.timeout,
             t0.elapsed().as_secs_f64() * 1e3
         );
