@@ -587,14 +587,21 @@ impl Communicator {
             // Every rank says whether its queue pairs reached RTS, so a rank whose transition
             // failed does not leave the others waiting for it until the deadline.
             let connected = setup.connect(&vals);
+            // The first rank answers for all: empty when every rank is ready, else the first
+            // rank that is not.
             let ok: &[u8] = if connected.is_ok() { b"1" } else { b"0" };
-            let ready: Vec<Vec<u8>> = ex
-                .swap(&[("rdma/ready", ok)], &everyone)?
-                .into_iter()
-                .map(|mut v| v.swap_remove(0))
-                .collect();
+            let first_failed = |vals: &[Vec<u8>]| {
+                vals.iter()
+                    .position(|v| v.as_slice() != b"1")
+                    .map_or(Vec::new(), |p| (p as u64).to_le_bytes().to_vec())
+            };
+            let failed = ex.table("rdma/ready", ok, &everyone, &first_failed)?;
             let ep = connected.map_err(|e| Error::transport(rank, "rdma connect", e))?;
-            if let Some(p) = ready.iter().position(|v| v.as_slice() != b"1") {
+            if !failed.is_empty() {
+                let p = failed
+                    .get(..8)
+                    .and_then(|b| b.try_into().ok())
+                    .map_or(u64::MAX, u64::from_le_bytes);
                 return Err(Error::Config(format!(
                     "rank {p} could not connect its RDMA queue pairs (see its log); rank {rank} stops too"
                 )));
