@@ -309,7 +309,15 @@ impl RdmaSetup {
         format!("{}:{}", self.device, self.port.port)
     }
 
-    /// Moves every queue pair to RTS against the peers' descriptors (`infos[rank]` is ignored).
+    /// The column of descriptor `info` (as [`info`](Self::info) makes it) for rank `dst`:
+    /// what `dst` needs of it to connect (see [`ConnInfoRepr::column`]). `None` when `info`
+    /// is not a descriptor or has no entries for `dst`.
+    pub fn column(info: &[u8], dst: usize) -> Option<Vec<u8>> {
+        ConnInfoRepr::from_bytes(info)?.column(dst)
+    }
+
+    /// Moves every queue pair to RTS against the peers' descriptors, whole or the columns of
+    /// them for this rank (`infos[rank]` is ignored).
     pub fn connect(self, infos: &[Vec<u8>]) -> Result<RdmaEndpoint> {
         let (rank, world) = (self.rank, self.world);
         let q = self.opts.qps_per_peer.max(1);
@@ -327,14 +335,16 @@ impl RdmaSetup {
                 peers_info.push(None);
                 continue;
             }
-            let i = ConnInfoRepr::from_bytes(b).ok_or_else(|| {
-                setup_err(
-                    rank,
-                    p,
-                    "connect",
-                    format!("malformed connection descriptor ({} bytes)", b.len()),
-                )
-            })?;
+            let i = ConnInfoRepr::from_bytes(b)
+                .or_else(|| ConnInfoRepr::from_column(b))
+                .ok_or_else(|| {
+                    setup_err(
+                        rank,
+                        p,
+                        "connect",
+                        format!("malformed connection descriptor ({} bytes)", b.len()),
+                    )
+                })?;
             if i.world as usize != world || i.qps as usize != q {
                 return Err(setup_err(
                     rank,
@@ -372,7 +382,12 @@ impl RdmaSetup {
                 ));
             }
             for (i, &qp) in self.qps[p].iter().enumerate() {
-                let (dqpn, rpsn) = pi.qp[rank * q + i];
+                // A column holds only the entries to this rank.
+                let (dqpn, rpsn) = if pi.qp.len() == q {
+                    pi.qp[i]
+                } else {
+                    pi.qp[rank * q + i]
+                };
                 let (_, spsn) = self.info.qp[p * q + i];
                 let gid = std::net::Ipv6Addr::from(pi.gid);
                 let attrs = format!(

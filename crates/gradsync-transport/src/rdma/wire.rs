@@ -14,11 +14,18 @@
 //! | 32 | 4 | active path MTU code (1-5: 256-4096 bytes) |
 //! | 36 | 4 | 1 when the port is RoCE (a global route is needed), 0 for InfiniBand |
 //! | 40 | 8 each | (queue pair number, first packet sequence number), both `u32`, of every queue pair to every rank: rank-major, `world * qps` entries, zeros for the rank itself |
+//!
+//! A *column* ([`ConnInfoRepr::column`]) is the part of a descriptor that one peer needs: the
+//! same fixed part with the magic [`COLUMN_MAGIC`], then only the `qps` entries of the queue
+//! pairs to that peer. Init hands each rank the columns meant for it rather than every rank's
+//! whole descriptor, whose size grows with the world.
 
 use crate::wire::{WireError, array, put, wire_view};
 
 /// First bytes of a connection descriptor.
 pub const INFO_MAGIC: u32 = 0x4753_4942;
+/// First bytes of a column: a descriptor's entries for one peer (`"CISG"` on the wire).
+pub const COLUMN_MAGIC: u32 = 0x4753_4943;
 /// Length of a descriptor's fixed part; the queue pair entries follow.
 pub const INFO_HEADER_LEN: usize = 40;
 /// Length of one queue pair entry.
@@ -211,6 +218,47 @@ impl ConnInfoRepr {
     pub fn from_bytes(b: &[u8]) -> Option<Self> {
         Self::parse(&ConnInfo::new_unchecked(b)).ok()
     }
+
+    /// The column of this descriptor for rank `dst`: the fixed part (magic
+    /// [`COLUMN_MAGIC`]) and the `qps` entries of the queue pairs to `dst`. `None` when `dst`
+    /// has no entries here.
+    pub fn column(&self, dst: usize) -> Option<Vec<u8>> {
+        let q = self.qps as usize;
+        let entries = self
+            .qp
+            .get(dst.checked_mul(q)?..dst.checked_mul(q)?.checked_add(q)?)?;
+        let part = ConnInfoRepr {
+            qp: entries.to_vec(),
+            ..self.clone()
+        };
+        let mut b = vec![0u8; part.buffer_len()];
+        let mut v = ConnInfo::new_unchecked(&mut b[..]);
+        part.emit(&mut v);
+        v.set_magic(COLUMN_MAGIC);
+        Some(b)
+    }
+
+    /// Parses a [`column`](Self::column): `qp` then holds the `qps` entries to the rank it was
+    /// made for. `None` if the bytes are not a column (wrong magic or length).
+    pub fn from_column(b: &[u8]) -> Option<Self> {
+        let v = ConnInfo::new_unchecked(b);
+        if b.len() < INFO_HEADER_LEN || v.magic() != COLUMN_MAGIC {
+            return None;
+        }
+        let q = v.qps() as usize;
+        if b.len() != INFO_HEADER_LEN.checked_add(q.checked_mul(INFO_ENTRY_LEN)?)? {
+            return None;
+        }
+        Some(ConnInfoRepr {
+            world: v.world(),
+            qps: v.qps(),
+            gid: v.gid(),
+            lid: v.lid(),
+            mtu: v.mtu(),
+            global: v.global() != 0,
+            qp: (0..q).map(|i| v.qp(i)).collect(),
+        })
+    }
 }
 
 #[cfg(test)]
@@ -241,6 +289,31 @@ mod tests {
         0, 0, 0, 0, 0, 0, 0, 0, // rank 0 (itself)
         0x11, 0x00, 0x00, 0x00, 0xef, 0xcd, 0xab, 0x00, // rank 1: qpn 0x11, psn 0xabcdef
     ];
+
+    #[test]
+    fn a_column_holds_the_entries_for_one_rank() {
+        let r = ConnInfoRepr {
+            world: 3,
+            qps: 2,
+            qp: vec![(0, 0), (0, 0), (0x21, 1), (0x22, 2), (0x31, 3), (0x32, 4)],
+            ..repr()
+        };
+        let c = r.column(2).unwrap();
+        assert_eq!(c.len(), INFO_HEADER_LEN + 2 * INFO_ENTRY_LEN);
+        assert_eq!(&c[..4], b"CISG");
+        let back = ConnInfoRepr::from_column(&c).unwrap();
+        assert_eq!(back.qp, vec![(0x31, 3), (0x32, 4)]);
+        assert_eq!(
+            (back.world, back.qps, back.gid, back.lid),
+            (3, 2, r.gid, r.lid)
+        );
+        assert!(r.column(3).is_none(), "no rank 3 in a world of 3");
+        // A column is not a descriptor, a descriptor not a column, and lengths are exact.
+        assert!(ConnInfoRepr::from_bytes(&c).is_none());
+        assert!(ConnInfoRepr::from_column(&r.to_bytes()).is_none());
+        assert!(ConnInfoRepr::from_column(&c[..c.len() - 1]).is_none());
+        assert!(ConnInfoRepr::from_column(&[c.clone(), vec![0; 8]].concat()).is_none());
+    }
 
     #[test]
     fn conn_info_literal() {

@@ -562,11 +562,29 @@ impl Communicator {
                     Vec::new()
                 }
             };
-            let vals: Vec<Vec<u8>> = ex
-                .swap(&[("rdma/info", &mine)], &everyone)?
-                .into_iter()
-                .map(|mut v| v.swap_remove(0))
-                .collect();
+            // Each rank's descriptor has an entry for every queue pair to every rank; a rank
+            // gets only the columns for itself (see `wire::ConnInfoRepr::column`), so what it
+            // reads grows with the world, not with its square. An empty descriptor (no port)
+            // stays empty, one that does not parse goes whole, for `connect` to name.
+            let columns = |vals: &[Vec<u8>], dst: usize| {
+                let mut t = Vec::new();
+                for v in vals {
+                    let col = if v.is_empty() {
+                        Vec::new()
+                    } else {
+                        RdmaSetup::column(v, dst).unwrap_or_else(|| v.clone())
+                    };
+                    super::records::put(&mut t, &col);
+                }
+                t
+            };
+            let mine_cols = ex.parts("rdma/info", &mine, &everyone, &columns)?;
+            let vals = super::records::take(&mine_cols, world).ok_or_else(|| {
+                Error::Config(format!(
+                    "rank {rank}: the RDMA descriptors of init are malformed ({} bytes for {world} ranks)",
+                    mine_cols.len()
+                ))
+            })?;
             let setup = match made {
                 Ok(s) => s,
                 Err(e) if forced => {

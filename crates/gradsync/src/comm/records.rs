@@ -13,6 +13,10 @@ use std::time::{Duration, Instant};
 /// refused before anything is allocated).
 const MAX_RECORD: usize = 256 << 20;
 
+/// What [`Exchange::parts`] cuts each rank's part with: the values of all ranks, and the
+/// index of the rank the part is for.
+pub(super) type PartFn<'a> = dyn Fn(&[Vec<u8>], usize) -> Vec<u8> + 'a;
+
 /// Where the ranks of a communicator being built meet.
 pub(super) trait Exchange {
     /// Gives the ranks of `ranks` (ranks of the new communicator, ascending, this one among
@@ -42,6 +46,33 @@ pub(super) trait Exchange {
             .collect();
         Ok(pack(&vals))
     }
+
+    /// Every rank of `ranks` gives `value` under `name`; `part(values, i)` cuts from the values
+    /// (in the order of `ranks`) what the `i`-th rank of `ranks` needs, and each rank returns
+    /// its own part. `part` must be a function of its arguments alone. By default every rank
+    /// swaps the values and cuts its part itself; through the store the first rank reads the
+    /// values and publishes each rank's part under a key of its own, so that a rank reads
+    /// only its part. (The RDMA setup's; unused without the `rdma` feature.)
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    fn parts(
+        &mut self,
+        name: &str,
+        value: &[u8],
+        ranks: &[usize],
+        part: &PartFn<'_>,
+    ) -> Result<Vec<u8>> {
+        let me = self.me_in(ranks);
+        let vals = self.swap(&[(name, value)], ranks)?;
+        let vals: Vec<Vec<u8>> = vals
+            .into_iter()
+            .map(|v| v.into_iter().next().unwrap_or_default())
+            .collect();
+        Ok(part(&vals, me))
+    }
+
+    /// This rank's index in `ranks`.
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    fn me_in(&self, ranks: &[usize]) -> usize;
 }
 
 /// What is left of `full` for a setup step under `ex`'s deadline.
@@ -91,9 +122,9 @@ impl Exchange for StoreExchange<'_> {
 
     /// Every rank publishes its value under `{name}/{rank}`; the first rank of `ranks` waits
     /// for every value, packs them and publishes the table under `{name}/table`, which every
-    /// other rank fetches alone,
-    /// so what it reads does not grow with the length of the keys or the records' raw form.
-    /// A rank whose table does not come names the ranks whose values are missing.
+    /// other rank fetches alone, so what it reads does not grow with the length of the keys
+    /// or the records' raw form. A rank whose table does not come names the ranks whose values
+    /// are missing.
     fn table(
         &mut self,
         name: &str,
@@ -101,25 +132,81 @@ impl Exchange for StoreExchange<'_> {
         ranks: &[usize],
         pack: &dyn Fn(&[Vec<u8>]) -> Vec<u8>,
     ) -> Result<Vec<u8>> {
+        let table_key = format!("{}/{name}/table", self.prefix);
+        match self.gather(name, value, ranks)? {
+            Some(vals) => {
+                let t = pack(&vals);
+                let rank = self.rank;
+                self.store
+                    .set(&table_key, &t)
+                    .map_err(|source| Error::Store { rank, source })?;
+                Ok(t)
+            }
+            None => self.fetch(&table_key, name, ranks),
+        }
+    }
+
+    /// Every rank publishes its value under `{name}/{rank}`; the first rank of `ranks` waits
+    /// for every value and publishes each other rank's part under `{name}/for/{rank}`, which
+    /// that rank fetches alone.
+    fn parts(
+        &mut self,
+        name: &str,
+        value: &[u8],
+        ranks: &[usize],
+        part: &PartFn<'_>,
+    ) -> Result<Vec<u8>> {
+        let rank = self.rank;
+        let prefix = self.prefix;
+        let for_key = |r: usize| format!("{prefix}/{name}/for/{r}");
+        match self.gather(name, value, ranks)? {
+            Some(vals) => {
+                for (i, &r) in ranks.iter().enumerate().skip(1) {
+                    self.store
+                        .set(&for_key(r), &part(&vals, i))
+                        .map_err(|source| Error::Store { rank, source })?;
+                }
+                Ok(part(&vals, 0))
+            }
+            None => {
+                let key = for_key(rank);
+                self.fetch(&key, name, ranks)
+            }
+        }
+    }
+
+    fn me_in(&self, ranks: &[usize]) -> usize {
+        ranks.iter().position(|&r| r == self.rank).unwrap_or(0)
+    }
+}
+
+impl StoreExchange<'_> {
+    /// Publishes this rank's value under `{name}/{rank}`; on the first rank of `ranks`, waits
+    /// for every other rank's and returns all of them in the order of `ranks`.
+    fn gather(
+        &mut self,
+        name: &str,
+        value: &[u8],
+        ranks: &[usize],
+    ) -> Result<Option<Vec<Vec<u8>>>> {
         let rank = self.rank;
         let st = |source| Error::Store { rank, source };
         let prefix = self.prefix;
-        let key = |r: usize| format!("{prefix}/{name}/{r}");
-        let table_key = format!("{prefix}/{name}/table");
-        let others: Vec<String> = ranks
-            .iter()
-            .filter(|&&r| r != rank)
-            .map(|&r| key(r))
-            .collect();
+        self.store
+            .set(&format!("{prefix}/{name}/{rank}"), value)
+            .map_err(st)?;
+        if ranks.first() != Some(&rank) {
+            return Ok(None);
+        }
+        let others = self.keys_of_others(name, ranks);
         let orefs: Vec<&str> = others.iter().map(String::as_str).collect();
-        self.store.set(&key(rank), value).map_err(st)?;
-        if ranks.first() == Some(&rank) {
-            let mut theirs = self
-                .store
-                .wait(&orefs, self.timeout)
-                .map_err(st)?
-                .into_iter();
-            let vals: Vec<Vec<u8>> = ranks
+        let mut theirs = self
+            .store
+            .wait(&orefs, self.timeout)
+            .map_err(st)?
+            .into_iter();
+        Ok(Some(
+            ranks
                 .iter()
                 .map(|&r| {
                     if r == rank {
@@ -128,19 +215,32 @@ impl Exchange for StoreExchange<'_> {
                         theirs.next().unwrap_or_default()
                     }
                 })
-                .collect();
-            let t = pack(&vals);
-            self.store.set(&table_key, &t).map_err(st)?;
-            return Ok(t);
-        }
-        match self.store.wait(&[&table_key], self.timeout) {
+                .collect(),
+        ))
+    }
+
+    /// Waits for `key`, which the first rank of `ranks` publishes once it has every value of
+    /// `name`; a timeout names the ranks whose values are missing, where the store can say.
+    fn fetch(&mut self, key: &str, name: &str, ranks: &[usize]) -> Result<Vec<u8>> {
+        let rank = self.rank;
+        let st = |source| Error::Store { rank, source };
+        match self.store.wait(&[key], self.timeout) {
             Ok(mut v) => Ok(v.swap_remove(0)),
             Err(e) => {
-                // Name the ranks that never published, where the store can still say.
+                let others = self.keys_of_others(name, ranks);
+                let orefs: Vec<&str> = others.iter().map(String::as_str).collect();
                 let missing = self.store.wait(&orefs, Duration::from_millis(1)).err();
                 Err(st(missing.unwrap_or(e)))
             }
         }
+    }
+
+    fn keys_of_others(&self, name: &str, ranks: &[usize]) -> Vec<String> {
+        ranks
+            .iter()
+            .filter(|&&r| r != self.rank)
+            .map(|&r| format!("{}/{name}/{r}", self.prefix))
+            .collect()
     }
 }
 
@@ -257,13 +357,13 @@ impl<'a> ParentExchange<'a> {
 }
 
 /// Appends `value` with its length (u32, little-endian) in front.
-fn put(out: &mut Vec<u8>, value: &[u8]) {
+pub(super) fn put(out: &mut Vec<u8>, value: &[u8]) {
     out.extend_from_slice(&(value.len() as u32).to_le_bytes());
     out.extend_from_slice(value);
 }
 
 /// Splits `bytes` into exactly `n` length-prefixed values.
-fn take(mut bytes: &[u8], n: usize) -> Option<Vec<Vec<u8>>> {
+pub(super) fn take(mut bytes: &[u8], n: usize) -> Option<Vec<Vec<u8>>> {
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
         let len = u32::from_le_bytes(bytes.get(..4)?.try_into().ok()?) as usize;
@@ -323,11 +423,56 @@ impl Exchange for ParentExchange<'_> {
     fn deadline(&self) -> Option<Instant> {
         Some(self.deadline)
     }
+
+    fn me_in(&self, ranks: &[usize]) -> usize {
+        ranks.iter().position(|&r| r == self.me).unwrap_or(0)
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{put, take};
+    use super::{Exchange, StoreExchange, put, take};
+    use gradsync_store::{StoreClient, StoreServer};
+    use std::time::Duration;
+
+    #[test]
+    fn through_the_store_each_rank_reads_only_its_part() {
+        let server = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = server.local_addr().to_string();
+        let world = 6;
+        let ranks: Vec<usize> = (0..world).collect();
+        let hs: Vec<_> = (0..world)
+            .map(|rank| {
+                let (addr, ranks) = (addr.clone(), ranks.clone());
+                std::thread::spawn(move || {
+                    let t = Duration::from_secs(20);
+                    let mut store = StoreClient::connect(&addr, t).unwrap();
+                    let mut ex = StoreExchange {
+                        store: &mut store,
+                        prefix: "p",
+                        rank,
+                        timeout: t,
+                    };
+                    // A value of 1000 bytes each; rank i's part: byte i of every value.
+                    let value = vec![rank as u8; 1000];
+                    let part = |vals: &[Vec<u8>], i: usize| -> Vec<u8> {
+                        vals.iter().map(|v| v[i] + 100).collect()
+                    };
+                    let got = ex.parts("x", &value, &ranks, &part).unwrap();
+                    (got, store.traffic().received)
+                })
+            })
+            .collect();
+        for (rank, h) in hs.into_iter().enumerate() {
+            let (got, received) = h.join().unwrap();
+            let want: Vec<u8> = (0..world).map(|r| r as u8 + 100).collect();
+            assert_eq!(got, want, "rank {rank}");
+            if rank > 0 {
+                // Its part (6 bytes) and the framing, not the 6000 bytes of the values.
+                assert!(received < 200, "rank {rank} received {received} bytes");
+            }
+        }
+    }
 
     #[test]
     fn records_round_trip_and_reject_bad_lengths() {
