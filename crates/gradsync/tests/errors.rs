@@ -131,10 +131,9 @@ fn a_forced_algorithm_on_one_rank_only_is_named_in_the_error() {
     assert!(all.contains("GRADSYNC_ALGO"), "{all}");
 }
 
-#[test]
-fn slot_settings_that_differ_between_ranks_fail_init_naming_them() {
-    // The inbox layout and the slots a pair uses come from these settings on each side; a
-    // rank that has other values would read the wrong slots, so init refuses.
+/// Inits 2 ranks over their own store, rank 1 with `rank1` applied to its config; returns
+/// what init gave each.
+fn init_two_ranks(rank1: impl Fn(&mut Config)) -> Vec<Result<(), String>> {
     let server = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = server.local_addr().to_string();
     let hs: Vec<_> = (0..2)
@@ -143,8 +142,7 @@ fn slot_settings_that_differ_between_ranks_fail_init_naming_them() {
             cfg.host_store = false;
             cfg.timeout = Duration::from_secs(20);
             if rank == 1 {
-                cfg.nslots = 4;
-                cfg.tcp_nslots = 2;
+                rank1(&mut cfg);
             }
             std::thread::spawn(move || {
                 Communicator::init(cfg)
@@ -153,7 +151,17 @@ fn slot_settings_that_differ_between_ranks_fail_init_naming_them() {
             })
         })
         .collect();
-    let res: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+#[test]
+fn slot_settings_that_differ_between_ranks_fail_init_naming_them() {
+    // The inbox layout and the slots a pair uses come from these settings on each side; a
+    // rank that has other values would read the wrong slots, so init refuses.
+    let res = init_two_ranks(|cfg| {
+        cfg.nslots = 4;
+        cfg.tcp_nslots = 2;
+    });
     let all = every_rank_failed(&res);
     assert!(
         all.contains("rank 0: GRADSYNC_NSLOTS is 8 on rank 0 but 4 on rank 1, GRADSYNC_TCP_NSLOTS is 3 on rank 0 but 2 on rank 1; set them alike on every rank")
@@ -167,24 +175,7 @@ fn slot_settings_that_differ_between_ranks_fail_init_naming_them() {
 fn receive_budgets_that_differ_between_ranks_fail_init_naming_them() {
     // The budget sets the slots per peer: ranks with other budgets would lay out their inboxes
     // differently, so init refuses and names the budget as well as the slots.
-    let server = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
-    let addr = server.local_addr().to_string();
-    let hs: Vec<_> = (0..2)
-        .map(|rank| {
-            let mut cfg = Config::new(addr.clone(), rank, 2);
-            cfg.host_store = false;
-            cfg.timeout = Duration::from_secs(20);
-            if rank == 1 {
-                cfg.recv_budget = 2 * 3 * cfg.chunk_bytes;
-            }
-            std::thread::spawn(move || {
-                Communicator::init(cfg)
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
-            })
-        })
-        .collect();
-    let res: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+    let res = init_two_ranks(|cfg| cfg.recv_budget = 2 * 3 * cfg.chunk_bytes);
     let all = every_rank_failed(&res);
     assert!(
         all.contains("GRADSYNC_NSLOTS is 8 on rank 0 but 3 on rank 1, GRADSYNC_RECV_BUDGET is 1073741824 on rank 0 but 3145728 on rank 1; set them alike on every rank"),

@@ -171,8 +171,12 @@ impl ConnInfoRepr {
                 expected,
             });
         }
-        let n = (expected - INFO_HEADER_LEN) / INFO_ENTRY_LEN;
-        Ok(ConnInfoRepr {
+        Ok(Self::read(v, (expected - INFO_HEADER_LEN) / INFO_ENTRY_LEN))
+    }
+
+    /// The fixed part of `v` and its first `n` entries, whose bounds the caller checked.
+    fn read<T: AsRef<[u8]>>(v: &ConnInfo<T>, n: usize) -> Self {
+        ConnInfoRepr {
             world: v.world(),
             qps: v.qps(),
             gid: v.gid(),
@@ -180,7 +184,7 @@ impl ConnInfoRepr {
             mtu: v.mtu(),
             global: v.global() != 0,
             qp: (0..n).map(|i| v.qp(i)).collect(),
-        })
+        }
     }
 
     /// Length of the emitted descriptor.
@@ -249,15 +253,7 @@ impl ConnInfoRepr {
         if b.len() != INFO_HEADER_LEN.checked_add(q.checked_mul(INFO_ENTRY_LEN)?)? {
             return None;
         }
-        Some(ConnInfoRepr {
-            world: v.world(),
-            qps: v.qps(),
-            gid: v.gid(),
-            lid: v.lid(),
-            mtu: v.mtu(),
-            global: v.global() != 0,
-            qp: (0..q).map(|i| v.qp(i)).collect(),
-        })
+        Some(Self::read(&v, q))
     }
 }
 

@@ -39,12 +39,7 @@ pub(super) trait Exchange {
         ranks: &[usize],
         pack: &dyn Fn(&[Vec<u8>]) -> Vec<u8>,
     ) -> Result<Vec<u8>> {
-        let vals = self.swap(&[(name, value)], ranks)?;
-        let vals: Vec<Vec<u8>> = vals
-            .into_iter()
-            .map(|v| v.into_iter().next().unwrap_or_default())
-            .collect();
-        Ok(pack(&vals))
+        self.parts(name, value, ranks, &|vals, _| pack(vals))
     }
 
     /// Every rank of `ranks` gives `value` under `name`; `part(values, i)` cuts from the values
@@ -52,8 +47,7 @@ pub(super) trait Exchange {
     /// its own part. `part` must be a function of its arguments alone. By default every rank
     /// swaps the values and cuts its part itself; through the store the first rank reads the
     /// values and publishes each rank's part under a key of its own, so that a rank reads
-    /// only its part. (The RDMA setup's; unused without the `rdma` feature.)
-    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    /// only its part.
     fn parts(
         &mut self,
         name: &str,
@@ -71,7 +65,6 @@ pub(super) trait Exchange {
     }
 
     /// This rank's index in `ranks`.
-    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
     fn me_in(&self, ranks: &[usize]) -> usize;
 }
 
