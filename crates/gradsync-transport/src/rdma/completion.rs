@@ -119,18 +119,23 @@ impl RdmaEndpoint {
                     self.peers[peer].byes += 1;
                 }
                 WC_RECV => {
-                    // SAFETY: buffer slot `idx` holds the `len` bytes the adapter wrote.
-                    let data = unsafe {
-                        std::slice::from_raw_parts(self.recv_buf.ptr.add(idx * MAX_SEND), len)
+                    if let Some(rb) = &self.peers[peer].recv {
+                        // SAFETY: buffer slot `idx` of the peer's receive buffers holds the
+                        // `len` bytes the adapter wrote.
+                        let data = unsafe {
+                            std::slice::from_raw_parts(rb.buf.ptr.add(idx * MAX_SEND), len)
+                        }
+                        .to_vec();
+                        out.push(Completion::Recv { peer, data });
                     }
-                    .to_vec();
-                    out.push(Completion::Recv { peer, data });
                 }
                 _ => {}
             }
-            if self.peers[peer].broken.is_none() {
+            if self.peers[peer].broken.is_none()
+                && let Some(rb) = &self.peers[peer].recv
+            {
                 let qp = self.peers[peer].qps[qi].raw;
-                if let Err(m) = post_recv(qp, idx, self.recv_buf.ptr, self.recv_lkey) {
+                if let Err(m) = post_recv(qp, idx, rb.buf.ptr, rb.lkey) {
                     self.errors
                         .push_back(setup_err(self.rank, peer, "post receive", m));
                 }

@@ -5,8 +5,10 @@
 
 use super::device::{Buffer, Device};
 use super::ffi;
+use super::lazy::Lazy;
 use super::options::RdmaOptions;
 use super::staging::Staging;
+use super::wire::ConnInfoRepr;
 use crate::error::{Result, TransportError};
 use crate::regions::RegionTable;
 use crate::verbs::{Access, Completion, Sge};
@@ -32,9 +34,26 @@ pub(super) struct Qp {
     pub(super) outstanding: u32,
 }
 
+/// The receive buffers of the queue pairs to one peer: [`RECV_DEPTH`](super::setup::RECV_DEPTH)
+/// slots of [`MAX_SEND`](crate::verbs::MAX_SEND) bytes per queue pair, registered when the
+/// queue pairs are made.
+pub(super) struct RecvBuf {
+    pub(super) buf: Buffer,
+    pub(super) mr: *mut ffi::IbvMr,
+    pub(super) lkey: u32,
+}
+
 /// The queue pairs to one peer and the posts waiting for room.
+#[derive(Default)]
 pub(super) struct Peer {
+    /// Empty until the queue pairs are made (at setup, or on first use).
     pub(super) qps: Vec<Qp>,
+    /// This rank's `(qpn, psn)` of each queue pair in `qps`.
+    pub(super) local: Vec<(u32, u32)>,
+    /// Receive buffers of `qps`.
+    pub(super) recv: Option<RecvBuf>,
+    /// Whether the queue pairs are in RTS and both ranks know it: only then is traffic posted.
+    pub(super) joined: bool,
     pub(super) next: usize,
     /// Why the connection is unusable, once it is.
     pub(super) broken: Option<String>,
@@ -93,12 +112,19 @@ pub struct RdmaEndpoint {
     pub(super) next_wr: u64,
     pub(super) ready: VecDeque<Completion>,
     pub(super) stash: Vec<ffi::GsWc>,
-    pub(super) recv_buf: Buffer,
-    pub(super) recv_mr: *mut ffi::IbvMr,
-    pub(super) recv_lkey: u32,
     pub(super) armed: bool,
     /// Errors found while polling, reported by the next poll.
     pub(super) errors: VecDeque<TransportError>,
+    /// Port number in use.
+    pub(super) port_num: u32,
+    pub(super) gid_index: u32,
+    /// This rank's descriptor without queue pair entries (world, queue pairs per peer, GID,
+    /// LID, MTU, link layer): what every column it sends starts with.
+    pub(super) local: ConnInfoRepr,
+    /// Seed of the initial packet sequence numbers.
+    pub(super) seed: u64,
+    /// Connections on first use: the listener and the peers' addresses.
+    pub(super) first_use: Option<Lazy>,
     pub(super) dev: Device,
 }
 
@@ -150,6 +176,13 @@ impl RdmaEndpoint {
                 during: format!("{op}: {why}"),
             });
         }
+        if !self.peers[peer].joined {
+            return Err(TransportError::Invalid {
+                rank: self.rank,
+                op,
+                msg: format!("rank {peer} is not connected yet (connect first)"),
+            });
+        }
         Ok(())
     }
 
@@ -167,21 +200,15 @@ impl RdmaEndpoint {
 
 impl Drop for RdmaEndpoint {
     fn drop(&mut self) {
-        for p in &self.peers {
-            for q in &p.qps {
-                // SAFETY: created by `gs_qp_create`, destroyed once.
-                unsafe { ffi::gs_qp_destroy(q.raw) };
-            }
+        for p in 0..self.peers.len() {
+            self.drop_peer_qps(p);
         }
         for p in self.pinned.drain(..) {
             // SAFETY: registered by `gs_reg`, deregistered once.
             unsafe { ffi::gs_dereg(p.mr) };
         }
         // SAFETY: as above.
-        unsafe {
-            ffi::gs_dereg(self.staging.mr);
-            ffi::gs_dereg(self.recv_mr);
-        }
+        unsafe { ffi::gs_dereg(self.staging.mr) };
         // The buffers unmap and the device closes (in field order) after this.
     }
 }

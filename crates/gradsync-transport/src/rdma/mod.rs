@@ -2,14 +2,23 @@
 //!
 //! # Connection
 //!
-//! [`RdmaSetup::new`] opens the device (`GRADSYNC_IB_HCA`, else the first port that is
-//! active), creates one protection domain, one completion queue with its completion channel,
-//! and [`RdmaOptions::qps_per_peer`] reliable-connected queue pairs to every peer, moved to INIT
-//! with their receive buffers posted. Its [`RdmaSetup::info`] is what peers need: GID, LID,
-//! path MTU and, for every peer, the queue pair numbers and first packet sequence numbers meant
-//! for it. Ranks exchange these through the rendezvous store, then [`RdmaSetup::connect`] moves
-//! every queue pair INIT -> RTR -> RTS. On RoCE the GID index is `GRADSYNC_IB_GID_INDEX`, or
-//! the first RoCE v2 GID that maps an IPv4 address.
+//! [`RdmaSetup::open`] opens the device (`GRADSYNC_IB_HCA`, else the first port that is
+//! active), creates one protection domain, one completion queue with its completion channel and
+//! the staging ring. On RoCE the GID index is `GRADSYNC_IB_GID_INDEX`, or the first RoCE v2
+//! GID that maps an IPv4 address. A pair's [`RdmaOptions::qps_per_peer`] reliable-connected
+//! queue pairs, with their receive buffers (registered, posted), are then made in one of two
+//! ways:
+//!
+//! - **On first use** ([`RdmaSetup::first_use`]): none at setup. When
+//!   [`Endpoint::connect`](crate::Endpoint::connect) first names a peer, the higher rank of the
+//!   pair dials the lower one's listener (hello and token handshake as TCP's), the two make
+//!   their queue pairs and swap their numbers and first packet sequence numbers over that
+//!   connection, and each moves its queue pairs INIT -> RTR -> RTS (see `lazy`). A rank thus
+//!   has queue pairs, and pins receive buffers, only for the peers its operations talk to.
+//! - **At setup** ([`RdmaSetup::new`]): to every peer. Its [`RdmaSetup::info`] is what peers
+//!   need: GID, LID, path MTU and, for every peer, the queue pair numbers and first packet
+//!   sequence numbers meant for it. Ranks exchange these through the rendezvous store, then
+//!   [`RdmaSetup::connect`] moves every queue pair INIT -> RTR -> RTS.
 //!
 //! # Data path
 //!
@@ -47,7 +56,8 @@
 //! # Modules
 //!
 //! [`wire`] holds the connection descriptor; `device` ports, devices and buffers; `options`
-//! [`RdmaOptions`]; `setup` [`RdmaSetup`]; `endpoint` the state of an [`RdmaEndpoint`]; `staging` the
+//! [`RdmaOptions`]; `setup` [`RdmaSetup`]; `pair` the queue pairs of one pair of ranks; `lazy`
+//! connections on first use; `endpoint` the state of an [`RdmaEndpoint`]; `staging` the
 //! staging ring; `post` the posting path; `completion` the completion queue; `verbs` the
 //! [`Endpoint`](crate::Endpoint) calls.
 
@@ -55,7 +65,9 @@ mod completion;
 mod device;
 mod endpoint;
 mod ffi;
+mod lazy;
 mod options;
+mod pair;
 mod post;
 mod setup;
 mod staging;
@@ -66,6 +78,7 @@ pub mod wire;
 
 pub use device::{GidEntry, PortInfo, active_port_present, list_ports, parse_hca, pick_gid};
 pub use endpoint::RdmaEndpoint;
+pub use lazy::FirstUse;
 pub use options::{
     DEFAULT_IB_TIMEOUT, DEFAULT_QPS_PER_PEER, DEFAULT_REG_MAX, DEFAULT_RETRY_CNT, DEFAULT_STAGING,
     RdmaOptions,

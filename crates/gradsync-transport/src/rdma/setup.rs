@@ -1,19 +1,20 @@
-//! Setting up the RDMA backend: [`RdmaSetup`] opens the device, creates the queue pairs to
-//! every peer, publishes its connection descriptor, moves the queue pairs to RTS against the
-//! peers' descriptors and hands its resources to an [`RdmaEndpoint`].
+//! Setting up the RDMA backend: [`RdmaSetup`] opens the device, then either creates the queue
+//! pairs to every peer, publishes its connection descriptor and moves the queue pairs to RTS
+//! against the peers' descriptors, or leaves every pair to connect on first use (`lazy`); in
+//! both it hands its resources to an [`RdmaEndpoint`].
 
 use super::device::{
-    Buffer, Device, LINK_LAYER_ETHERNET, errno_str, list_ports, memlock_msg, mtu_bytes, parse_hca,
-    pick_gid, post_recv, random_u64,
+    Buffer, Device, LINK_LAYER_ETHERNET, errno_str, list_ports, memlock_msg, parse_hca, pick_gid,
+    random_u64,
 };
-use super::endpoint::{Peer, Qp, RdmaEndpoint};
+use super::endpoint::{Peer, RdmaEndpoint};
 use super::ffi;
+use super::lazy::{FirstUse, Lazy};
 use super::options::RdmaOptions;
 use super::staging::Staging;
 use super::wire::ConnInfoRepr;
 use crate::error::{Result, TransportError};
 use crate::regions::RegionTable;
-use crate::verbs::MAX_SEND;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{CString, c_int};
 use std::fmt;
@@ -42,41 +43,40 @@ pub(super) fn setup_err(
     }
 }
 
-/// Queue pairs to every peer, in INIT with receives posted, waiting for the peers' info.
+/// An open device with the queue pairs to every peer in INIT, receives posted, waiting for
+/// the peers' descriptors ([`new`](Self::new)); or with none, for queue pairs made on first
+/// use ([`open`](Self::open), then [`first_use`](Self::first_use)).
 pub struct RdmaSetup {
-    rank: usize,
-    world: usize,
-    opts: RdmaOptions,
-    dev: Device,
-    port: ffi::GsPort,
-    device: String,
-    gid_index: u32,
+    ep: RdmaEndpoint,
     info: ConnInfoRepr,
-    /// `qps[peer][i]`.
-    qps: Vec<Vec<*mut ffi::IbvQp>>,
-    recv_buf: Buffer,
-    recv_mr: *mut ffi::IbvMr,
-    recv_lkey: u32,
 }
-
-// SAFETY: the verbs objects are used from one thread at a time (the owner's); libibverbs
-// objects may move between threads.
-unsafe impl Send for RdmaSetup {}
 
 impl fmt::Debug for RdmaSetup {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RdmaSetup")
-            .field("rank", &self.rank)
-            .field("device", &self.device)
-            .field("port", &self.port.port)
-            .field("gid_index", &self.gid_index)
+            .field("rank", &self.ep.rank)
+            .field("device", &self.ep.device)
+            .field("gid_index", &self.ep.gid_index)
             .finish()
     }
 }
 
 impl RdmaSetup {
-    /// Opens the device and creates the queue pairs of `rank` in a world of `world`.
+    /// Opens the device and creates the queue pairs of `rank` to every other rank of a world
+    /// of `world`.
     pub fn new(rank: usize, world: usize, opts: &RdmaOptions) -> Result<RdmaSetup> {
+        let mut s = RdmaSetup::open(rank, world, opts)?;
+        let q = s.ep.qps_per_peer();
+        for p in (0..world).filter(|&p| p != rank) {
+            let entries = s.ep.open_peer(p)?;
+            s.info.qp[p * q..(p + 1) * q].copy_from_slice(&entries);
+        }
+        Ok(s)
+    }
+
+    /// Opens the device (protection domain, completion queue, staging ring) and creates no
+    /// queue pair.
+    pub fn open(rank: usize, world: usize, opts: &RdmaOptions) -> Result<RdmaSetup> {
         let err = |what, msg| setup_err(rank, usize::MAX, what, msg);
         let ports = list_ports().map_err(|e| err("device", e))?;
         let (want_dev, want_port) = match &opts.hca {
@@ -195,278 +195,14 @@ impl RdmaSetup {
                 ),
             ));
         }
-        let recv_len = nqp * RECV_DEPTH * MAX_SEND;
-        let recv_buf = Buffer::new(recv_len).map_err(|e| err("register", e))?;
-        let (mut lkey, mut rkey) = (0u32, 0u32);
-        // SAFETY: `recv_buf` is a live mapping of `len` bytes, deregistered before it is freed.
-        let recv_mr = unsafe {
-            ffi::gs_reg(
-                dev.raw,
-                recv_buf.ptr.cast(),
-                recv_buf.len,
-                1,
-                &mut lkey,
-                &mut rkey,
-                &mut e,
-            )
-        };
-        if recv_mr.is_null() {
-            return Err(err("register", memlock_msg(recv_buf.len, e)));
-        }
-        let mut setup = RdmaSetup {
-            rank,
-            world,
-            opts: opts.clone(),
-            device: chosen.device.clone(),
-            gid_index,
-            info: ConnInfoRepr {
-                world: world as u32,
-                qps: qps_per_peer as u32,
-                gid,
-                lid: port.lid,
-                mtu: port.active_mtu,
-                global: ethernet,
-                qp: vec![(0, 0); world * qps_per_peer],
-            },
-            port,
-            dev,
-            qps: vec![Vec::new(); world],
-            recv_buf,
-            recv_mr,
-            recv_lkey: lkey,
-        };
-        let seed = random_u64();
-        let mut slot = 0usize;
-        for p in (0..world).filter(|&p| p != rank) {
-            for i in 0..qps_per_peer {
-                let mut qpn = 0u32;
-                // SAFETY: the device is open; the queue pair is destroyed in Drop.
-                let qp = unsafe {
-                    ffi::gs_qp_create(
-                        setup.dev.raw,
-                        SEND_DEPTH,
-                        RECV_DEPTH as u32,
-                        MAX_SGE,
-                        0,
-                        &mut qpn,
-                        &mut e,
-                    )
-                };
-                if qp.is_null() {
-                    return Err(setup_err(
-                        rank,
-                        p,
-                        "create queue pair",
-                        format!(
-                            "ibv_create_qp (RC, {SEND_DEPTH} sends, {RECV_DEPTH} receives, {MAX_SGE} gather entries): {}",
-                            errno_str(e)
-                        ),
-                    ));
-                }
-                setup.qps[p].push(qp);
-                // SAFETY: `qp` was just created.
-                let rc = unsafe { ffi::gs_qp_init(qp, setup.port.port) };
-                if rc != 0 {
-                    return Err(setup_err(
-                        rank,
-                        p,
-                        "queue pair RESET->INIT",
-                        format!(
-                            "queue pair {i} (qpn {qpn}): {}; attributes: pkey_index=0 port_num={} qp_access_flags=REMOTE_WRITE|LOCAL_WRITE",
-                            errno_str(rc),
-                            setup.port.port
-                        ),
-                    ));
-                }
-                for k in 0..RECV_DEPTH {
-                    let idx = slot * RECV_DEPTH + k;
-                    setup
-                        .post_recv(qp, idx)
-                        .map_err(|m| setup_err(rank, p, "post receive", m))?;
-                }
-                slot += 1;
-                let psn =
-                    ((seed >> ((p * qps_per_peer + i) % 40)) as u32 ^ (p as u32) << 8 ^ i as u32)
-                        & 0xff_ffff;
-                setup.info.qp[p * qps_per_peer + i] = (qpn, psn);
-            }
-        }
-        Ok(setup)
-    }
-
-    /// Posts receive buffer slot `idx` on `qp`.
-    fn post_recv(&self, qp: *mut ffi::IbvQp, idx: usize) -> std::result::Result<(), String> {
-        post_recv(qp, idx, self.recv_buf.ptr, self.recv_lkey)
-    }
-
-    /// This rank's connection descriptor, to publish through the rendezvous store.
-    pub fn info(&self) -> Vec<u8> {
-        self.info.to_bytes()
-    }
-
-    /// Device name and port in use.
-    pub fn device(&self) -> String {
-        format!("{}:{}", self.device, self.port.port)
-    }
-
-    /// The column of descriptor `info` (as [`info`](Self::info) makes it) for rank `dst`:
-    /// what `dst` needs of it to connect (see [`ConnInfoRepr::column`]). `None` when `info`
-    /// is not a descriptor or has no entries for `dst`.
-    pub fn column(info: &[u8], dst: usize) -> Option<Vec<u8>> {
-        ConnInfoRepr::from_bytes(info)?.column(dst)
-    }
-
-    /// Moves every queue pair to RTS against the peers' descriptors, whole or the columns of
-    /// them for this rank (`infos[rank]` is ignored).
-    pub fn connect(self, infos: &[Vec<u8>]) -> Result<RdmaEndpoint> {
-        let (rank, world) = (self.rank, self.world);
-        let q = self.opts.qps_per_peer.max(1);
-        if infos.len() != world {
-            return Err(setup_err(
-                rank,
-                usize::MAX,
-                "connect",
-                format!("{} descriptors for a world of {world}", infos.len()),
-            ));
-        }
-        let mut peers_info = Vec::with_capacity(world);
-        for (p, b) in infos.iter().enumerate() {
-            if p == rank {
-                peers_info.push(None);
-                continue;
-            }
-            let i = ConnInfoRepr::from_bytes(b)
-                .or_else(|| ConnInfoRepr::from_column(b))
-                .ok_or_else(|| {
-                    setup_err(
-                        rank,
-                        p,
-                        "connect",
-                        format!("malformed connection descriptor ({} bytes)", b.len()),
-                    )
-                })?;
-            if i.world as usize != world || i.qps as usize != q {
-                return Err(setup_err(
-                    rank,
-                    p,
-                    "connect",
-                    format!(
-                        "the peer has {} queue pairs per peer in a world of {}, this rank {q} in a world of {world} (GRADSYNC_IB_QPS_PER_CONN must match)",
-                        i.qps, i.world
-                    ),
-                ));
-            }
-            if i.global != self.info.global {
-                return Err(setup_err(
-                    rank,
-                    p,
-                    "connect",
-                    "one side is RoCE (Ethernet), the other InfiniBand".into(),
-                ));
-            }
-            peers_info.push(Some(i));
-        }
-        let port = self.port.port;
-        for (p, pi) in peers_info.iter().enumerate() {
-            let Some(pi) = pi else { continue };
-            let mtu = self.info.mtu.min(pi.mtu);
-            if !(1..=5).contains(&mtu) {
-                return Err(setup_err(
-                    rank,
-                    p,
-                    "queue pair INIT->RTR",
-                    format!(
-                        "path_mtu: rank {p} advertises MTU code {}, this port {}; valid codes are 1-5 (256-4096 bytes)",
-                        pi.mtu, self.info.mtu
-                    ),
-                ));
-            }
-            for (i, &qp) in self.qps[p].iter().enumerate() {
-                // A column holds only the entries to this rank.
-                let (dqpn, rpsn) = if pi.qp.len() == q {
-                    pi.qp[i]
-                } else {
-                    pi.qp[rank * q + i]
-                };
-                let (_, spsn) = self.info.qp[p * q + i];
-                let gid = std::net::Ipv6Addr::from(pi.gid);
-                let attrs = format!(
-                    "path_mtu={} dest_qp_num={dqpn} rq_psn={rpsn} ah_attr.is_global={} ah_attr.grh.dgid={gid} ah_attr.grh.sgid_index={} ah_attr.dlid={} port_num={port}",
-                    mtu_bytes(mtu),
-                    u8::from(self.info.global),
-                    self.gid_index,
-                    pi.lid
-                );
-                if dqpn == 0 {
-                    return Err(setup_err(
-                        rank,
-                        p,
-                        "queue pair INIT->RTR",
-                        format!("dest_qp_num is 0 ({attrs})"),
-                    ));
-                }
-                // SAFETY: `qp` is in INIT; `pi.gid` holds 16 bytes.
-                let rc = unsafe {
-                    ffi::gs_qp_rtr(
-                        qp,
-                        port,
-                        mtu,
-                        dqpn,
-                        rpsn,
-                        u32::from(self.info.global),
-                        pi.gid.as_ptr(),
-                        self.gid_index,
-                        pi.lid,
-                    )
-                };
-                if rc != 0 {
-                    return Err(setup_err(
-                        rank,
-                        p,
-                        "queue pair INIT->RTR",
-                        format!("queue pair {i}: {}; attributes: {attrs}", errno_str(rc)),
-                    ));
-                }
-                // SAFETY: `qp` is in RTR.
-                let rc = unsafe {
-                    ffi::gs_qp_rts(
-                        qp,
-                        spsn,
-                        u32::from(self.opts.ib_timeout),
-                        u32::from(self.opts.retry_cnt.min(7)),
-                        7,
-                    )
-                };
-                if rc != 0 {
-                    return Err(setup_err(
-                        rank,
-                        p,
-                        "queue pair RTR->RTS",
-                        format!(
-                            "queue pair {i}: {}; attributes: sq_psn={spsn} timeout={} retry_cnt={} rnr_retry=7 max_rd_atomic=1",
-                            errno_str(rc),
-                            self.opts.ib_timeout,
-                            self.opts.retry_cnt
-                        ),
-                    ));
-                }
-            }
-        }
-        self.into_endpoint()
-    }
-
-    /// Moves the resources of a connected setup into an endpoint.
-    fn into_endpoint(mut self) -> Result<RdmaEndpoint> {
-        let s = &mut self;
-        let rank = s.rank;
-        let mut e: c_int = 0;
-        let staging_buf = Buffer::new(s.opts.staging_bytes.max(1 << 20))
+        let q = qps_per_peer;
+        let staging_buf = Buffer::new(opts.staging_bytes.max(1 << 20))
             .map_err(|m| setup_err(rank, usize::MAX, "register", m))?;
         let (mut lkey, mut rkey) = (0u32, 0u32);
-        // SAFETY: a live mapping, deregistered before it is unmapped.
+        // SAFETY: a live mapping, deregistered before it is unmapped (the endpoint's drop).
         let smr = unsafe {
             ffi::gs_reg(
-                s.dev.raw,
+                dev.raw,
                 staging_buf.ptr.cast(),
                 staging_buf.len,
                 1,
@@ -483,49 +219,22 @@ impl RdmaSetup {
                 memlock_msg(staging_buf.len, e),
             ));
         }
-        let q = s.opts.qps_per_peer.max(1);
-        let mut by_qpn = HashMap::new();
-        let mut peers = Vec::with_capacity(s.world);
-        for (p, qps) in s.qps.iter().enumerate() {
-            let mut v = Vec::new();
-            for (i, &raw) in qps.iter().enumerate() {
-                let (qpn, _) = s.info.qp[p * q + i];
-                by_qpn.insert(qpn, (p, i));
-                v.push(Qp {
-                    raw,
-                    outstanding: 0,
-                });
-            }
-            peers.push(Peer {
-                qps: v,
-                next: 0,
-                broken: None,
-                byes: 0,
-                pending: VecDeque::new(),
-            });
-        }
-        // Move the resources out of the setup; what is left drops as nothing.
-        let dev = Device {
-            raw: std::mem::replace(&mut s.dev.raw, std::ptr::null_mut()),
+        let local = ConnInfoRepr {
+            world: world as u32,
+            qps: q as u32,
+            gid,
+            lid: port.lid,
+            mtu: port.active_mtu,
+            global: ethernet,
+            qp: Vec::new(),
         };
-        let recv_buf = std::mem::replace(
-            &mut s.recv_buf,
-            Buffer {
-                ptr: std::ptr::null_mut(),
-                len: 0,
-            },
-        );
-        let recv_mr = std::mem::replace(&mut s.recv_mr, std::ptr::null_mut());
-        s.qps.clear();
-        let (opts, device) = (s.opts.clone(), s.device.clone());
-        let device = format!("{device}:{}", s.port.port);
-        Ok(RdmaEndpoint {
+        let ep = RdmaEndpoint {
             rank,
-            world: s.world,
-            device,
-            opts,
-            peers,
-            by_qpn,
+            world,
+            device: format!("{}:{}", chosen.device, port.port),
+            opts: opts.clone(),
+            peers: (0..world).map(|_| Peer::default()).collect(),
+            by_qpn: HashMap::new(),
             regions: RegionTable::new(rank),
             pinned: Vec::new(),
             pinned_bytes: 0,
@@ -541,27 +250,94 @@ impl RdmaSetup {
             next_wr: 1,
             ready: VecDeque::new(),
             stash: Vec::new(),
-            recv_buf,
-            recv_mr,
-            recv_lkey: s.recv_lkey,
             armed: false,
             errors: VecDeque::new(),
+            port_num: port.port,
+            gid_index,
+            local: local.clone(),
+            seed: random_u64(),
+            first_use: None,
             dev,
+        };
+        Ok(RdmaSetup {
+            ep,
+            info: ConnInfoRepr {
+                qp: vec![(0, 0); world * q],
+                ..local
+            },
         })
     }
-}
 
-impl Drop for RdmaSetup {
-    fn drop(&mut self) {
-        for qps in &self.qps {
-            for &qp in qps {
-                // SAFETY: created by `gs_qp_create`, destroyed once.
-                unsafe { ffi::gs_qp_destroy(qp) };
+    /// This rank's connection descriptor, to publish through the rendezvous store.
+    pub fn info(&self) -> Vec<u8> {
+        self.info.to_bytes()
+    }
+
+    /// Device name and port in use.
+    pub fn device(&self) -> String {
+        self.ep.device.clone()
+    }
+
+    /// The column of descriptor `info` (as [`info`](Self::info) makes it) for rank `dst`:
+    /// what `dst` needs of it to connect (see [`ConnInfoRepr::column`]). `None` when `info`
+    /// is not a descriptor or has no entries for `dst`.
+    pub fn column(info: &[u8], dst: usize) -> Option<Vec<u8>> {
+        ConnInfoRepr::from_bytes(info)?.column(dst)
+    }
+
+    /// Moves every queue pair to RTS against the peers' descriptors, whole or the columns of
+    /// them for this rank (`infos[rank]` is ignored).
+    pub fn connect(self, infos: &[Vec<u8>]) -> Result<RdmaEndpoint> {
+        let RdmaSetup { mut ep, .. } = self;
+        let (rank, world) = (ep.rank, ep.world);
+        let q = ep.qps_per_peer();
+        if infos.len() != world {
+            return Err(setup_err(
+                rank,
+                usize::MAX,
+                "connect",
+                format!("{} descriptors for a world of {world}", infos.len()),
+            ));
+        }
+        let mut columns = Vec::with_capacity(world);
+        for (p, b) in infos.iter().enumerate() {
+            if p == rank {
+                columns.push(None);
+                continue;
+            }
+            let mut i = ConnInfoRepr::from_bytes(b)
+                .or_else(|| ConnInfoRepr::from_column(b))
+                .ok_or_else(|| {
+                    setup_err(
+                        rank,
+                        p,
+                        "connect",
+                        format!("malformed connection descriptor ({} bytes)", b.len()),
+                    )
+                })?;
+            ep.check_remote(p, &i)?;
+            // A whole descriptor holds the entries to every rank; a column only those to
+            // this one.
+            if i.qp.len() != q {
+                i.qp = i.qp[rank * q..(rank + 1) * q].to_vec();
+            }
+            columns.push(Some(i));
+        }
+        for (p, c) in columns.iter().enumerate() {
+            if let Some(c) = c {
+                ep.join_peer(p, c)?;
+                ep.peers[p].joined = true;
             }
         }
-        if !self.recv_mr.is_null() {
-            // SAFETY: registered in `new`, deregistered once.
-            unsafe { ffi::gs_dereg(self.recv_mr) };
-        }
+        Ok(ep)
+    }
+
+    /// The endpoint, connecting each pair on first use: the higher rank of a pair dials the
+    /// lower one's listener at `first.addrs`, and the two exchange their queue pair numbers
+    /// over that connection (see [`FirstUse`]).
+    pub fn first_use(self, first: FirstUse) -> Result<RdmaEndpoint> {
+        let mut ep = self.ep;
+        ep.first_use = Some(Lazy::new(ep.rank, ep.world, first)?);
+        Ok(ep)
     }
 }

@@ -6,6 +6,7 @@ use super::device::Buffer;
 use super::device::{GidEntry, active_port_present, parse_hca, pick_gid};
 use super::endpoint::RdmaEndpoint;
 use super::ffi;
+use super::lazy::FirstUse;
 use super::options::RdmaOptions;
 use super::setup::{RECV_DEPTH, RdmaSetup};
 use super::staging::Staging;
@@ -530,4 +531,188 @@ fn a_bad_descriptor_names_the_transition_and_attribute() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("malformed") && e.contains("rank 1"), "{e}");
+}
+
+/// `world` endpoints in this process whose pairs connect on first use, listening on loopback.
+fn lazy_group(
+    world: usize,
+    o: &RdmaOptions,
+    token: impl Fn(usize) -> Option<Vec<u8>>,
+) -> Vec<RdmaEndpoint> {
+    let listeners: Vec<std::net::TcpListener> = (0..world)
+        .map(|_| crate::tcp::listen([127, 0, 0, 1].into()).expect("listen"))
+        .collect();
+    let addrs: Vec<std::net::SocketAddr> = listeners
+        .iter()
+        .map(|l| l.local_addr().expect("address"))
+        .collect();
+    listeners
+        .into_iter()
+        .enumerate()
+        .map(|(r, listener)| {
+            RdmaSetup::open(r, world, o)
+                .expect("open")
+                .first_use(FirstUse {
+                    addrs: addrs.clone(),
+                    listener,
+                    comm_id: 0x5eed,
+                    token: token(r),
+                    timeout: Duration::from_secs(10),
+                })
+                .expect("first use")
+        })
+        .collect()
+}
+
+/// Every endpoint connects to its `peers[r]` at once, each on its own thread (a dial waits for
+/// the lower rank to accept); the endpoints come back with what each connect returned.
+fn connect_all(
+    eps: Vec<RdmaEndpoint>,
+    peers: &[Vec<usize>],
+) -> (Vec<RdmaEndpoint>, Vec<Result<()>>) {
+    let handles: Vec<_> = eps
+        .into_iter()
+        .zip(peers.iter().cloned())
+        .map(|(mut ep, ps)| {
+            std::thread::spawn(move || {
+                let r = ep.connect(&ps, Duration::from_secs(10));
+                (ep, r)
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("thread"))
+        .unzip()
+}
+
+fn connected(ep: &RdmaEndpoint) -> Vec<usize> {
+    (0..ep.world)
+        .filter(|&p| p != ep.rank && ep.caps(p).connected)
+        .collect()
+}
+
+#[test]
+fn queue_pairs_are_made_on_first_use() {
+    if device_or_skip("queue_pairs_are_made_on_first_use").is_none() {
+        return;
+    }
+    let o = RdmaOptions {
+        qps_per_peer: 2,
+        ..opts()
+    };
+    let eps = lazy_group(3, &o, |_| Some(b"job token".to_vec()));
+    for ep in &eps {
+        assert!(
+            connected(ep).is_empty(),
+            "rank {} connected at setup",
+            ep.rank
+        );
+        assert!(
+            ep.peers
+                .iter()
+                .all(|p| p.qps.is_empty() && p.recv.is_none())
+        );
+    }
+    // Only ranks 0 and 2 talk: rank 1 makes no queue pair and registers no receive buffer.
+    let (mut eps, res) = connect_all(eps, &[vec![2], vec![], vec![0]]);
+    assert!(res.iter().all(Result::is_ok), "{res:?}");
+    assert_eq!(connected(&eps[0]), [2]);
+    assert_eq!(connected(&eps[2]), [0]);
+    assert!(connected(&eps[1]).is_empty());
+    assert!(
+        eps[1]
+            .peers
+            .iter()
+            .all(|p| p.qps.is_empty() && p.recv.is_none())
+    );
+    assert_eq!(eps[0].peers[2].qps.len(), 2);
+    let e = eps[0].post_send(1, b"early", 1).unwrap_err().to_string();
+    assert!(e.contains("rank 1 is not connected"), "{e}");
+    // Traffic both ways on the pair, sends past the posted receives and a write with an
+    // immediate value.
+    let n = RECV_DEPTH + 3;
+    for i in 0..n {
+        eps[2].post_send(0, &[i as u8; 100], i as u64).unwrap();
+        eps[0].post_send(2, &[i as u8; 50], i as u64).unwrap();
+    }
+    let got = poll_all(&mut eps, |g| {
+        let recvs = |r: usize| {
+            g[r].iter()
+                .filter(|c| matches!(c, Completion::Recv { .. }))
+                .count()
+        };
+        recvs(0) >= n && recvs(2) >= n
+    });
+    let from = |r: usize, peer: usize, len: usize| {
+        let v: Vec<&Completion> = got[r]
+            .iter()
+            .filter(|c| matches!(c, Completion::Recv { .. }))
+            .collect();
+        v.iter().enumerate().all(|(i, c)| {
+            **c == Completion::Recv {
+                peer,
+                data: vec![i as u8; len],
+            }
+        })
+    };
+    assert!(from(0, 2, 100) && from(2, 0, 50));
+    let mut dst = vec![0u8; 4096];
+    // SAFETY: `dst` outlives the endpoints' use of it and is read only after completions.
+    let dmr = unsafe { eps[0].register(dst.as_mut_ptr(), dst.len(), RW.union(Access::PERSISTENT)) }
+        .unwrap();
+    let src = vec![0x5au8; 4096];
+    // SAFETY: `src` lives until the end of the test.
+    let smr =
+        unsafe { eps[2].register(src.as_ptr() as *mut u8, src.len(), Access::LOCAL_READ) }.unwrap();
+    let s = [Sge {
+        addr: src.as_ptr() as usize,
+        len: src.len(),
+        lkey: smr.lkey,
+    }];
+    // SAFETY: the span stays valid until WriteDone.
+    unsafe { eps[2].post_write(0, &s, dmr.remote(), 0, Some(0x77), 9) }.unwrap();
+    let imm = Completion::WriteImm {
+        peer: 2,
+        imm: 0x77,
+        len: 4096,
+    };
+    poll_all(&mut eps, |g| g[0].contains(&imm));
+    assert!(dst.iter().all(|&b| b == 0x5a));
+    eps[0].deregister(&dmr);
+    eps[2].deregister(&smr);
+    // Rank 1 joins later, with both.
+    let (mut eps, res) = connect_all(eps, &[vec![1], vec![0, 2], vec![1]]);
+    assert!(res.iter().all(Result::is_ok), "{res:?}");
+    assert_eq!(connected(&eps[1]), [0, 2]);
+    eps[1].post_send(0, b"late", 5).unwrap();
+    eps[2].post_send(1, b"hello", 6).unwrap();
+    poll_all(&mut eps, |g| {
+        g[0].contains(&Completion::Recv {
+            peer: 1,
+            data: b"late".to_vec(),
+        }) && g[1].contains(&Completion::Recv {
+            peer: 2,
+            data: b"hello".to_vec(),
+        })
+    });
+    for e in &mut eps {
+        e.close(Duration::from_secs(5));
+    }
+}
+
+#[test]
+fn a_first_use_dial_with_the_wrong_token_fails_naming_the_peer() {
+    if device_or_skip("a_first_use_dial_with_the_wrong_token_fails_naming_the_peer").is_none() {
+        return;
+    }
+    let eps = lazy_group(2, &opts(), |r| Some(format!("token {r}").into_bytes()));
+    let (eps, res) = connect_all(eps, &[vec![1], vec![0]]);
+    let e = res[1].as_ref().unwrap_err().to_string();
+    assert!(e.contains("rank 0") && e.contains("authentication"), "{e}");
+    // The accepting rank dropped the connection and made nothing; it still waits for rank 1.
+    let e = res[0].as_ref().unwrap_err().to_string();
+    assert!(e.contains("[1]"), "{e}");
+    assert!(eps.iter().all(|ep| connected(ep).is_empty()));
+    assert!(eps[0].peers[1].qps.is_empty() && eps[0].peers[1].recv.is_none());
 }

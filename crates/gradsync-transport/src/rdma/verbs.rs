@@ -4,6 +4,7 @@
 use super::device::memlock_msg;
 use super::endpoint::{Pending, Pinned, RdmaEndpoint};
 use super::ffi;
+use super::lazy::Lazy;
 use super::setup::{CTRL_BYE, setup_err};
 use crate::caps::{Board, PeerCaps, Route, SharedMemory};
 use crate::error::{Result, TransportError};
@@ -33,6 +34,7 @@ impl Endpoint for RdmaEndpoint {
         }
         PeerCaps {
             direct_writes: false,
+            connected: self.peers.get(peer).is_some_and(|p| p.joined),
             ..PeerCaps::plain(Route::Rdma)
         }
     }
@@ -208,18 +210,24 @@ impl Endpoint for RdmaEndpoint {
         self.send_or_queue(peer, data, wr_id, None)
     }
 
-    fn connect(&mut self, _peers: &[usize], _timeout: Duration) -> Result<()> {
-        // Every peer is connected at setup.
-        Ok(())
+    fn connect(&mut self, peers: &[usize], timeout: Duration) -> Result<()> {
+        // Without connections on first use, every peer is connected at setup.
+        if self.first_use.is_none() {
+            return Ok(());
+        }
+        self.connect_peers(peers, timeout)
     }
 
     fn peer_alive(&self, peer: usize) -> bool {
         self.peers
             .get(peer)
-            .is_some_and(|p| p.broken.is_none() && (p.qps.is_empty() || p.byes < p.qps.len()))
+            .is_some_and(|p| p.broken.is_none() && (!p.joined || p.byes < p.qps.len()))
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>) -> Result<()> {
+        if self.first_use.as_mut().is_some_and(Lazy::accept_due) {
+            self.accept_pending()?;
+        }
         let before = out.len();
         self.drain_cq(out);
         self.flush_pending();
@@ -254,15 +262,27 @@ impl Endpoint for RdmaEndpoint {
         // Pending posts wait for send completions, which raise events too.
         // Round up: a sub-millisecond wait must not become a busy poll(2) of 0 ms.
         let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as c_int;
-        let mut pfd = libc::pollfd {
-            // SAFETY: the device is open.
-            fd: unsafe { ffi::gs_channel_fd(self.dev.raw) },
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if r > 0 {
+        let mut pfds = [
+            libc::pollfd {
+                // SAFETY: the device is open.
+                fd: unsafe { ffi::gs_channel_fd(self.dev.raw) },
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            // A peer's dial wakes a rank that waits for its first connection.
+            libc::pollfd {
+                fd: self
+                    .first_use
+                    .as_ref()
+                    .and_then(Lazy::listener_fd)
+                    .unwrap_or(-1),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: two valid pollfds (a negative descriptor is ignored).
+        let r = unsafe { libc::poll(pfds.as_mut_ptr(), 2, ms) };
+        if r > 0 && pfds[0].revents != 0 {
             // SAFETY: the device is open; the channel is non-blocking.
             while unsafe { ffi::gs_take_event(self.dev.raw) } == 1 {}
             self.armed = false;
@@ -282,7 +302,7 @@ impl Endpoint for RdmaEndpoint {
             let _ = self.wait(Duration::from_millis(5));
         }
         for peer in 0..self.peers.len() {
-            if self.peers[peer].broken.is_some() {
+            if self.peers[peer].broken.is_some() || !self.peers[peer].joined {
                 continue;
             }
             for _ in 0..self.peers[peer].qps.len() {
@@ -299,7 +319,7 @@ impl Endpoint for RdmaEndpoint {
                 && self
                     .peers
                     .iter()
-                    .all(|p| p.broken.is_some() || p.qps.is_empty() || p.byes >= p.qps.len());
+                    .all(|p| p.broken.is_some() || !p.joined || p.byes >= p.qps.len());
             if done {
                 break;
             }

@@ -235,11 +235,18 @@ impl ConnInfoRepr {
             qp: entries.to_vec(),
             ..self.clone()
         };
-        let mut b = vec![0u8; part.buffer_len()];
+        Some(part.to_column())
+    }
+
+    /// This descriptor as a column (magic [`COLUMN_MAGIC`]), its `qp` entries as they are:
+    /// what a pair that connects on first use sends, `qp` holding the `qps` entries to the
+    /// other rank of the pair.
+    pub fn to_column(&self) -> Vec<u8> {
+        let mut b = vec![0u8; self.buffer_len()];
         let mut v = ConnInfo::new_unchecked(&mut b[..]);
-        part.emit(&mut v);
+        self.emit(&mut v);
         v.set_magic(COLUMN_MAGIC);
-        Some(b)
+        b
     }
 
     /// Parses a [`column`](Self::column): `qp` then holds the `qps` entries to the rank it was

@@ -65,7 +65,7 @@ mod endpoint;
 mod first_use;
 mod lazy;
 mod options;
-mod setup;
+pub(crate) mod setup;
 mod stream;
 #[cfg(test)]
 mod tests;

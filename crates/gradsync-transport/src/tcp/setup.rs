@@ -120,7 +120,7 @@ impl TcpEndpoint {
 
 /// Dials stream `s` of the pair with `peer` at `addr` (this rank dials: it is the higher one):
 /// connect, retrying until `deadline`, then the hello and, with a token, the handshake.
-pub(super) fn dial_stream(
+pub(crate) fn dial_stream(
     rank: usize,
     peer: usize,
     addr: SocketAddr,
@@ -189,7 +189,7 @@ pub(super) fn dial_stream(
 /// the stream it claims is one this rank waits for. `Ok(None)`: the connection was dropped
 /// with a warning (bad hello, unwanted stream, failed handshake); setup goes on.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn accept_stream(
+pub(crate) fn accept_stream(
     rank: usize,
     world: usize,
     sock: TcpStream,
