@@ -21,6 +21,9 @@ use std::fmt::Debug;
 use std::sync::mpsc;
 use std::time::Duration;
 
+#[cfg(feature = "rdma")]
+mod common;
+
 trait TestElem: gradsync::Element + PartialEq + Debug + Default {
     fn from_i64(v: i64) -> Self;
     fn avg(sum: i64, world: usize) -> Self;
@@ -869,6 +872,85 @@ suite! {
     rdma_direct_w3: rdma_direct(3, true);
     rdma_hosts_2x2: rdma_hosts(4, 2, false, None);
     rdma_hosts_2x2_hier: rdma_hosts(4, 2, true, Some(Algorithm::Hierarchical));
+}
+
+/// Over RDMA a pair's queue pairs are made on first use: after a ring all-reduce on 8 ranks a
+/// rank has them to its ring neighbours and to the peers init's own operations talked to (all
+/// at power-of-two distances), not to the ranks 3 and 5 away; an all-to-all then connects
+/// every pair. With `runtime_connect` off every pair is connected at init.
+#[cfg(feature = "rdma")]
+#[test]
+fn rdma_queue_pairs_follow_the_peers_an_operation_talks_to() {
+    if !gradsync_transport::rdma::active_port_present() {
+        eprintln!(
+            "skipped: no active RDMA port on this machine (scripts/rdma-vm.sh runs the rdma suites under Soft-RoCE)"
+        );
+        return;
+    }
+    use std::sync::{Arc, Barrier};
+    let world = 8;
+    let phase = Arc::new(Barrier::new(world));
+    let res = common::run_ranks(
+        world,
+        |c| {
+            c.transport = TransportMode::Rdma;
+            c.algorithm = Some(Algorithm::Ring);
+            c.eager_max = 0;
+        },
+        move |mut c| {
+            let rank = c.rank();
+            let mut a: Vec<f32> = (0..1000).map(|i| (rank * 1000 + i) as f32).collect();
+            c.all_reduce(&mut a, ReduceOp::Sum).unwrap();
+            for (i, x) in a.iter().enumerate() {
+                let want: usize = (0..world).map(|r| r * 1000 + i).sum();
+                assert_eq!(*x, want as f32, "rank {rank} element {i}");
+            }
+            // Ranks that run ahead would already dial for the all-to-all.
+            phase.wait();
+            let after_ring = c.connected_peers();
+            phase.wait();
+            let input: Vec<i64> = (0..world).map(|p| (rank * 100 + p) as i64).collect();
+            let mut output = vec![0i64; world];
+            c.all_to_all(&input, &mut output).unwrap();
+            for (p, x) in output.iter().enumerate() {
+                assert_eq!(*x, (p * 100 + rank) as i64, "rank {rank} block {p}");
+            }
+            (rank, after_ring, c.connected_peers())
+        },
+    );
+    for (rank, ring, all) in res {
+        for d in [1, 7] {
+            assert!(
+                ring.contains(&((rank + d) % world)),
+                "rank {rank}: {ring:?}"
+            );
+        }
+        for d in [3, 5] {
+            assert!(
+                !ring.contains(&((rank + d) % world)),
+                "rank {rank}: {ring:?}"
+            );
+        }
+        assert_eq!(
+            all.len(),
+            world - 1,
+            "rank {rank} after all-to-all: {all:?}"
+        );
+    }
+    let eager = common::run_ranks(
+        3,
+        |c| {
+            c.transport = TransportMode::Rdma;
+            c.runtime_connect = false;
+        },
+        |mut c| {
+            let at_init = c.connected_peers().len();
+            let mut a = vec![c.rank() as i32 + 1; 5000];
+            c.all_reduce(&mut a, ReduceOp::Sum).unwrap();
+            (at_init, a.iter().all(|&x| x == 6))
+        },
+    );
+    assert_eq!(eager, vec![(2, true); 3]);
 }
 
 /// Board postings alternate between two slots, so a rank may reuse one only after every peer

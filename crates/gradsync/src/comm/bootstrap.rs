@@ -396,24 +396,31 @@ impl Communicator {
                 topology::host_label(&host_ids[p])
             )));
         }
-        let net: Box<dyn Endpoint> = match Self::setup_rdma(ex, rank, world, &local, &config)? {
-            Some(ep) => ep,
-            None => {
-                let topts = TcpOptions {
-                    nsocks: config.nsocks,
-                    sock_buf: config.socket_bufsize,
-                    timeout: step_budget(ex, config.timeout.saturating_sub(t0.elapsed())),
-                    token: token.map(<[u8]>::to_vec),
-                    window: Some(tcp_window(&config)),
-                };
-                let ep = if config.runtime_connect {
-                    TcpEndpoint::lazy(rank, &addrs, listener, comm_id, &topts)
-                } else {
-                    TcpEndpoint::establish(rank, &addrs, listener, comm_id, &topts)
-                };
-                Box::new(ep.map_err(|e| Error::transport(rank, "connect", e))?)
-            }
+        let first_use = RdmaFirstUse {
+            addrs: &addrs,
+            listener: &listener,
+            comm_id,
+            token,
         };
+        let net: Box<dyn Endpoint> =
+            match Self::setup_rdma(ex, rank, world, &local, &config, first_use)? {
+                Some(ep) => ep,
+                None => {
+                    let topts = TcpOptions {
+                        nsocks: config.nsocks,
+                        sock_buf: config.socket_bufsize,
+                        timeout: step_budget(ex, config.timeout.saturating_sub(t0.elapsed())),
+                        token: token.map(<[u8]>::to_vec),
+                        window: Some(tcp_window(&config)),
+                    };
+                    let ep = if config.runtime_connect {
+                        TcpEndpoint::lazy(rank, &addrs, listener, comm_id, &topts)
+                    } else {
+                        TcpEndpoint::establish(rank, &addrs, listener, comm_id, &topts)
+                    };
+                    Box::new(ep.map_err(|e| Error::transport(rank, "connect", e))?)
+                }
+            };
         // The network backend's route (tcp or rdma), for the INFO line.
         let net_route = (0..world)
             .find(|&p| p != rank)
@@ -511,15 +518,21 @@ impl Communicator {
     /// The RDMA network backend, when `GRADSYNC_TRANSPORT=rdma` asks for it (an error if it
     /// cannot be had) or the automatic choice can use it: the `rdma` feature is built in, some
     /// peer is on another host, `GRADSYNC_IB_DISABLE` is not set and every rank opened an
-    /// active port. Every rank publishes its queue pair descriptor (empty when it has none), so
-    /// all ranks make the same choice; then every queue pair goes to RTS and the ranks agree
-    /// that they are ready before any traffic.
+    /// active port.
+    ///
+    /// With connections on first use (the default), every rank only says whether it opened a
+    /// port, so all ranks make the same choice, and each pair makes its queue pairs when it is
+    /// first used, exchanging their numbers over a connection to the lower rank's listener
+    /// (`first_use`). Otherwise every rank publishes its queue pair descriptor (empty when it
+    /// has none), every queue pair goes to RTS, and the ranks agree that they are ready before
+    /// any traffic.
     fn setup_rdma(
         ex: &mut dyn Exchange,
         rank: usize,
         world: usize,
         local: &[usize],
         config: &Config,
+        first_use: RdmaFirstUse<'_>,
     ) -> Result<Option<Box<dyn Endpoint>>> {
         let forced = config.transport == TransportMode::Rdma;
         let wanted = forced
@@ -532,7 +545,7 @@ impl Communicator {
         }
         #[cfg(not(feature = "rdma"))]
         {
-            let _ = (ex, rank);
+            let _ = (ex, rank, first_use);
             Err(Error::Config(
                 "GRADSYNC_TRANSPORT=rdma: this gradsync was built without the rdma feature (cargo build --features rdma)".into(),
             ))
@@ -552,6 +565,66 @@ impl Communicator {
                     .max(4 * (config.chunk_bytes + 4096)),
                 ..RdmaOptions::default()
             };
+            // The first rank answers for all: empty when every rank's value is "1", else the
+            // first rank whose value is not.
+            let first_failed = |vals: &[Vec<u8>]| {
+                vals.iter()
+                    .position(|v| v.as_slice() != b"1")
+                    .map_or(Vec::new(), |p| (p as u64).to_le_bytes().to_vec())
+            };
+            let failed_rank = |failed: &[u8]| {
+                failed
+                    .get(..8)
+                    .and_then(|b| b.try_into().ok())
+                    .map_or(u64::MAX, u64::from_le_bytes)
+            };
+            if config.runtime_connect {
+                let made = RdmaSetup::open(rank, world, &opts);
+                if let Err(e) = &made
+                    && !forced
+                {
+                    tracing::warn!(target: "gradsync::init", "rank {rank}: RDMA setup failed, falling back to tcp (GRADSYNC_TRANSPORT=rdma makes this an error, GRADSYNC_IB_DISABLE=1 silences it): {e}");
+                }
+                let ok: &[u8] = if made.is_ok() { b"1" } else { b"0" };
+                let failed = ex.table("rdma/open", ok, &everyone, &first_failed)?;
+                let setup = match made {
+                    Ok(s) => s,
+                    Err(e) if forced => {
+                        return Err(Error::transport(rank, "GRADSYNC_TRANSPORT=rdma", e));
+                    }
+                    Err(_) => return Ok(None),
+                };
+                if !failed.is_empty() {
+                    let p = failed_rank(&failed);
+                    if forced {
+                        return Err(Error::Config(format!(
+                            "GRADSYNC_TRANSPORT=rdma: rank {p} has no usable RDMA port (see its log)"
+                        )));
+                    }
+                    tracing::warn!(target: "gradsync::init", "rank {rank}: rank {p} has no usable RDMA port (see its log), falling back to tcp");
+                    return Ok(None);
+                }
+                let device = setup.device();
+                let listener = first_use
+                    .listener
+                    .try_clone()
+                    .map_err(|e| Error::Config(format!("listener: {e}")))?;
+                let ep = setup
+                    .first_use(gradsync_transport::rdma::FirstUse {
+                        addrs: first_use.addrs.to_vec(),
+                        listener,
+                        comm_id: first_use.comm_id,
+                        token: first_use.token.map(<[u8]>::to_vec),
+                        timeout: config.timeout,
+                    })
+                    .map_err(|e| Error::transport(rank, "rdma connect", e))?;
+                tracing::info!(
+                    target: "gradsync::init",
+                    "rank {rank}: rdma device {device}, {} queue pairs per peer, made on first use",
+                    config.ib.qps_per_conn
+                );
+                return Ok(Some(Box::new(ep)));
+            }
             let made = RdmaSetup::new(rank, world, &opts);
             let mine = match &made {
                 Ok(s) => s.info(),
@@ -608,18 +681,10 @@ impl Communicator {
             // The first rank answers for all: empty when every rank is ready, else the first
             // rank that is not.
             let ok: &[u8] = if connected.is_ok() { b"1" } else { b"0" };
-            let first_failed = |vals: &[Vec<u8>]| {
-                vals.iter()
-                    .position(|v| v.as_slice() != b"1")
-                    .map_or(Vec::new(), |p| (p as u64).to_le_bytes().to_vec())
-            };
             let failed = ex.table("rdma/ready", ok, &everyone, &first_failed)?;
             let ep = connected.map_err(|e| Error::transport(rank, "rdma connect", e))?;
             if !failed.is_empty() {
-                let p = failed
-                    .get(..8)
-                    .and_then(|b| b.try_into().ok())
-                    .map_or(u64::MAX, u64::from_le_bytes);
+                let p = failed_rank(&failed);
                 return Err(Error::Config(format!(
                     "rank {p} could not connect its RDMA queue pairs (see its log); rank {rank} stops too"
                 )));
@@ -965,6 +1030,16 @@ pub(super) fn engine_options(c: &Config) -> EngineOptions {
 }
 
 /// Slots in flight per TCP pair: `GRADSYNC_TCP_NSLOTS`, at most the inbox's slots.
+/// What the RDMA backend needs to connect its pairs on first use: every rank's listening
+/// address, this rank's listener, the communicator and the job token.
+#[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+struct RdmaFirstUse<'a> {
+    addrs: &'a [std::net::SocketAddr],
+    listener: &'a std::net::TcpListener,
+    comm_id: u64,
+    token: Option<&'a [u8]>,
+}
+
 fn tcp_window(c: &Config) -> usize {
     c.tcp_nslots.min(c.nslots)
 }
