@@ -57,14 +57,15 @@
 //!
 //! [`wire`] holds the connection descriptor; `device` ports, devices and buffers; `options`
 //! [`RdmaOptions`]; `setup` [`RdmaSetup`]; `pair` the queue pairs of one pair of ranks; `lazy`
-//! connections on first use; `endpoint` the state of an [`RdmaEndpoint`]; `staging` the
-//! staging ring; `post` the posting path; `completion` the completion queue; `verbs` the
-//! [`Endpoint`](crate::Endpoint) calls.
+//! (the state) and `first_use` (the connect, dial and accept) connections on first use;
+//! `endpoint` the state of an [`RdmaEndpoint`]; `staging` the staging ring; `post` the posting
+//! path; `completion` the completion queue; `verbs` the [`Endpoint`](crate::Endpoint) calls.
 
 mod completion;
 mod device;
 mod endpoint;
 mod ffi;
+mod first_use;
 mod lazy;
 mod options;
 mod pair;
