@@ -123,6 +123,10 @@ pub struct RdmaEndpoint {
     pub(super) local: ConnInfoRepr,
     /// Seed of the initial packet sequence numbers.
     pub(super) seed: u64,
+    /// Entries the completion queue holds now, and the most the device allows: it grows as
+    /// pairs make their queue pairs.
+    pub(super) cq_size: usize,
+    pub(super) max_cqe: usize,
     /// Connections on first use: the listener and the peers' addresses.
     pub(super) first_use: Option<Lazy>,
     pub(super) dev: Device,

@@ -106,6 +106,8 @@ pub struct GsWc {
 unsafe extern "C" {
     pub fn gs_list_ports(out: *mut GsPort, max: c_int) -> c_int;
     pub fn gs_open(name: *const c_char, port: u32, cqe: c_int, err: *mut c_int) -> *mut GsDev;
+    pub fn gs_resize_cq(d: *mut GsDev, cqe: c_int) -> c_int;
+    pub fn gs_cq_size(d: *mut GsDev) -> c_int;
     pub fn gs_port_info(d: *mut GsDev, out: *mut GsPort) -> c_int;
     pub fn gs_gid(d: *mut GsDev, idx: u32, gid: *mut u8, typ: *mut u32) -> c_int;
     pub fn gs_list_gids(out: *mut GsGid, max: c_int) -> c_int;

@@ -7,7 +7,8 @@
 //! the staging ring. On RoCE the GID index is `GRADSYNC_IB_GID_INDEX`, or the first RoCE v2
 //! GID that maps an IPv4 address. A pair's [`RdmaOptions::qps_per_peer`] reliable-connected
 //! queue pairs, with their receive buffers (registered, posted), are then made in one of two
-//! ways:
+//! ways, and the completion queue grows to hold the completions of every pair's queue pairs
+//! (`pair`):
 //!
 //! - **On first use** ([`RdmaSetup::first_use`]): none at setup. When
 //!   [`Endpoint::connect`](crate::Endpoint::connect) first names a peer, the higher rank of the

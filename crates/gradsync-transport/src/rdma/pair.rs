@@ -5,7 +5,7 @@
 use super::device::{Buffer, errno_str, memlock_msg, mtu_bytes, post_recv};
 use super::endpoint::{Qp, RdmaEndpoint, RecvBuf};
 use super::ffi;
-use super::setup::{MAX_SGE, RECV_DEPTH, SEND_DEPTH, setup_err};
+use super::setup::{MAX_SGE, RECV_DEPTH, SEND_DEPTH, cq_entries, setup_err};
 use super::wire::ConnInfoRepr;
 use crate::error::Result;
 use crate::verbs::MAX_SEND;
@@ -20,6 +20,7 @@ impl RdmaEndpoint {
     /// posted) and returns their `(qpn, psn)`.
     pub(super) fn open_peer(&mut self, p: usize) -> Result<Vec<(u32, u32)>> {
         let (rank, q) = (self.rank, self.qps_per_peer());
+        self.grow_cq(p)?;
         let buf = Buffer::new(q * RECV_DEPTH * MAX_SEND)
             .map_err(|m| setup_err(rank, p, "register", m))?;
         let (mut lkey, mut rkey, mut e) = (0u32, 0u32, 0);
@@ -97,6 +98,49 @@ impl RdmaEndpoint {
             }
         }
         Ok(self.peers[p].local.clone())
+    }
+
+    /// Grows the completion queue, if it must, to hold the completions of the queue pairs of
+    /// every pair that has them and of `p`'s: to twice its size at least, within the device's
+    /// limit.
+    fn grow_cq(&mut self, p: usize) -> Result<()> {
+        let q = self.qps_per_peer();
+        let peers = 1 + self.peers.iter().filter(|x| !x.qps.is_empty()).count();
+        let need = cq_entries(peers, q);
+        if need <= self.cq_size {
+            return Ok(());
+        }
+        let want = need
+            .max(self.cq_size.saturating_mul(2))
+            .min(self.max_cqe.max(need));
+        if self.max_cqe > 0 && need > self.max_cqe {
+            return Err(setup_err(
+                self.rank,
+                p,
+                "completion queue",
+                format!(
+                    "the queue pairs to {peers} peers need {need} completion entries ({q} queue pairs a peer, {SEND_DEPTH} sends and {RECV_DEPTH} receives each); the device allows {} (fewer peers per rank, or GRADSYNC_IB_QPS_PER_CONN=1)",
+                    self.max_cqe
+                ),
+            ));
+        }
+        // SAFETY: the device is open; completions in the queue are kept.
+        let rc = unsafe { ffi::gs_resize_cq(self.dev.raw, want as i32) };
+        if rc != 0 {
+            return Err(setup_err(
+                self.rank,
+                p,
+                "completion queue",
+                format!(
+                    "ibv_resize_cq from {} to {want} entries: {}",
+                    self.cq_size,
+                    errno_str(rc)
+                ),
+            ));
+        }
+        // SAFETY: as above.
+        self.cq_size = unsafe { ffi::gs_cq_size(self.dev.raw) }.max(0) as usize;
+        Ok(())
     }
 
     /// Checks a peer's descriptor or column against this rank's: world, queue pairs per peer

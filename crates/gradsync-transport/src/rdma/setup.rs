@@ -28,6 +28,12 @@ pub(super) const MAX_SGE: u32 = 4;
 /// Immediate value of the internal message that says a peer closes.
 pub(super) const CTRL_BYE: u32 = 0x4259_4521;
 
+/// Completion queue entries for the queue pairs to `peers` peers, `qps` each: every send and
+/// receive they may have outstanding, and some room.
+pub(super) fn cq_entries(peers: usize, qps: usize) -> usize {
+    peers * qps * (SEND_DEPTH as usize + RECV_DEPTH) + 64
+}
+
 /// An rdma error of `rank` (with `peer`, or `usize::MAX`) about `what`.
 pub(super) fn setup_err(
     rank: usize,
@@ -65,7 +71,7 @@ impl RdmaSetup {
     /// Opens the device and creates the queue pairs of `rank` to every other rank of a world
     /// of `world`.
     pub fn new(rank: usize, world: usize, opts: &RdmaOptions) -> Result<RdmaSetup> {
-        let mut s = RdmaSetup::open(rank, world, opts)?;
+        let mut s = RdmaSetup::open_for(rank, world, opts, world.saturating_sub(1))?;
         let q = s.ep.qps_per_peer();
         for p in (0..world).filter(|&p| p != rank) {
             let entries = s.ep.open_peer(p)?;
@@ -75,8 +81,15 @@ impl RdmaSetup {
     }
 
     /// Opens the device (protection domain, completion queue, staging ring) and creates no
-    /// queue pair.
+    /// queue pair. The completion queue starts with room for one peer's queue pairs and grows
+    /// as pairs make theirs.
     pub fn open(rank: usize, world: usize, opts: &RdmaOptions) -> Result<RdmaSetup> {
+        RdmaSetup::open_for(rank, world, opts, world.saturating_sub(1).min(1))
+    }
+
+    /// [`open`](Self::open), with a completion queue sized for the queue pairs to `peers`
+    /// peers.
+    fn open_for(rank: usize, world: usize, opts: &RdmaOptions, peers: usize) -> Result<RdmaSetup> {
         let err = |what, msg| setup_err(rank, usize::MAX, what, msg);
         let ports = list_ports().map_err(|e| err("device", e))?;
         let (want_dev, want_port) = match &opts.hca {
@@ -128,8 +141,7 @@ impl RdmaSetup {
             ));
         }
         let qps_per_peer = opts.qps_per_peer.max(1);
-        let nqp = (world - 1) * qps_per_peer;
-        let cqe = (nqp * (SEND_DEPTH as usize + RECV_DEPTH) + 64) as c_int;
+        let cqe = cq_entries(peers, qps_per_peer) as c_int;
         let name =
             CString::new(chosen.device.clone()).map_err(|_| err("device", "bad name".into()))?;
         let mut e: c_int = 0;
@@ -256,6 +268,9 @@ impl RdmaSetup {
             gid_index,
             local: local.clone(),
             seed: random_u64(),
+            // SAFETY: the device is open.
+            cq_size: unsafe { ffi::gs_cq_size(dev.raw) }.max(0) as usize,
+            max_cqe: port.max_cqe as usize,
             first_use: None,
             dev,
         };

@@ -161,6 +161,19 @@ struct gs_dev *gs_open(const char *name, uint32_t port, int cqe, int *err)
 	return NULL;
 }
 
+/* Resizes the completion queue to at least `cqe` entries (completions in it are kept); returns 0
+ * or an errno. */
+int gs_resize_cq(struct gs_dev *d, int cqe)
+{
+	return ibv_resize_cq(d->cq, cqe);
+}
+
+/* Entries the completion queue holds. */
+int gs_cq_size(struct gs_dev *d)
+{
+	return d->cq->cqe;
+}
+
 int gs_port_info(struct gs_dev *d, struct gs_port *out)
 {
 	struct ibv_device_attr da;

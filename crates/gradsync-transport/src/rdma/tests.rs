@@ -8,7 +8,7 @@ use super::endpoint::RdmaEndpoint;
 use super::ffi;
 use super::lazy::FirstUse;
 use super::options::RdmaOptions;
-use super::setup::{RECV_DEPTH, RdmaSetup};
+use super::setup::{RECV_DEPTH, RdmaSetup, cq_entries};
 use super::staging::Staging;
 use super::wire::ConnInfoRepr;
 use crate::error::{Result, TransportError};
@@ -613,6 +613,8 @@ fn queue_pairs_are_made_on_first_use() {
                 .iter()
                 .all(|p| p.qps.is_empty() && p.recv.is_none())
         );
+        // Room for one peer's queue pairs; it grows as pairs connect.
+        assert!(ep.cq_size < cq_entries(2, 2), "{}", ep.cq_size);
     }
     // Only ranks 0 and 2 talk: rank 1 makes no queue pair and registers no receive buffer.
     let (mut eps, res) = connect_all(eps, &[vec![2], vec![], vec![0]]);
@@ -685,6 +687,7 @@ fn queue_pairs_are_made_on_first_use() {
     let (mut eps, res) = connect_all(eps, &[vec![1], vec![0, 2], vec![1]]);
     assert!(res.iter().all(Result::is_ok), "{res:?}");
     assert_eq!(connected(&eps[1]), [0, 2]);
+    assert!(eps[1].cq_size >= cq_entries(2, 2), "{}", eps[1].cq_size);
     eps[1].post_send(0, b"late", 5).unwrap();
     eps[2].post_send(1, b"hello", 6).unwrap();
     poll_all(&mut eps, |g| {
@@ -715,4 +718,24 @@ fn a_first_use_dial_with_the_wrong_token_fails_naming_the_peer() {
     assert!(e.contains("[1]"), "{e}");
     assert!(eps.iter().all(|ep| connected(ep).is_empty()));
     assert!(eps[0].peers[1].qps.is_empty() && eps[0].peers[1].recv.is_none());
+}
+
+#[test]
+fn a_completion_queue_past_the_device_limit_is_named() {
+    if device_or_skip("a_completion_queue_past_the_device_limit_is_named").is_none() {
+        return;
+    }
+    // Room for one peer's queue pairs at setup: rank 2's second pair must grow the queue.
+    let mut eps = lazy_group(3, &opts(), |_| None);
+    eps[2].max_cqe = 100;
+    let (eps, res) = connect_all(eps, &[vec![2], vec![2], vec![0, 1]]);
+    let e = res[2].as_ref().unwrap_err().to_string();
+    assert!(
+        e.contains("completion queue") && e.contains("the device allows 100"),
+        "{e}"
+    );
+    assert!(res[0].is_ok() && res[1].is_err(), "{res:?}");
+    assert_eq!(connected(&eps[2]), [0]);
+    assert!(connected(&eps[1]).is_empty());
+    assert!(eps[2].peers[1].qps.is_empty() && eps[2].peers[1].recv.is_none());
 }
