@@ -15,8 +15,9 @@
 //!    count of splits), so siblings and the parent never share one.
 //! 3. *Connections.* The members then run init's setup among themselves, each record going
 //!    over the parent instead of through a store: listening addresses, host identities and
-//!    CPUs (the host layout is computed anew for the members), RDMA queue pairs or TCP
-//!    connections, shared-memory segments between the members of a host, inbox descriptors.
+//!    CPUs (the host layout is computed anew for the members), RDMA readiness (and queue pairs
+//!    when pairs connect at init) or TCP connections, shared-memory segments between the
+//!    members of a host, inbox descriptors.
 //!    Children of an in-process communicator ([`Communicator::mem_group`]) get an in-memory
 //!    fabric instead, which their members find in a table of this process under the child's
 //!    id.
@@ -96,9 +97,9 @@ impl Communicator {
     ///    its record to the new rank 0 and gets the table of all records back); every member
     ///    checks that all lists equal its own and takes rank 0's id;
     /// 3. they connect as init does, each record going over this communicator instead of
-    ///    through a store: listening addresses, host identities and CPUs, RDMA queue pairs or
-    ///    TCP connections, shared-memory segments between the members of a host, inbox
-    ///    descriptors;
+    ///    through a store: listening addresses, host identities and CPUs, RDMA readiness (and
+    ///    queue pairs when pairs connect at init) or TCP connections, shared-memory segments
+    ///    between the members of a host, inbox descriptors;
     /// 4. a barrier on the new communicator.
     ///
     /// Each new communicator has its own id and sequence numbers, this one's
