@@ -29,6 +29,11 @@ impl Access {
     /// bypass the caches (shared memory does for large spans, see its module docs); the
     /// others ignore it.
     pub const STREAMED: Access = Access(8);
+    /// A hint about a region peers write into: it is `world` equal areas in rank order, and
+    /// only rank `p` writes area `p` (the engine's inbox). A backend that pins memory for an
+    /// adapter and connects pairs on first use (rdma) may then pin each area when its rank
+    /// connects rather than the whole region at once; the others ignore it.
+    pub const PEER_AREAS: Access = Access(16);
 
     /// Union of two sets of rights.
     pub const fn union(self, other: Access) -> Access {

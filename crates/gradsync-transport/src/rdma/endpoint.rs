@@ -28,6 +28,18 @@ pub(super) struct Pinned {
     pub(super) refs: usize,
 }
 
+/// A region peers write into that is registered area by area, each when its rank connects
+/// ([`Access::PEER_AREAS`]): `world` areas of `area` bytes, area `p` written by rank `p` only.
+/// `key` is the key handed out for it, which no adapter knows: local spans in it use their
+/// area's key, and peers' writes the key of their area that the pair's exchange carried.
+#[derive(Debug)]
+pub(super) struct AreaRegion {
+    pub(super) key: u32,
+    pub(super) addr: usize,
+    pub(super) len: usize,
+    pub(super) area: usize,
+}
+
 /// A queue pair to one peer, with its outstanding send work requests.
 pub(super) struct Qp {
     pub(super) raw: *mut ffi::IbvQp,
@@ -54,6 +66,12 @@ pub(super) struct Peer {
     pub(super) recv: Option<RecvBuf>,
     /// Whether the queue pairs are in RTS and both ranks know it: only then is traffic posted.
     pub(super) joined: bool,
+    /// This rank's area for the peer in a region registered by areas ([`AreaRegion`]),
+    /// registered when the peer's queue pairs are made.
+    pub(super) area: Option<Pinned>,
+    /// The peer's region registered by areas: the key its engine publishes, and the key of
+    /// the peer's area for this rank, which writes present instead.
+    pub(super) remote_area: Option<(u32, u32)>,
     pub(super) next: usize,
     /// Why the connection is unusable, once it is.
     pub(super) broken: Option<String>,
@@ -129,6 +147,8 @@ pub struct RdmaEndpoint {
     pub(super) max_cqe: usize,
     /// Connections on first use: the listener and the peers' addresses.
     pub(super) first_use: Option<Lazy>,
+    /// The region registered area by area, if one is.
+    pub(super) areas: Option<AreaRegion>,
     pub(super) dev: Device,
 }
 
@@ -190,15 +210,32 @@ impl RdmaEndpoint {
         Ok(())
     }
 
-    /// The registered span holding `s`, if its key is an adapter key.
+    /// The adapter key of the registered span holding `s`: its own key if that is an adapter
+    /// key, the key of its area in a region registered by areas; `None` when no registration
+    /// holds it (its data is then staged).
+    pub(super) fn local_key(&self, s: &Sge) -> Option<u32> {
+        let within = |addr: usize, len: usize| {
+            s.addr >= addr && s.addr.checked_add(s.len).is_some_and(|e| e <= addr + len)
+        };
+        if self
+            .pinned
+            .iter()
+            .any(|p| p.lkey == s.lkey && within(p.addr, p.len))
+        {
+            return Some(s.lkey);
+        }
+        let ar = self.areas.as_ref().filter(|ar| ar.key == s.lkey)?;
+        self.peers
+            .iter()
+            .flat_map(|p| p.area.as_ref())
+            .find(|a| within(a.addr, a.len))
+            .map(|a| a.lkey)
+            .filter(|_| within(ar.addr, ar.len))
+    }
+
+    /// Whether `s` lies in memory registered with the adapter.
     pub(super) fn pinned_for(&self, s: &Sge) -> bool {
-        self.pinned.iter().any(|p| {
-            p.lkey == s.lkey
-                && s.addr >= p.addr
-                && s.addr
-                    .checked_add(s.len)
-                    .is_some_and(|e| e <= p.addr + p.len)
-        })
+        self.local_key(s).is_some()
     }
 }
 

@@ -8,13 +8,15 @@
 //! lower one's listener, sends the hello (and, with a token, passes the handshake), then:
 //!
 //! 1. the dialer makes its queue pairs and sends its column (the descriptor's fixed part and
-//!    its entries for this pair, [`ConnInfoRepr::to_column`]);
+//!    its entries for this pair, [`ConnInfoRepr::to_column`]), then the keys of its region
+//!    registered by areas, if it has one (the region's key and that of the acceptor's area,
+//!    registered with the queue pairs; see [`Access::PEER_AREAS`](crate::Access::PEER_AREAS));
 //! 2. the acceptor makes its queue pairs, moves them to RTR and RTS against that column and
-//!    sends its own column;
+//!    sends its own column and keys;
 //! 3. the dialer moves its queue pairs to RTR and RTS and sends one byte: from then on both
 //!    sides' queue pairs take traffic, and the acceptor counts the pair as connected.
 //!
-//! Frames are a 4-byte little-endian length and the column. A dial blocks until the lower rank
+//! Frames are a 4-byte little-endian length and the column or the keys. A dial blocks until the lower rank
 //! accepts; the lower rank accepts whenever it polls or waits, and while its own `connect`
 //! waits for higher ranks, so chains of dials, which only go down in rank, end. The TCP
 //! connection is closed once the pair is connected.
@@ -55,6 +57,25 @@ fn read_frame(mut s: &TcpStream) -> io::Result<Vec<u8>> {
     let mut b = vec![0u8; len];
     s.read_exact(&mut b)?;
     Ok(b)
+}
+
+/// The frame of a region's key and the key of the area a peer writes (zeros: no region is
+/// registered by areas).
+fn keys_frame((key, area): (u32, u32)) -> [u8; 8] {
+    let mut b = [0u8; 8];
+    b[..4].copy_from_slice(&key.to_le_bytes());
+    b[4..].copy_from_slice(&area.to_le_bytes());
+    b
+}
+
+/// Parses [`keys_frame`]: `None` for zeros.
+fn parse_keys(b: &[u8]) -> std::result::Result<Option<(u32, u32)>, String> {
+    let b: [u8; 8] = b
+        .try_into()
+        .map_err(|_| format!("{} bytes, not 8", b.len()))?;
+    let key = u32::from_le_bytes(b[..4].try_into().expect("4 bytes"));
+    let area = u32::from_le_bytes(b[4..].try_into().expect("4 bytes"));
+    Ok((key != 0).then_some((key, area)))
 }
 
 /// Sets both timeouts of `s` to what is left until `deadline` (at least 1 ms).
@@ -185,8 +206,13 @@ impl RdmaEndpoint {
         self.open_peer(p)?;
         let done = (|| {
             write_frame(&sock, &self.column_for(p)).map_err(io_err("rdma connect: send column"))?;
+            write_frame(&sock, &keys_frame(self.area_keys(p)))
+                .map_err(io_err("rdma connect: send area keys"))?;
             let b = read_frame(&sock).map_err(io_err("rdma connect: receive column"))?;
+            let k = read_frame(&sock).map_err(io_err("rdma connect: receive area keys"))?;
             let theirs = self.their_column(p, &b)?;
+            self.peers[p].remote_area = parse_keys(&k)
+                .map_err(|why| setup_err(rank, p, "connect", format!("the area keys: {why}")))?;
             self.join_peer(p, &theirs)?;
             (&sock)
                 .write_all(&[1])
@@ -237,11 +263,16 @@ impl RdmaEndpoint {
             bound(&sock, step);
             let done = (|| -> std::result::Result<(), String> {
                 let b = read_frame(&sock).map_err(|e| format!("receiving its column: {e}"))?;
+                let k = read_frame(&sock).map_err(|e| format!("receiving its area keys: {e}"))?;
                 let theirs = self.their_column(p, &b).map_err(|e| e.to_string())?;
+                let remote_area = parse_keys(&k).map_err(|why| format!("its area keys: {why}"))?;
                 self.open_peer(p).map_err(|e| e.to_string())?;
+                self.peers[p].remote_area = remote_area;
                 self.join_peer(p, &theirs).map_err(|e| e.to_string())?;
                 write_frame(&sock, &self.column_for(p))
                     .map_err(|e| format!("sending this rank's column: {e}"))?;
+                write_frame(&sock, &keys_frame(self.area_keys(p)))
+                    .map_err(|e| format!("sending this rank's area keys: {e}"))?;
                 let mut ready = [0u8; 1];
                 (&sock)
                     .read_exact(&mut ready)

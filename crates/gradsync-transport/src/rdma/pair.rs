@@ -3,7 +3,7 @@
 //! once; connections on first use (`lazy`) for one peer when it is first needed.
 
 use super::device::{Buffer, errno_str, memlock_msg, mtu_bytes, post_recv};
-use super::endpoint::{Qp, RdmaEndpoint, RecvBuf};
+use super::endpoint::{Pinned, Qp, RdmaEndpoint, RecvBuf};
 use super::ffi;
 use super::setup::{MAX_SGE, RECV_DEPTH, SEND_DEPTH, cq_entries, setup_err};
 use super::wire::ConnInfoRepr;
@@ -40,6 +40,7 @@ impl RdmaEndpoint {
             return Err(setup_err(rank, p, "register", memlock_msg(buf.len, e)));
         }
         self.peers[p].recv = Some(RecvBuf { buf, mr, lkey });
+        self.open_area(p)?;
         for i in 0..q {
             let mut qpn = 0u32;
             // SAFETY: the device is open; the queue pair is destroyed in `drop_peer_qps`.
@@ -267,6 +268,60 @@ impl RdmaEndpoint {
         Ok(())
     }
 
+    /// Registers `p`'s area of the region registered by areas, if there is one.
+    fn open_area(&mut self, p: usize) -> Result<()> {
+        let Some(ar) = self.areas.as_ref() else {
+            return Ok(());
+        };
+        let (addr, len) = (ar.addr + p * ar.area, ar.area);
+        let (mut lkey, mut rkey, mut e) = (0u32, 0u32, 0);
+        // SAFETY: the area lies inside the region its registrant keeps valid until it
+        // deregisters it, which deregisters every area first.
+        let mr = unsafe {
+            ffi::gs_reg(
+                self.dev.raw,
+                addr as *mut std::ffi::c_void,
+                len,
+                3,
+                &mut lkey,
+                &mut rkey,
+                &mut e,
+            )
+        };
+        if mr.is_null() {
+            return Err(setup_err(self.rank, p, "register", memlock_msg(len, e)));
+        }
+        self.pinned_bytes += len;
+        self.peers[p].area = Some(Pinned {
+            mr,
+            addr,
+            len,
+            lkey,
+            rkey,
+            access: crate::verbs::Access::REMOTE_WRITE.union(crate::verbs::Access::LOCAL_READ),
+            refs: 1,
+        });
+        Ok(())
+    }
+
+    /// The keys a peer's writes into `p`'s area need: the region's key and the area's, or
+    /// zeros when no region is registered by areas.
+    pub(super) fn area_keys(&self, p: usize) -> (u32, u32) {
+        match (&self.areas, &self.peers[p].area) {
+            (Some(ar), Some(a)) => (ar.key, a.rkey),
+            _ => (0, 0),
+        }
+    }
+
+    /// Deregisters `p`'s area, if it is registered.
+    pub(super) fn drop_area(&mut self, p: usize) {
+        if let Some(a) = self.peers[p].area.take() {
+            self.pinned_bytes -= a.len;
+            // SAFETY: registered in `open_area`, deregistered once (taken).
+            unsafe { ffi::gs_dereg(a.mr) };
+        }
+    }
+
     /// Destroys the queue pairs to `p` and deregisters their receive buffers (the pair is then
     /// as if never made).
     pub(super) fn drop_peer_qps(&mut self, p: usize) {
@@ -285,5 +340,7 @@ impl RdmaEndpoint {
         }
         peer.joined = false;
         peer.next = 0;
+        peer.remote_area = None;
+        self.drop_area(p);
     }
 }

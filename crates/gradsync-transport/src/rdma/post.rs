@@ -76,6 +76,14 @@ impl RdmaEndpoint {
         let Some(qi) = self.pick_qp(peer) else {
             return Ok(false);
         };
+        // A peer whose region is registered by areas gave the key of its area for this rank.
+        let remote = match self.peers[peer].remote_area {
+            Some((key, area_key)) if key == remote.rkey => RemoteRegion {
+                rkey: area_key,
+                ..remote
+            },
+            _ => remote,
+        };
         let total: usize = sges.iter().map(|s| s.len).sum();
         let direct = sges.len() <= MAX_SGE as usize && sges.iter().all(|s| self.pinned_for(s));
         let mut addrs = [0u64; MAX_SGE as usize];
@@ -83,7 +91,8 @@ impl RdmaEndpoint {
         let mut keys = [0u32; MAX_SGE as usize];
         let (n, staged) = if direct {
             for (i, s) in sges.iter().enumerate() {
-                (addrs[i], lens[i], keys[i]) = (s.addr as u64, s.len as u32, s.lkey);
+                let key = self.local_key(s).unwrap_or(s.lkey);
+                (addrs[i], lens[i], keys[i]) = (s.addr as u64, s.len as u32, key);
             }
             (sges.len(), None)
         } else {

@@ -272,6 +272,7 @@ impl RdmaSetup {
             cq_size: unsafe { ffi::gs_cq_size(dev.raw) }.max(0) as usize,
             max_cqe: port.max_cqe as usize,
             first_use: None,
+            areas: None,
             dev,
         };
         Ok(RdmaSetup {

@@ -12,7 +12,7 @@ use super::setup::{RECV_DEPTH, RdmaSetup, cq_entries};
 use super::staging::Staging;
 use super::wire::ConnInfoRepr;
 use crate::error::{Result, TransportError};
-use crate::verbs::{Access, Completion, Endpoint, MAX_SEND, Sge};
+use crate::verbs::{Access, Completion, Endpoint, MAX_SEND, MemoryRegion, Sge};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -616,6 +616,26 @@ fn queue_pairs_are_made_on_first_use() {
         // Room for one peer's queue pairs; it grows as pairs connect.
         assert!(ep.cq_size < cq_entries(2, 2), "{}", ep.cq_size);
     }
+    // Inboxes written by areas: each rank pins a peer's area only once the pair connects.
+    let area = 64 << 10;
+    let mut inboxes: Vec<Vec<u8>> = (0..3).map(|_| vec![0u8; 3 * area]).collect();
+    let mut eps = eps;
+    let imrs: Vec<MemoryRegion> = eps
+        .iter_mut()
+        .zip(inboxes.iter_mut())
+        .map(|(ep, b)| {
+            // SAFETY: each inbox outlives its registration and is read after completions.
+            unsafe {
+                ep.register(
+                    b.as_mut_ptr(),
+                    b.len(),
+                    RW.union(Access::PERSISTENT).union(Access::PEER_AREAS),
+                )
+            }
+            .unwrap()
+        })
+        .collect();
+    assert!(eps.iter().all(|e| e.pinned_bytes() == 0));
     // Only ranks 0 and 2 talk: rank 1 makes no queue pair and registers no receive buffer.
     let (mut eps, res) = connect_all(eps, &[vec![2], vec![], vec![0]]);
     assert!(res.iter().all(Result::is_ok), "{res:?}");
@@ -682,12 +702,50 @@ fn queue_pairs_are_made_on_first_use() {
     poll_all(&mut eps, |g| g[0].contains(&imm));
     assert!(dst.iter().all(|&b| b == 0x5a));
     eps[0].deregister(&dmr);
+    // Into rank 0's inbox, at rank 2's area, with the key rank 0's inbox was published with.
+    assert_eq!(eps[0].pinned_bytes(), area);
+    assert_eq!(eps[1].pinned_bytes(), 0);
+    // SAFETY: as above.
+    unsafe { eps[2].post_write(0, &s, imrs[0].remote(), 2 * area as u64, Some(0x78), 10) }.unwrap();
+    let imm = Completion::WriteImm {
+        peer: 2,
+        imm: 0x78,
+        len: 4096,
+    };
+    poll_all(&mut eps, |g| g[0].contains(&imm));
+    assert!(
+        inboxes[0][2 * area..2 * area + 4096]
+            .iter()
+            .all(|&b| b == 0x5a)
+    );
+    // And on from there, a span of rank 0's inbox as the source: its area's key, no staging.
+    let fwd = [Sge {
+        addr: inboxes[0].as_ptr() as usize + 2 * area,
+        len: 4096,
+        lkey: imrs[0].lkey,
+    }];
+    let staged = eps[0].staging.live.len();
+    // SAFETY: as above.
+    unsafe { eps[0].post_write(2, &fwd, imrs[2].remote(), 0, Some(0x79), 11) }.unwrap();
+    assert_eq!(
+        eps[0].staging.live.len(),
+        staged,
+        "a span of a pinned area is not staged"
+    );
+    let imm = Completion::WriteImm {
+        peer: 0,
+        imm: 0x79,
+        len: 4096,
+    };
+    poll_all(&mut eps, |g| g[2].contains(&imm));
+    assert!(inboxes[2][..4096].iter().all(|&b| b == 0x5a));
     eps[2].deregister(&smr);
     // Rank 1 joins later, with both.
     let (mut eps, res) = connect_all(eps, &[vec![1], vec![0, 2], vec![1]]);
     assert!(res.iter().all(Result::is_ok), "{res:?}");
     assert_eq!(connected(&eps[1]), [0, 2]);
     assert!(eps[1].cq_size >= cq_entries(2, 2), "{}", eps[1].cq_size);
+    assert_eq!(eps[1].pinned_bytes(), 2 * area);
     eps[1].post_send(0, b"late", 5).unwrap();
     eps[2].post_send(1, b"hello", 6).unwrap();
     poll_all(&mut eps, |g| {
@@ -699,6 +757,10 @@ fn queue_pairs_are_made_on_first_use() {
             data: b"hello".to_vec(),
         })
     });
+    for (e, mr) in eps.iter_mut().zip(&imrs) {
+        e.deregister(mr);
+        assert_eq!(e.pinned_bytes(), 0);
+    }
     for e in &mut eps {
         e.close(Duration::from_secs(5));
     }

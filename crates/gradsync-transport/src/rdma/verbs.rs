@@ -2,7 +2,7 @@
 //! region table, for caller buffers), the checks of a post, poll, wait and close.
 
 use super::device::memlock_msg;
-use super::endpoint::{Pending, Pinned, RdmaEndpoint};
+use super::endpoint::{AreaRegion, Pending, Pinned, RdmaEndpoint};
 use super::ffi;
 use super::lazy::Lazy;
 use super::setup::{CTRL_BYE, setup_err};
@@ -64,6 +64,28 @@ impl Endpoint for RdmaEndpoint {
             }
         }
         let a = addr as usize;
+        // Under first use, a region written by areas is pinned area by area as ranks connect
+        // (`pair::open_peer`), if no pair has connected yet.
+        if access.contains(Access::PEER_AREAS.union(Access::REMOTE_WRITE))
+            && self.first_use.is_some()
+            && self.areas.is_none()
+            && len > 0
+            && len.is_multiple_of(self.world)
+            && self.peers.iter().all(|p| p.qps.is_empty())
+        {
+            loop {
+                let k = self.regions.fresh_key();
+                if !self.pinned.iter().any(|p| p.lkey == k || p.rkey == k) {
+                    self.areas = Some(AreaRegion {
+                        key: k,
+                        addr: a,
+                        len,
+                        area: len / self.world,
+                    });
+                    return Ok(self.regions.insert(k, a, len, access));
+                }
+            }
+        }
         if let Some(p) = self.pinned.iter_mut().find(|p| {
             a >= p.addr
                 && a.checked_add(len).is_some_and(|e| e <= p.addr + p.len)
@@ -136,6 +158,14 @@ impl Endpoint for RdmaEndpoint {
 
     fn deregister(&mut self, mr: &MemoryRegion) {
         if !mr.access.contains(Access::PERSISTENT) {
+            self.regions.deregister(mr);
+            return;
+        }
+        if self.areas.as_ref().is_some_and(|ar| ar.key == mr.lkey) {
+            for p in 0..self.peers.len() {
+                self.drop_area(p);
+            }
+            self.areas = None;
             self.regions.deregister(mr);
             return;
         }

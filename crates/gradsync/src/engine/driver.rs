@@ -164,14 +164,16 @@ impl Engine {
             _ => AlignedBuf::zeroed(inbox_len),
         };
         // SAFETY: the inbox is owned by the engine, outlives its registration (deregistered in
-        // Drop before it is freed) and is read only after a write's completion arrived.
+        // Drop before it is freed) and is read only after a write's completion arrived. Peer
+        // `p` writes only its own area, `p` of `world` (`Protocol::slot_offset`).
         let inbox_mr = unsafe {
             ep.register(
                 inbox.ptr,
                 inbox.len,
                 Access::REMOTE_WRITE
                     .union(Access::LOCAL_READ)
-                    .union(Access::PERSISTENT),
+                    .union(Access::PERSISTENT)
+                    .union(Access::PEER_AREAS),
             )
         }
         .map_err(|e| Error::transport(rank, "register inbox", e))?;
