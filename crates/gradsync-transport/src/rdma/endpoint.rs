@@ -224,13 +224,16 @@ impl RdmaEndpoint {
         {
             return Some(s.lkey);
         }
-        let ar = self.areas.as_ref().filter(|ar| ar.key == s.lkey)?;
-        self.peers
-            .iter()
-            .flat_map(|p| p.area.as_ref())
-            .find(|a| within(a.addr, a.len))
-            .map(|a| a.lkey)
-            .filter(|_| within(ar.addr, ar.len))
+        let ar = self
+            .areas
+            .as_ref()
+            .filter(|ar| ar.key == s.lkey && within(ar.addr, ar.len))?;
+        let a = self
+            .peers
+            .get((s.addr - ar.addr) / ar.area)?
+            .area
+            .as_ref()?;
+        within(a.addr, a.len).then_some(a.lkey)
     }
 
     /// Whether `s` lies in memory registered with the adapter.
