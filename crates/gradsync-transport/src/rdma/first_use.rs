@@ -16,10 +16,10 @@
 //! 3. the dialer moves its queue pairs to RTR and RTS and sends one byte: from then on both
 //!    sides' queue pairs take traffic, and the acceptor counts the pair as connected.
 //!
-//! Frames are a 4-byte little-endian length and the column or the keys. A dial blocks until the lower rank
-//! accepts; the lower rank accepts whenever it polls or waits, and while its own `connect`
-//! waits for higher ranks, so chains of dials, which only go down in rank, end. The TCP
-//! connection is closed once the pair is connected.
+//! Frames are a 4-byte little-endian length and the column or the keys. A dial blocks until the
+//! lower rank accepts; the lower rank accepts whenever it polls (one poll in 1024) or waits,
+//! and while its own `connect` waits for higher ranks, so chains of dials, which only go down
+//! in rank, end. The TCP connection is closed once the pair is connected.
 
 use super::endpoint::RdmaEndpoint;
 use super::lazy::Lazy;

@@ -8,8 +8,11 @@ use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
-/// Polls between two looks at the listener while some peer is not connected.
-const ACCEPT_EVERY: u32 = 16;
+/// Polls between two looks at the listener while some peer is not connected. A poll of the
+/// completion queue makes no system call, and a job whose algorithms never reach some peers
+/// keeps looking for good: the look (an `accept(2)`) is kept rare. A rank that sleeps wakes on
+/// a dial (the listener is in its `poll(2)` set), and one that waits to connect looks at once.
+const ACCEPT_EVERY: u32 = 1024;
 
 /// What an endpoint needs to connect its pairs on first use.
 #[derive(Debug)]
