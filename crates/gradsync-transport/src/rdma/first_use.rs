@@ -26,7 +26,7 @@ use super::lazy::Lazy;
 use super::setup::setup_err;
 use super::wire::{ConnInfoRepr, INFO_ENTRY_LEN, INFO_HEADER_LEN};
 use crate::error::{Result, TransportError};
-use crate::tcp::setup::{accept_stream, dial_stream};
+use crate::tcp::setup::{accept_ready, accept_stream, dial_stream};
 use crate::verbs::Completion;
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
@@ -239,18 +239,8 @@ impl RdmaEndpoint {
             let Some(lz) = self.first_use.as_ref() else {
                 return Ok(());
             };
-            let (sock, from) = match lz.listener.accept() {
-                Ok(x) => x,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(source) => {
-                    return Err(TransportError::Io {
-                        rank,
-                        peer: usize::MAX,
-                        op: "accept",
-                        source,
-                    });
-                }
+            let Some((sock, from)) = accept_ready(rank, &lz.listener)? else {
+                return Ok(());
             };
             let step = Instant::now() + lz.topts.timeout.min(Duration::from_secs(5));
             let joined: Vec<bool> = self.peers.iter().map(|p| p.joined).collect();

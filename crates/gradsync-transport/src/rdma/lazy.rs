@@ -52,14 +52,7 @@ impl Lazy {
                 msg: format!("{} addresses for a world of {world}", f.addrs.len()),
             });
         }
-        f.listener
-            .set_nonblocking(true)
-            .map_err(|source| TransportError::Io {
-                rank,
-                peer: usize::MAX,
-                op: "listen",
-                source,
-            })?;
+        crate::tcp::setup::set_nonblocking(rank, &f.listener)?;
         Ok(Lazy {
             listener: f.listener,
             addrs: f.addrs,

@@ -4,12 +4,11 @@
 use super::endpoint::{Peer, TcpEndpoint};
 use super::lazy::Lazy;
 use super::options::TcpOptions;
-use super::setup::{accept_stream, dial_stream};
+use super::setup::{accept_ready, accept_stream, dial_stream, set_nonblocking};
 use super::stream::{Stream, done_completion, flush};
 use crate::error::{Result, TransportError};
 use crate::verbs::Endpoint;
 use std::collections::HashMap;
-use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
@@ -25,14 +24,7 @@ impl TcpEndpoint {
         opts: &TcpOptions,
     ) -> Result<TcpEndpoint> {
         let world = addrs.len();
-        listener
-            .set_nonblocking(true)
-            .map_err(|source| TransportError::Io {
-                rank,
-                peer: usize::MAX,
-                op: "listen",
-                source,
-            })?;
+        set_nonblocking(rank, &listener)?;
         let mut ep = TcpEndpoint::new(rank, world, (0..world).map(|_| None).collect(), opts.window);
         ep.lazy = Some(Lazy {
             listener,
@@ -54,18 +46,8 @@ impl TcpEndpoint {
             let Some(lz) = self.lazy.as_mut() else {
                 return Ok(());
             };
-            let (sock, from) = match lz.listener.accept() {
-                Ok(x) => x,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(source) => {
-                    return Err(TransportError::Io {
-                        rank,
-                        peer: usize::MAX,
-                        op: "accept",
-                        source,
-                    });
-                }
+            let Some((sock, from)) = accept_ready(rank, &lz.listener)? else {
+                return Ok(());
             };
             let nsocks = lz.opts.nsocks.max(1);
             let deadline = Instant::now() + lz.opts.timeout;

@@ -259,6 +259,40 @@ pub(crate) fn accept_stream(
     Ok(Some((peer, s, sock)))
 }
 
+/// Makes `listener` non-blocking, for connections on first use taken from a poll loop.
+pub(crate) fn set_nonblocking(rank: usize, listener: &TcpListener) -> Result<()> {
+    listener
+        .set_nonblocking(true)
+        .map_err(|source| TransportError::Io {
+            rank,
+            peer: usize::MAX,
+            op: "listen",
+            source,
+        })
+}
+
+/// The next connection waiting on a non-blocking `listener`, or `None` when none is.
+pub(crate) fn accept_ready(
+    rank: usize,
+    listener: &TcpListener,
+) -> Result<Option<(TcpStream, SocketAddr)>> {
+    loop {
+        match listener.accept() {
+            Ok(x) => return Ok(Some(x)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(source) => {
+                return Err(TransportError::Io {
+                    rank,
+                    peer: usize::MAX,
+                    op: "accept",
+                    source,
+                });
+            }
+        }
+    }
+}
+
 /// Binds a listener for incoming peer connections on `ip` (port chosen by the kernel), with a
 /// backlog of [`LISTEN_BACKLOG`]: peers that dial at once (lazy connections of many ranks to a
 /// tree's root, a full mesh at setup) wait in the kernel's queue, not in SYN retries.
