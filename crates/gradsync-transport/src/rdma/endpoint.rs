@@ -236,6 +236,17 @@ impl RdmaEndpoint {
         within(a.addr, a.len).then_some(a.lkey)
     }
 
+    /// A key of the region table that no adapter registration in the pool has: for memory
+    /// only recorded (caller buffers) or registered by areas.
+    pub(super) fn fresh_key(&mut self) -> u32 {
+        loop {
+            let k = self.regions.fresh_key();
+            if !self.pinned.iter().any(|p| p.lkey == k || p.rkey == k) {
+                return k;
+            }
+        }
+    }
+
     /// Whether `s` lies in memory registered with the adapter.
     pub(super) fn pinned_for(&self, s: &Sge) -> bool {
         self.local_key(s).is_some()

@@ -85,15 +85,18 @@ impl RdmaEndpoint {
             _ => remote,
         };
         let total: usize = sges.iter().map(|s| s.len).sum();
-        let direct = sges.len() <= MAX_SGE as usize && sges.iter().all(|s| self.pinned_for(s));
         let mut addrs = [0u64; MAX_SGE as usize];
         let mut lens = [0u32; MAX_SGE as usize];
         let mut keys = [0u32; MAX_SGE as usize];
+        // Straight from registered memory when every span has an adapter key, found once.
+        let direct = sges.len() <= MAX_SGE as usize
+            && sges.iter().enumerate().all(|(i, s)| {
+                self.local_key(s).is_some_and(|key| {
+                    (addrs[i], lens[i], keys[i]) = (s.addr as u64, s.len as u32, key);
+                    true
+                })
+            });
         let (n, staged) = if direct {
-            for (i, s) in sges.iter().enumerate() {
-                let key = self.local_key(s).unwrap_or(s.lkey);
-                (addrs[i], lens[i], keys[i]) = (s.addr as u64, s.len as u32, key);
-            }
             (sges.len(), None)
         } else {
             let Some((seq, off)) = self.staging.alloc(total) else {

@@ -56,12 +56,8 @@ impl Endpoint for RdmaEndpoint {
         if !access.contains(Access::PERSISTENT) {
             // Only recorded: data from here is staged (see the module documentation). Keys
             // never collide with an adapter key in the pool.
-            loop {
-                let k = self.regions.fresh_key();
-                if !self.pinned.iter().any(|p| p.lkey == k || p.rkey == k) {
-                    return Ok(self.regions.insert(k, addr as usize, len, access));
-                }
-            }
+            let k = self.fresh_key();
+            return Ok(self.regions.insert(k, addr as usize, len, access));
         }
         let a = addr as usize;
         // Under first use, a region written by areas is pinned area by area as ranks connect
@@ -73,18 +69,14 @@ impl Endpoint for RdmaEndpoint {
             && len.is_multiple_of(self.world)
             && self.peers.iter().all(|p| p.qps.is_empty())
         {
-            loop {
-                let k = self.regions.fresh_key();
-                if !self.pinned.iter().any(|p| p.lkey == k || p.rkey == k) {
-                    self.areas = Some(AreaRegion {
-                        key: k,
-                        addr: a,
-                        len,
-                        area: len / self.world,
-                    });
-                    return Ok(self.regions.insert(k, a, len, access));
-                }
-            }
+            let k = self.fresh_key();
+            self.areas = Some(AreaRegion {
+                key: k,
+                addr: a,
+                len,
+                area: len / self.world,
+            });
+            return Ok(self.regions.insert(k, a, len, access));
         }
         if let Some(p) = self.pinned.iter_mut().find(|p| {
             a >= p.addr
