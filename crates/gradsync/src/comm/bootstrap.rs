@@ -578,86 +578,54 @@ impl Communicator {
                     .and_then(|b| b.try_into().ok())
                     .map_or(u64::MAX, u64::from_le_bytes)
             };
-            if config.runtime_connect {
-                let made = RdmaSetup::open(rank, world, &opts);
-                if let Err(e) = &made
-                    && !forced
-                {
-                    tracing::warn!(target: "gradsync::init", "rank {rank}: RDMA setup failed, falling back to tcp (GRADSYNC_TRANSPORT=rdma makes this an error, GRADSYNC_IB_DISABLE=1 silences it): {e}");
-                }
+            let made = if config.runtime_connect {
+                RdmaSetup::open(rank, world, &opts)
+            } else {
+                RdmaSetup::new(rank, world, &opts)
+            };
+            if let Err(e) = &made
+                && !forced
+            {
+                tracing::warn!(target: "gradsync::init", "rank {rank}: RDMA setup failed, falling back to tcp (GRADSYNC_TRANSPORT=rdma makes this an error, GRADSYNC_IB_DISABLE=1 silences it): {e}");
+            }
+            // Which rank has no port, if one has none: under first use every rank only says
+            // whether it opened one; otherwise its descriptor says it (empty: none), and each
+            // rank gets the columns of the descriptors meant for it.
+            let (no_port, vals) = if config.runtime_connect {
                 let ok: &[u8] = if made.is_ok() { b"1" } else { b"0" };
                 let failed = ex.table("rdma/open", ok, &everyone, &first_failed)?;
-                let setup = match made {
-                    Ok(s) => s,
-                    Err(e) if forced => {
-                        return Err(Error::transport(rank, "GRADSYNC_TRANSPORT=rdma", e));
+                (
+                    (!failed.is_empty()).then(|| failed_rank(&failed)),
+                    Vec::new(),
+                )
+            } else {
+                let mine = made.as_ref().map_or(Vec::new(), RdmaSetup::info);
+                // Each rank's descriptor has an entry for every queue pair to every rank; a
+                // rank gets only the columns for itself (see `wire::ConnInfoRepr::column`), so
+                // what it reads grows with the world, not with its square. An empty
+                // descriptor (no port) stays empty, one that does not parse goes whole, for
+                // `connect` to name.
+                let columns = |vals: &[Vec<u8>], dst: usize| {
+                    let mut t = Vec::new();
+                    for v in vals {
+                        let col = if v.is_empty() {
+                            Vec::new()
+                        } else {
+                            RdmaSetup::column(v, dst).unwrap_or_else(|| v.clone())
+                        };
+                        super::records::put(&mut t, &col);
                     }
-                    Err(_) => return Ok(None),
+                    t
                 };
-                if !failed.is_empty() {
-                    let p = failed_rank(&failed);
-                    if forced {
-                        return Err(Error::Config(format!(
-                            "GRADSYNC_TRANSPORT=rdma: rank {p} has no usable RDMA port (see its log)"
-                        )));
-                    }
-                    tracing::warn!(target: "gradsync::init", "rank {rank}: rank {p} has no usable RDMA port (see its log), falling back to tcp");
-                    return Ok(None);
-                }
-                let device = setup.device();
-                let listener = first_use
-                    .listener
-                    .try_clone()
-                    .map_err(|e| Error::Config(format!("listener: {e}")))?;
-                let ep = setup
-                    .first_use(gradsync_transport::rdma::FirstUse {
-                        addrs: first_use.addrs.to_vec(),
-                        listener,
-                        comm_id: first_use.comm_id,
-                        token: first_use.token.map(<[u8]>::to_vec),
-                        timeout: config.timeout,
-                    })
-                    .map_err(|e| Error::transport(rank, "rdma connect", e))?;
-                tracing::info!(
-                    target: "gradsync::init",
-                    "rank {rank}: rdma device {device}, {} queue pairs per peer, made on first use",
-                    config.ib.qps_per_conn
-                );
-                return Ok(Some(Box::new(ep)));
-            }
-            let made = RdmaSetup::new(rank, world, &opts);
-            let mine = match &made {
-                Ok(s) => s.info(),
-                Err(e) => {
-                    if !forced {
-                        tracing::warn!(target: "gradsync::init", "rank {rank}: RDMA setup failed, falling back to tcp (GRADSYNC_TRANSPORT=rdma makes this an error, GRADSYNC_IB_DISABLE=1 silences it): {e}");
-                    }
-                    Vec::new()
-                }
+                let mine_cols = ex.parts("rdma/info", &mine, &everyone, &columns)?;
+                let vals = super::records::take(&mine_cols, world).ok_or_else(|| {
+                    Error::Config(format!(
+                        "rank {rank}: the RDMA descriptors of init are malformed ({} bytes for {world} ranks)",
+                        mine_cols.len()
+                    ))
+                })?;
+                (vals.iter().position(Vec::is_empty).map(|p| p as u64), vals)
             };
-            // Each rank's descriptor has an entry for every queue pair to every rank; a rank
-            // gets only the columns for itself (see `wire::ConnInfoRepr::column`), so what it
-            // reads grows with the world, not with its square. An empty descriptor (no port)
-            // stays empty, one that does not parse goes whole, for `connect` to name.
-            let columns = |vals: &[Vec<u8>], dst: usize| {
-                let mut t = Vec::new();
-                for v in vals {
-                    let col = if v.is_empty() {
-                        Vec::new()
-                    } else {
-                        RdmaSetup::column(v, dst).unwrap_or_else(|| v.clone())
-                    };
-                    super::records::put(&mut t, &col);
-                }
-                t
-            };
-            let mine_cols = ex.parts("rdma/info", &mine, &everyone, &columns)?;
-            let vals = super::records::take(&mine_cols, world).ok_or_else(|| {
-                Error::Config(format!(
-                    "rank {rank}: the RDMA descriptors of init are malformed ({} bytes for {world} ranks)",
-                    mine_cols.len()
-                ))
-            })?;
             let setup = match made {
                 Ok(s) => s,
                 Err(e) if forced => {
@@ -665,7 +633,7 @@ impl Communicator {
                 }
                 Err(_) => return Ok(None),
             };
-            if let Some(p) = vals.iter().position(Vec::is_empty) {
+            if let Some(p) = no_port {
                 if forced {
                     return Err(Error::Config(format!(
                         "GRADSYNC_TRANSPORT=rdma: rank {p} has no usable RDMA port (see its log)"
@@ -675,24 +643,41 @@ impl Communicator {
                 return Ok(None);
             }
             let device = setup.device();
-            // Every rank says whether its queue pairs reached RTS, so a rank whose transition
-            // failed does not leave the others waiting for it until the deadline.
-            let connected = setup.connect(&vals);
-            // The first rank answers for all: empty when every rank is ready, else the first
-            // rank that is not.
-            let ok: &[u8] = if connected.is_ok() { b"1" } else { b"0" };
-            let failed = ex.table("rdma/ready", ok, &everyone, &first_failed)?;
-            let ep = connected.map_err(|e| Error::transport(rank, "rdma connect", e))?;
-            if !failed.is_empty() {
-                let p = failed_rank(&failed);
-                return Err(Error::Config(format!(
-                    "rank {p} could not connect its RDMA queue pairs (see its log); rank {rank} stops too"
-                )));
-            }
+            let ep = if config.runtime_connect {
+                let listener = first_use
+                    .listener
+                    .try_clone()
+                    .map_err(|e| Error::Config(format!("listener: {e}")))?;
+                setup
+                    .first_use(gradsync_transport::rdma::FirstUse {
+                        addrs: first_use.addrs.to_vec(),
+                        listener,
+                        comm_id: first_use.comm_id,
+                        token: first_use.token.map(<[u8]>::to_vec),
+                        timeout: config.timeout,
+                    })
+                    .map_err(|e| Error::transport(rank, "rdma connect", e))?
+            } else {
+                // Every rank says whether its queue pairs reached RTS, so a rank whose
+                // transition failed does not leave the others waiting for it until the
+                // deadline.
+                let connected = setup.connect(&vals);
+                let ok: &[u8] = if connected.is_ok() { b"1" } else { b"0" };
+                let failed = ex.table("rdma/ready", ok, &everyone, &first_failed)?;
+                let ep = connected.map_err(|e| Error::transport(rank, "rdma connect", e))?;
+                if !failed.is_empty() {
+                    let p = failed_rank(&failed);
+                    return Err(Error::Config(format!(
+                        "rank {p} could not connect its RDMA queue pairs (see its log); rank {rank} stops too"
+                    )));
+                }
+                ep
+            };
             tracing::info!(
                 target: "gradsync::init",
-                "rank {rank}: rdma device {device}, {} queue pairs per peer",
-                config.ib.qps_per_conn
+                "rank {rank}: rdma device {device}, {} queue pairs per peer{}",
+                config.ib.qps_per_conn,
+                if config.runtime_connect { ", made on first use" } else { "" }
             );
             Ok(Some(Box::new(ep)))
         }
