@@ -36,6 +36,18 @@
 //! path ahead); in a reduce, a rank folds its children's contributions in a fixed order, smallest
 //! subtree first (it arrives first), so the result's bits never depend on timing.
 //!
+//! In the tree all-reduce a rank folds segment `j` of its children only once it has the result
+//! of segment `j - FOLD_LEAD` (received from its parent, or, at the root, folded), so no child
+//! runs more than `FOLD_LEAD` segments ahead of the broadcast. Without that bound a leaf child,
+//! whose sends wait for nothing, takes most of its parent's download while a sibling, which
+//! forwards a subtree and shares its own upload with the broadcast down, falls behind: the
+//! parent's download is then full while results trickle out, and half idle while the late
+//! child catches up. On emulated hosts at 1 Gbit/s (`scripts/emuhosts.py`) the two phases
+//! alternated about once a second, and a 64 MiB all-reduce took 1.55 times as long on 4 hosts
+//! and 1.3 times on 8 as with the bound. A lead of 3 measured best on 4 hosts (1.19-1.27 s,
+//! against 1.34-1.44 s with 4, 1.40-1.47 s with 2, and 1.38-1.42 s with 3 at the root and 5 a
+//! level below), and within the noise of 4 and 6 on 8.
+//!
 //! # Buffers
 //!
 //! A reduce accumulates at the root in `Output` (`Output = Input op child_1`, then
@@ -157,17 +169,21 @@ pub(crate) fn broadcast(p: &Params, shape: Shape) -> Program {
 }
 
 /// Receives and folds the children's contributions to one segment: the first into
-/// `dst = own op incoming`, the others into `dst = dst op incoming`. Returns where the
-/// accumulated value is and the last op that wrote it.
+/// `dst = own op incoming`, the others into `dst = dst op incoming`; the first waits for
+/// `after`, if any. Returns where the accumulated value is and the last op that wrote it.
 fn fold_children(
     prog: &mut Program,
     children: &[usize],
     own: Loc,
     dst: Loc,
     len: usize,
+    after: Option<OpId>,
 ) -> (Loc, Option<OpId>) {
     let mut acc = own;
-    let mut last: Option<OpId> = None;
+    let mut last: Option<OpId> = after;
+    if children.is_empty() {
+        return (acc, None);
+    }
     for &c in children {
         let deps: Vec<OpId> = last.into_iter().collect();
         let op = Op::Recv {
@@ -201,7 +217,14 @@ pub(crate) fn reduce(p: &Params, shape: Shape) -> Program {
         } else {
             Buf::Scratch
         };
-        let (acc, last) = fold_children(&mut prog, &me.children, own, Loc::new(acc_buf, off), len);
+        let (acc, last) = fold_children(
+            &mut prog,
+            &me.children,
+            own,
+            Loc::new(acc_buf, off),
+            len,
+            None,
+        );
         let deps: Vec<OpId> = last.into_iter().collect();
         if me.is_root {
             if finalizes(p) {
@@ -222,6 +245,10 @@ pub(crate) fn reduce(p: &Params, shape: Shape) -> Program {
     prog
 }
 
+/// Segments by which a rank of the tree all-reduce may fold its children's contributions ahead
+/// of the results it has (see the module docs, "Pipelining").
+pub(crate) const FOLD_LEAD: usize = 3;
+
 /// Tree all-reduce: reduce to rank 0 up a tree of `shape`, then broadcast from rank 0 down the same
 /// tree, both pipelined by segment and accumulating in `Output`. With [`Shape::Star`] this is the
 /// central all-reduce.
@@ -232,10 +259,13 @@ pub(crate) fn all_reduce(p: &Params, shape: Shape) -> Program {
     if p.world == 1 {
         return alone(p);
     }
-    for (off, len) in segments(p.count, p.segment) {
+    // The op after which each segment's result is in `Output`.
+    let mut results: Vec<OpId> = Vec::new();
+    for (j, (off, len)) in segments(p.count, p.segment).enumerate() {
         let out = Loc::new(Buf::Output, off);
         let own = Loc::new(own_buf, off);
-        let (acc, mut last) = fold_children(&mut prog, &me.children, own, out, len);
+        let after = j.checked_sub(FOLD_LEAD).map(|k| results[k]);
+        let (acc, mut last) = fold_children(&mut prog, &me.children, own, out, len, after);
         let have: OpId = if me.is_root {
             if finalizes(p) {
                 let deps: Vec<OpId> = last.into_iter().collect();
@@ -277,6 +307,7 @@ pub(crate) fn all_reduce(p: &Params, shape: Shape) -> Program {
                 &[have],
             );
         }
+        results.push(have);
     }
     prog
 }

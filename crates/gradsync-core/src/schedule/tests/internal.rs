@@ -246,3 +246,62 @@ fn deterministic_programs() {
         }
     }
 }
+
+/// The tree all-reduce folds a segment's contributions only once the result of the segment
+/// `FOLD_LEAD` before it is in `Output`, on every rank with children, whatever the world, the
+/// segment and the place; ranks without children send whenever their parent takes it.
+#[test]
+fn the_tree_all_reduce_folds_at_most_fold_lead_segments_ahead_of_its_results() {
+    use super::tree::FOLD_LEAD;
+    let seg = 8;
+    for world in 2..=16 {
+        let nseg = FOLD_LEAD + 4;
+        for in_place in [false, true] {
+            for op in [ReduceOp::Sum, ReduceOp::Avg] {
+                for rank in 0..world {
+                    let p = Params {
+                        rank,
+                        segment: seg,
+                        in_place,
+                        op,
+                        ..params(world, nseg * seg - 3, Algorithm::Tree)
+                    };
+                    let prog = build(&p).unwrap();
+                    let ops = prog.ops();
+                    let ctx = format!("world {world} rank {rank} in_place {in_place} {op:?}");
+                    // Per segment, the first fold (a receive that reduces) and the op after
+                    // which its result is in `Output`: the last op writing `Output` there.
+                    let mut first_fold = vec![None; nseg];
+                    let mut result = vec![None; nseg];
+                    for (id, o) in ops.iter().enumerate() {
+                        let id = id as OpId;
+                        match o {
+                            Op::Recv {
+                                dst, reduce_with, ..
+                            } if dst.buf == Buf::Output => {
+                                let j = dst.start / seg;
+                                if reduce_with.is_some() && first_fold[j].is_none() {
+                                    first_fold[j] = Some(id);
+                                }
+                                result[j] = Some(id);
+                            }
+                            Op::Finalize { loc, .. } => result[loc.start / seg] = Some(id),
+                            _ => {}
+                        }
+                    }
+                    let has_children = first_fold.iter().any(Option::is_some);
+                    assert_eq!(has_children, rank % 2 == 0 && rank + 1 < world, "{ctx}");
+                    for (j, f) in first_fold.iter().enumerate() {
+                        let Some(f) = *f else { continue };
+                        let want: Vec<OpId> = j
+                            .checked_sub(FOLD_LEAD)
+                            .map(|k| result[k].expect("a result"))
+                            .into_iter()
+                            .collect();
+                        assert_eq!(prog.deps(f), &want[..], "{ctx} segment {j}");
+                    }
+                }
+            }
+        }
+    }
+}
