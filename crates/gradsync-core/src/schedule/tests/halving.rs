@@ -116,3 +116,74 @@ fn rabenseifner_cuts_each_step_into_full_segments() {
         }
     }
 }
+
+/// Across hosts a step's message starts with what its receiver passes on first: in halving step
+/// `i` the half the partner gives away in step `i + 1`, in doubling step `i` the run the sender
+/// sent in step `i - 1`. On one host every step goes in address order.
+#[test]
+fn rabenseifner_across_hosts_sends_first_what_the_receiver_passes_on_first() {
+    let starts = |prog: &Program, peer: usize| -> Vec<usize> {
+        prog.ops()
+            .iter()
+            .filter_map(|o| match *o {
+                Op::Send { peer: p, src, .. } if p == peer => Some(src.start),
+                _ => None,
+            })
+            .collect()
+    };
+    for n in [4usize, 8, 16] {
+        let steps = n.trailing_zeros() as usize;
+        let count = 64 * n + 5;
+        let elems = |b: usize| block_range(count, n, b);
+        for local_size in [0, 1, 2] {
+            for v in 0..n {
+                let p = Params {
+                    local_size,
+                    ..params(v, n, count, 8)
+                };
+                let prog = build(&p).unwrap();
+                // Halving step i: the partner is v ^ d; doubling step i: v ^ 2^i. In a world
+                // of a power of two each pair meets once per phase, so the sends to a partner
+                // are the halving step's then the doubling step's.
+                for i in 0..steps {
+                    let d = n >> (i + 1);
+                    let w = v ^ d;
+                    let sent = starts(&prog, w);
+                    let dbl_i = d.trailing_zeros() as usize;
+                    // Elements this rank sends in halving step i: the run w keeps.
+                    let lo = (v & !(2 * d - 1)) + if w & d == 0 { 0 } else { d };
+                    let give = elems(lo).start..elems(lo + d - 1).end;
+                    let halving_len = sent.iter().take_while(|s| give.contains(s)).count();
+                    let (halving, doubling) = sent.split_at(halving_len);
+                    assert!(!halving.is_empty(), "n {n} v {v} step {i}");
+                    let first = halving[0];
+                    if local_size == 0 || i + 1 == steps {
+                        assert!(halving.is_sorted(), "n {n} v {v} step {i}: {halving:?}");
+                    } else {
+                        // w's own step i + 1 gives the half of `give` on w's other side.
+                        let d2 = d / 2;
+                        let b = if w & d2 == 0 { lo + d2 } else { lo };
+                        let next = elems(b).start..elems(b + d2 - 1).end;
+                        assert!(
+                            next.contains(&first),
+                            "n {n} v {v} step {i}: {first} not in {next:?}"
+                        );
+                    }
+                    // Doubling step dbl_i with the same partner: the run v held after step
+                    // dbl_i - 1 comes first.
+                    let first = doubling[0];
+                    if local_size == 0 || dbl_i == 0 {
+                        assert!(doubling.is_sorted(), "n {n} v {v} doubling {dbl_i}");
+                    } else {
+                        let prev = v & !((1 << (dbl_i - 1)) - 1);
+                        let run = elems(prev).start..elems(prev + (1 << (dbl_i - 1)) - 1).end;
+                        assert!(
+                            run.contains(&first),
+                            "n {n} v {v} doubling {dbl_i}: {first} not in {run:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -421,15 +421,27 @@ fn internal_every_world() {
 }
 
 /// Rabenseifner over every world from 9 to 17 and the worlds around 32, where the fold differs
-/// from world to world (`n - p` ranks folded, `p` the largest power of two `<= n`): the small
-/// counts and odd ones (`2 n + 1`, 1001, 10007 unsegmented), with every segment, in place and out
-/// of place, every seed (the third with rendezvous sends), and the dtype x op pairs in rotation.
+/// from world to world (`n - p` ranks folded, `p` the largest power of two `<= n`), and over
+/// worlds that span hosts, where each step orders its blocks for the next: the small counts and
+/// odd ones (`2 n + 1`, 1001, 10007 unsegmented), with every segment, in place and out of place,
+/// every seed (the third with rendezvous sends), and the dtype x op pairs in rotation.
 #[test]
 fn rabenseifner_every_world() {
     let pairs = dtype_ops(Collective::AllReduce);
     let mut cases = Vec::new();
     let mut i = 0usize;
-    for world in (9..=17).chain([31, 32, 33]) {
+    let flat = (9..=17).chain([31, 32, 33]).map(|w| (w, 0));
+    let hosts = [
+        (4, 1),
+        (5, 1),
+        (8, 1),
+        (8, 2),
+        (12, 3),
+        (16, 4),
+        (16, 1),
+        (32, 8),
+    ];
+    for (world, local_size) in flat.chain(hosts) {
         for count in [0, 1, 3, world - 1, 2 * world + 1, 1001, 10007] {
             for segment in SEGMENTS {
                 if count == 10007 && segment != usize::MAX {
@@ -443,7 +455,7 @@ fn rabenseifner_every_world() {
                             coll: Collective::AllReduce,
                             algorithm: Algorithm::Rabenseifner,
                             world,
-                            local_size: 0,
+                            local_size,
                             count,
                             root: 0,
                             dtype,
