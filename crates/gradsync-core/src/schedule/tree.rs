@@ -46,7 +46,9 @@
 //! alternated about once a second, and a 64 MiB all-reduce took 1.55 times as long on 4 hosts
 //! and 1.3 times on 8 as with the bound. A lead of 3 measured best on 4 hosts (1.19-1.27 s,
 //! against 1.34-1.44 s with 4, 1.40-1.47 s with 2, and 1.38-1.42 s with 3 at the root and 5 a
-//! level below), and within the noise of 4 and 6 on 8.
+//! level below), and within the noise of 4 and 6 on 8. The bound has a cost where TCP loses
+//! packets often (8 hosts at 300 Mbit/s: 1.1-1.2 times as long as without it): a child's
+//! loss recovery then stalls its siblings too, where they would otherwise use the link.
 //!
 //! # Buffers
 //!
