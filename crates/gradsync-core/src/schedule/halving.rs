@@ -101,6 +101,13 @@ pub(crate) fn all_reduce(p: &Params) -> Program {
         hz: RangeHazards::new(n),
         segment: seg,
     };
+    let order = Order {
+        on: spans_hosts,
+        pow,
+        steps,
+        segment: seg,
+        elems: &elems,
+    };
     let out = |off: usize| Loc::new(Buf::Output, off);
     let mut cur = base;
     if fold {
@@ -117,33 +124,20 @@ pub(crate) fn all_reduce(p: &Params) -> Program {
     for i in 0..steps {
         let d = pow >> (i + 1);
         let peer = real(vrank ^ d);
-        let (keep, give) = if vrank & d == 0 {
-            (lo..lo + d, lo + d..hi)
-        } else {
-            (lo + d..hi, lo..lo + d)
-        };
-        let order = Order {
-            on: spans_hosts,
-            pow,
-            steps,
-            segment: seg,
-            elems: &elems,
-        };
-        for piece in order.halving(give, vrank ^ d, i + 1) {
-            run.each(elems(piece), |off, len| Op::Send {
-                peer,
-                src: Loc::new(cur, off),
-                len,
-            });
-        }
-        for piece in order.halving(keep.clone(), vrank, i + 1) {
-            run.each(elems(piece), |off, len| Op::Recv {
+        let (keep, give) = halves(lo..hi, vrank, d);
+        run.each_of(order.halving(give, vrank ^ d, i + 1), |off, len| Op::Send {
+            peer,
+            src: Loc::new(cur, off),
+            len,
+        });
+        run.each_of(order.halving(keep.clone(), vrank, i + 1), |off, len| {
+            Op::Recv {
                 peer,
                 dst: out(off),
                 reduce_with: Some(Loc::new(cur, off)),
                 len,
-            });
-        }
+            }
+        });
         (lo, hi) = (keep.start, keep.end);
         cur = Buf::Output;
     }
@@ -159,28 +153,17 @@ pub(crate) fn all_reduce(p: &Params) -> Program {
     for i in 0..steps {
         let d = 1usize << i;
         let peer = real(vrank ^ d);
-        let order = Order {
-            on: spans_hosts,
-            pow,
-            steps,
-            segment: seg,
-            elems: &elems,
-        };
-        for piece in order.doubling(vrank, i) {
-            run.each(elems(piece), |off, len| Op::Send {
-                peer,
-                src: out(off),
-                len,
-            });
-        }
-        for piece in order.doubling(vrank ^ d, i) {
-            run.each(elems(piece), |off, len| Op::Recv {
-                peer,
-                dst: out(off),
-                reduce_with: None,
-                len,
-            });
-        }
+        run.each_of(order.doubling(vrank, i), |off, len| Op::Send {
+            peer,
+            src: out(off),
+            len,
+        });
+        run.each_of(order.doubling(vrank ^ d, i), |off, len| Op::Recv {
+            peer,
+            dst: out(off),
+            reduce_with: None,
+            len,
+        });
     }
     if fold {
         run.each(0..count, |off, len| Op::Send {
@@ -205,13 +188,13 @@ struct Order<'a> {
 }
 
 impl Order<'_> {
-    /// The pieces, in order, of a halving message that gives virtual rank `x` the run `blocks`,
+    /// The runs of elements, in order, of a halving message that gives virtual rank `x` the run `blocks`,
     /// which `x` halves next in step `k`: the half `x` gives away in step `k` first (ordered
     /// for its partner there), then the half it keeps (ordered for itself).
     fn halving(&self, blocks: Range<usize>, x: usize, k: usize) -> Vec<Range<usize>> {
         let mut out = Vec::new();
         self.halving_into(blocks, x, k, &mut out);
-        coalesce(out)
+        self.runs(out)
     }
 
     fn halving_into(&self, blocks: Range<usize>, x: usize, k: usize, out: &mut Vec<Range<usize>>) {
@@ -224,23 +207,18 @@ impl Order<'_> {
             return;
         }
         let d = self.pow >> (k + 1);
-        let mid = blocks.start + d;
-        let (keep, give) = if x & d == 0 {
-            (blocks.start..mid, mid..blocks.end)
-        } else {
-            (mid..blocks.end, blocks.start..mid)
-        };
+        let (keep, give) = halves(blocks, x, d);
         self.halving_into(give, x ^ d, k + 1, out);
         self.halving_into(keep, x, k + 1, out);
     }
 
-    /// The pieces, in order, of what virtual rank `x` sends in doubling step `i`: the run it
+    /// The runs of elements, in order, of what virtual rank `x` sends in doubling step `i`: the run it
     /// sent in step `i - 1` (in that order), then the run it received then (in the order it
     /// came).
     fn doubling(&self, x: usize, i: usize) -> Vec<Range<usize>> {
         let mut out = Vec::new();
         self.doubling_into(x, i, &mut out);
-        coalesce(out)
+        self.runs(out)
     }
 
     fn doubling_into(&self, x: usize, i: usize, out: &mut Vec<Range<usize>>) {
@@ -253,18 +231,30 @@ impl Order<'_> {
         self.doubling_into(x, i - 1, out);
         self.doubling_into(x ^ (d >> 1), i - 1, out);
     }
+
+    /// The runs of elements of `pieces` (runs of blocks), every piece that starts where the
+    /// one before it ends merged into it.
+    fn runs(&self, pieces: Vec<Range<usize>>) -> Vec<Range<usize>> {
+        let mut out: Vec<Range<usize>> = Vec::with_capacity(pieces.len());
+        for p in pieces {
+            match out.last_mut() {
+                Some(last) if last.end == p.start => last.end = p.end,
+                _ => out.push(p),
+            }
+        }
+        out.into_iter().map(|b| (self.elems)(b)).collect()
+    }
 }
 
-/// `pieces` with every piece that starts where the one before it ends merged into it.
-fn coalesce(pieces: Vec<Range<usize>>) -> Vec<Range<usize>> {
-    let mut out: Vec<Range<usize>> = Vec::with_capacity(pieces.len());
-    for p in pieces {
-        match out.last_mut() {
-            Some(last) if last.end == p.start => last.end = p.end,
-            _ => out.push(p),
-        }
+/// The halves of the run of blocks `blocks` that virtual rank `x` keeps and gives away in the
+/// halving step at distance `d` (half the run): the lower one if bit `d` of `x` is clear.
+fn halves(blocks: Range<usize>, x: usize, d: usize) -> (Range<usize>, Range<usize>) {
+    let mid = blocks.start + d;
+    if x & d == 0 {
+        (blocks.start..mid, mid..blocks.end)
+    } else {
+        (mid..blocks.end, blocks.start..mid)
     }
-    out
 }
 
 /// Appends ops to a program, one per segment of a run of elements, after their hazards.
@@ -279,6 +269,13 @@ impl Run<'_> {
     fn each(&mut self, elems: Range<usize>, op: impl Fn(usize, usize) -> Op) {
         for (off, len) in segments(elems.len(), self.segment) {
             self.hz.push(self.prog, op(elems.start + off, len));
+        }
+    }
+
+    /// [`Run::each`] over several runs of elements, in order.
+    fn each_of(&mut self, runs: Vec<Range<usize>>, op: impl Fn(usize, usize) -> Op) {
+        for elems in runs {
+            self.each(elems, &op);
         }
     }
 }
