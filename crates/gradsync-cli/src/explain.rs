@@ -29,6 +29,7 @@ fn predicted(
         algo,
         &links.intra.link(),
         &links.inter.link(),
+        comm.inter_slots(),
     )
     .map_err(|e| anyhow::anyhow!(e))
 }

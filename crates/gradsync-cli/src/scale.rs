@@ -318,6 +318,7 @@ pub fn predict(
         Some(algorithm),
         &link,
         &link,
+        0,
     )
     .map_err(anyhow::Error::msg)
     .with_context(what)?;
@@ -865,6 +866,7 @@ mod tests {
                         Some(algo),
                         &link,
                         &link,
+                        0,
                     )
                     .unwrap();
                     assert_eq!(got.time_s, Some(want), "{algo} n={world} {bytes} B");

@@ -352,13 +352,15 @@ pub struct Choice {
 }
 
 /// The model's all-reduce algorithm for size class `class` on `world` ranks in hosts of
-/// `local_size`, with pipeline segments of `segment_f32` f32 elements.
+/// `local_size`, with pipeline segments of `segment_f32` f32 elements and at most
+/// `inter_slots` of them in flight to a peer on another host (0: no limit).
 pub fn choose_all_reduce(
     world: usize,
     local_size: usize,
     segment_f32: usize,
     class: u32,
     links: &LinkCosts,
+    inter_slots: usize,
 ) -> Choice {
     let bytes = class_bytes(class);
     let (intra, inter) = (links.intra.link(), links.inter.link());
@@ -374,6 +376,7 @@ pub fn choose_all_reduce(
                 Some(a),
                 &intra,
                 &inter,
+                inter_slots,
             );
             (a, t)
         })
@@ -496,8 +499,9 @@ pub fn all_reduce_params(
 
 /// Predicted seconds of an all-reduce of `bytes` bytes of `dtype` on `world` ranks with
 /// `algo`, in segments of `segment` elements, with `intra` inside a host and `inter` across
-/// hosts. `None` is the eager path: `world - 1` messages of the whole buffer from every rank,
-/// back to back.
+/// hosts, where a rank has at most `inter_slots` messages in flight to a peer on another host
+/// (the pair's window; 0: no limit). `None` is the eager path: `world - 1` messages of the
+/// whole buffer from every rank, back to back.
 #[allow(clippy::too_many_arguments)]
 pub fn predict_all_reduce(
     world: usize,
@@ -508,6 +512,7 @@ pub fn predict_all_reduce(
     algo: Option<Algorithm>,
     intra: &LinkModel,
     inter: &LinkModel,
+    inter_slots: usize,
 ) -> Result<f64, String> {
     let Some(algorithm) = algo else {
         let link = if local_size == 0 || local_size >= world {
@@ -518,8 +523,10 @@ pub fn predict_all_reduce(
         return Ok(world.saturating_sub(1) as f64 * link.message_s(bytes));
     };
     let params = all_reduce_params(world, local_size, segment, dtype, bytes, algorithm);
-    let topo = if local_size > 1 && local_size < world {
-        Topology::two_level(local_size, *intra, *inter)
+    // One rank per host is two levels too: every link crosses hosts, and every rank's
+    // download is limited (see `predict_on`).
+    let topo = if local_size >= 1 && local_size < world {
+        Topology::two_level(local_size, *intra, *inter).with_inter_slots(inter_slots)
     } else {
         Topology::flat(if local_size == 0 || local_size >= world {
             *intra
@@ -587,7 +594,7 @@ mod tests {
         assert!(CostModel::load(&f).unwrap_err().contains("alpha_us"));
         let _ = std::fs::remove_dir_all(&dir);
         let l = m.link();
-        let t = |a| predict_all_reduce(2, 0, 1 << 20, DataType::F32, 32768, a, &l, &l).unwrap();
+        let t = |a| predict_all_reduce(2, 0, 1 << 20, DataType::F32, 32768, a, &l, &l, 0).unwrap();
         // On 2 ranks: one message for eager and recursive doubling, two halves for the ring.
         assert!((t(None) * 1e6 - 34.768).abs() < 0.01);
         assert!((t(Some(Algorithm::RecursiveDoubling)) * 1e6 - 34.768).abs() < 0.01);
@@ -609,6 +616,7 @@ mod tests {
                 Some(algo),
                 link,
                 link,
+                0,
             )
             .unwrap()
         };
@@ -662,7 +670,7 @@ mod tests {
             gbytes_per_s: 2.0,
         });
         for bytes in [1usize << 12, 1 << 15, 1 << 18, 1 << 20, 1 << 22] {
-            let c = choose_all_reduce(4, 4, 1 << 17, size_class(bytes), &links);
+            let c = choose_all_reduce(4, 4, 1 << 17, size_class(bytes), &links, 3);
             let t = |a: Algorithm| {
                 c.predicted
                     .iter()
@@ -686,8 +694,8 @@ mod tests {
             }
         }
         // Small messages leave the ring (latency-bound), the largest keep it.
-        let small = choose_all_reduce(4, 4, 1 << 17, size_class(1 << 12), &links);
-        let large = choose_all_reduce(4, 4, 1 << 17, size_class(1 << 22), &links);
+        let small = choose_all_reduce(4, 4, 1 << 17, size_class(1 << 12), &links, 3);
+        let large = choose_all_reduce(4, 4, 1 << 17, size_class(1 << 22), &links, 3);
         assert_ne!(small.model, Algorithm::Ring, "{small:?}");
         assert_eq!(large.model, Algorithm::Ring, "{large:?}");
     }
@@ -700,7 +708,7 @@ mod tests {
             gbytes_per_s: 1.0,
         });
         let class = size_class(1 << 20);
-        let model = choose_all_reduce(4, 4, 1 << 17, class, &links);
+        let model = choose_all_reduce(4, 4, 1 << 17, class, &links, 3);
         assert_eq!(model.best, model.model);
         assert!(model.measured.is_none());
         let other = if model.model == Algorithm::Tree {
@@ -710,12 +718,12 @@ mod tests {
         };
         // 1.2 MiB is in the class of 1 MiB; the entry stands for the whole class.
         assert_eq!(links.record(4, 4, 1200 << 10, &run(other)), other);
-        let c = choose_all_reduce(4, 4, 1 << 17, class, &links);
+        let c = choose_all_reduce(4, 4, 1 << 17, class, &links, 3);
         assert_eq!((c.model, c.best.name()), (model.model, other));
         assert_eq!(c.measured.as_ref().unwrap().bytes, 1200 << 10);
         // Other worlds, layouts and classes keep the model's choice.
         for (world, local, cl) in [(8, 8, class), (4, 2, class), (4, 4, class + 1)] {
-            let c = choose_all_reduce(world, local, 1 << 17, cl, &links);
+            let c = choose_all_reduce(world, local, 1 << 17, cl, &links, 3);
             assert!(
                 c.measured.is_none() && c.best == c.model,
                 "{world} {local} {cl}"
@@ -727,7 +735,7 @@ mod tests {
         assert_eq!(links.measured.len(), 1);
         assert_eq!(links.measured[0].us["ring"], [2.0, 1.0, 1.0]);
         assert_eq!(
-            choose_all_reduce(4, 4, 1 << 17, class, &links).best,
+            choose_all_reduce(4, 4, 1 << 17, class, &links, 3).best,
             Algorithm::Ring
         );
         // Only the last MEASURED_RUNS runs count.
@@ -741,7 +749,7 @@ mod tests {
             links.record(4, 4, 1 << 20, &run("hierarchical"));
         }
         assert_eq!(links.measured[0].algorithm, "hierarchical");
-        let c = choose_all_reduce(4, 4, 1 << 17, class, &links);
+        let c = choose_all_reduce(4, 4, 1 << 17, class, &links, 3);
         assert_eq!(c.best, c.model);
 
         // The file keeps the entries; files without any, and a bad name, are handled.

@@ -64,6 +64,9 @@ pub struct Topology {
     pub intra: LinkModel,
     /// Links between ranks of different hosts.
     pub inter: LinkModel,
+    /// Messages a rank may have in flight to a peer on another host before that peer has taken
+    /// the first of them (the receive slots it gives each sender); 0 for no limit.
+    pub inter_slots: usize,
 }
 
 impl Topology {
@@ -73,6 +76,7 @@ impl Topology {
             local_size: 0,
             intra: link,
             inter: link,
+            inter_slots: 0,
         }
     }
 
@@ -82,6 +86,16 @@ impl Topology {
             local_size,
             intra,
             inter,
+            inter_slots: 0,
+        }
+    }
+
+    /// The same, where a rank has at most `slots` messages in flight to a peer on another host
+    /// (0: no limit).
+    pub fn with_inter_slots(self, slots: usize) -> Self {
+        Topology {
+            inter_slots: slots,
+            ..self
         }
     }
 
@@ -128,7 +142,7 @@ pub struct Prediction {
 /// that carries one message at a time, in the order the sends become ready: a message of `b`
 /// bytes occupies it for `alpha + b * beta` and arrives at the end of that interval, when the
 /// send also completes. Incoming traffic is not limited (a rank receives from several peers at
-/// once, as with full-duplex links into a switch). A receive completes when both its message has
+/// once; [`predict_on`] limits it across hosts). A receive completes when both its message has
 /// arrived and it has been posted. A post ([`Op::Post`]) costs what a send to every other rank
 /// costs: when it becomes ready, one message per peer joins the link to that peer, in the order
 /// `r + 1, r + 2, ..., r - 1` (mod n), and the post completes when the last has arrived. Local
@@ -154,8 +168,22 @@ pub fn predict(
 /// in the order the sends become ready: one to the ranks of its own host, costed by
 /// [`Topology::intra`], and one to the other hosts, costed by [`Topology::inter`]. A rank may
 /// thus send inside its host and across hosts at the same time (as a GPU drives NVLink and its NIC
-/// independently). On a single host (or with one rank per host) only one of the links is ever
-/// used, and the prediction is [`predict`]'s with that link.
+/// independently). On a single host only the first is ever used, and the prediction is
+/// [`predict`]'s with that link.
+///
+/// Across hosts (one rank per host included: `local_size` 1) a rank's download is limited too,
+/// as a NIC's is: messages from other hosts arrive through it one after another at the rate of
+/// [`Topology::inter`]. A message that leaves its sender's link at `t` arrives at
+/// `max(t, d + b * beta)`, where `d` is when the message before it had arrived through the same
+/// download; a tree's parent thus takes twice as long to receive from two children sending at
+/// once. The sender's link is free at `t` all the same (the bytes wait in the network, as in a
+/// switch's buffer), and messages inside a host are not limited on arrival.
+///
+/// With [`Topology::inter_slots`] `k` above 0, a rank has at most `k` messages to a peer on
+/// another host that the peer has not taken yet (as the engine's window of receive slots): a
+/// message is taken when its receive completes, the sender learns it a latency
+/// ([`Topology::inter`]'s alpha) later, and meanwhile its link sends what waits for other
+/// peers. So a leaf of a tree cannot run ahead of its parent by more than `k` segments.
 pub fn predict_on(
     params_per_rank: &[Params],
     dtype: DataType,
@@ -370,6 +398,10 @@ enum Kind {
     Complete { rank: usize, op: OpId },
     /// A rank's link finished sending `op` to `peer`.
     Sent { rank: usize, op: OpId, peer: usize },
+    /// A message from `src` that waited for the download of `dst` has arrived.
+    Arrive { dst: usize, src: usize },
+    /// `peer` took a message of `rank`'s: one more may be in flight.
+    Credit { rank: usize, peer: usize },
 }
 
 #[derive(Debug)]
@@ -474,6 +506,8 @@ struct Queue {
     issued: u32,
     /// For receives: messages arrived so far. The k-th message matches the k-th receive.
     arrived: u32,
+    /// For sends to another host: messages sent that the peer has not taken yet.
+    in_flight: u32,
 }
 
 /// One rank's program and its progress, with the semantics of [`Schedule`]: an op is ready once
@@ -542,6 +576,7 @@ impl Rank {
                 matched: NONE,
                 issued: 0,
                 arrived: 0,
+                in_flight: 0,
             })
             .collect();
         let mut tail = vec![NONE; queues.len()];
@@ -782,6 +817,9 @@ struct Timer<'a> {
     seq: u64,
     messages: u64,
     bytes: u64,
+    /// Per rank that runs: when its download from other hosts is free again (see
+    /// [`predict_on`]); empty on a single host.
+    download_free: Vec<f64>,
 }
 
 impl<'a> Timer<'a> {
@@ -792,7 +830,13 @@ impl<'a> Timer<'a> {
         mirror: Option<(Symmetry, usize)>,
     ) -> Self {
         let world = mirror.map_or(ranks.len(), |m| m.1);
+        let download_free = if topo.local_size == 0 {
+            Vec::new()
+        } else {
+            vec![0.0; ranks.len()]
+        };
         Timer {
+            download_free,
             topo,
             elem,
             ranks,
@@ -876,13 +920,31 @@ impl<'a> Timer<'a> {
         self.start_link(r, 1, t);
     }
 
-    /// Starts the next send on link `k` of rank `r` if it is idle.
+    /// Starts the next send on link `k` of rank `r` if it is idle: the first waiting one whose
+    /// peer has a slot for it (across hosts, with [`Topology::inter_slots`]).
     fn start_link(&mut self, r: usize, k: usize, t: f64) {
+        let slots = if k == 1 { self.topo.inter_slots } else { 0 };
         let rank = &mut self.ranks[r];
         if rank.busy[k] {
             return;
         }
-        if let Some((op, peer)) = rank.waiting[k].pop_front() {
+        let next = if slots == 0 {
+            rank.waiting[k].pop_front()
+        } else {
+            let (ops, queues) = (&rank.slots, &rank.queues);
+            let i = rank.waiting[k].iter().position(|&(op, _)| {
+                let q = ops[op as usize].queue;
+                q == POST || (queues[q as usize].in_flight as usize) < slots
+            });
+            i.and_then(|i| rank.waiting[k].remove(i))
+        };
+        if let Some((op, peer)) = next {
+            if slots > 0 {
+                let q = rank.slots[op as usize].queue;
+                if q != POST {
+                    rank.queues[q as usize].in_flight += 1;
+                }
+            }
             rank.busy[k] = true;
             let bytes = rank.slots[op as usize].len * self.elem;
             self.messages += 1;
@@ -894,7 +956,56 @@ impl<'a> Timer<'a> {
 
     fn complete(&mut self, r: usize, op: OpId, t: f64) {
         self.ranks[r].complete(op, t);
+        let s = self.ranks[r].slots[op as usize];
+        if s.what == What::Recv && self.topo.inter_slots > 0 && self.link_of(r, s.peer) == 1 {
+            // The message's slot is free: the sender hears it a latency later. Under a
+            // symmetry, rank 0's receive from `src` mirrors the receive that frees a slot of
+            // rank 0's messages to `source(src)`.
+            let (rank, peer) = match self.mirror {
+                None => (s.peer, r),
+                Some((sym, n)) => (0, sym.source(s.peer, n)),
+            };
+            self.push(t + self.topo.inter.alpha_s, Kind::Credit { rank, peer });
+        }
         self.drain(r, t);
+    }
+
+    /// `peer` took one of `r`'s messages: `r` may send it another.
+    fn credit(&mut self, r: usize, peer: usize, t: f64) {
+        let rank = &mut self.ranks[r];
+        let i = rank.queues[..rank.send_queues]
+            .binary_search_by(|q| q.peer.cmp(&peer))
+            .expect("a rank that received from a peer sent to it");
+        // A post's messages took no slot.
+        rank.queues[i].in_flight = rank.queues[i].in_flight.saturating_sub(1);
+        self.start_link(r, 1, t);
+    }
+
+    /// When a message of `bytes` bytes that left its sender's link `k` at `t` has arrived at
+    /// rank `dst`: across hosts, not before `dst`'s download has carried it after the messages
+    /// that came before (the download runs at the link's rate, cut through: a message that
+    /// finds it free arrives as it is sent); inside a host, at `t`.
+    fn download(&mut self, dst: usize, k: usize, bytes: usize, t: f64) -> f64 {
+        if k == 0 || self.download_free.is_empty() {
+            return t;
+        }
+        let wire = bytes as f64 * self.topo.inter.beta_s_per_byte;
+        let at = t.max(self.download_free[dst] + wire);
+        self.download_free[dst] = at;
+        at
+    }
+
+    /// A message from `src` has arrived at `dst`: the receive it matches completes, if posted.
+    fn arrive(&mut self, dst: usize, src: usize, t: f64) {
+        if let Some(recv) = self.ranks[dst].arrive(src) {
+            self.push(
+                t,
+                Kind::Complete {
+                    rank: dst,
+                    op: recv,
+                },
+            );
+        }
     }
 
     /// Runs to the end; `world` is the number of ranks the prediction is for.
@@ -905,6 +1016,8 @@ impl<'a> Timer<'a> {
         while let Some(ev) = self.pop() {
             match ev.kind {
                 Kind::Complete { rank, op } => self.complete(rank, op, ev.t),
+                Kind::Arrive { dst, src } => self.arrive(dst, src, ev.t),
+                Kind::Credit { rank, peer } => self.credit(rank, peer, ev.t),
                 Kind::Sent { rank, op, peer } => {
                     let k = self.link_of(rank, peer);
                     self.ranks[rank].busy[k] = false;
@@ -912,16 +1025,13 @@ impl<'a> Timer<'a> {
                         None => (peer, rank),
                         Some((sym, n)) => (0, sym.source(peer, n)),
                     };
-                    if let Some(recv) = self.ranks[dst].arrive(src) {
-                        self.push(
-                            ev.t,
-                            Kind::Complete {
-                                rank: dst,
-                                op: recv,
-                            },
-                        );
-                    }
                     let s = self.ranks[rank].slots[op as usize];
+                    let at = self.download(dst, k, s.len * self.elem, ev.t);
+                    if at > ev.t {
+                        self.push(at, Kind::Arrive { dst, src });
+                    } else {
+                        self.arrive(dst, src, ev.t);
+                    }
                     if s.what == What::Post {
                         // A post completes with its last message.
                         let p = &mut self.ranks[rank].posts[s.peer];

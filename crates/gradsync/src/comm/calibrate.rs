@@ -355,13 +355,16 @@ impl Communicator {
 /// Bytes per second of a link from the fastest round at `size / 2` bytes (`half` seconds) and
 /// at `size` bytes (`whole` seconds): the slope between the two, in which what both rounds
 /// share (the round trip, a first burst the link lets through faster) cancels. When the
-/// larger round was not slower (noise), the rate of the whole round less the round trip `rtt`.
+/// larger round was not slower, or the slope is more than twice the rate of the whole round
+/// less the round trip `rtt` (a burst or a fixed cost inflates that rate or the slope by far
+/// less: the half round met a delay that the whole one did not), that rate instead.
 fn slope_bandwidth(size: usize, half: f64, whole: f64, rtt: f64) -> f64 {
     let slope = (size / 2) as f64 / (whole - half);
-    if whole > half && slope.is_finite() {
+    let round = size as f64 / (whole - rtt).max(whole / 2.0);
+    if whole > half && slope.is_finite() && slope <= 2.0 * round {
         slope
     } else {
-        size as f64 / (whole - rtt).max(whole / 2.0)
+        round
     }
 }
 
@@ -384,5 +387,11 @@ mod tests {
         // A larger round that was not slower (noise): the whole round's rate, never infinite.
         let bw = slope_bandwidth(size, 0.02, 0.02, rtt);
         assert!((bw - size as f64 / 0.019).abs() < 1.0, "{bw}");
+        // Half rounds that all met a delay (here 4 ms): a slope of 10x the link, not taken.
+        let bw = slope_bandwidth(size, t(size as f64 / 2.0) + 4e-3, t(size as f64), rtt);
+        assert!(
+            (bw - size as f64 / (t(size as f64) - rtt)).abs() < 1.0,
+            "{bw}"
+        );
     }
 }

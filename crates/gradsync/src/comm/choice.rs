@@ -110,6 +110,7 @@ impl Communicator {
                 self.engine.segment_elems(gradsync_core::DataType::F32),
                 class,
                 &self.costs,
+                self.inter_slots(),
             )
         })
     }
@@ -140,6 +141,7 @@ impl Communicator {
                 None,
                 &intra,
                 &inter,
+                self.inter_slots(),
             ) {
                 line += &format!(" eager {:.1} us", t * 1e6);
             }

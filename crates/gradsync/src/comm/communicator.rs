@@ -155,6 +155,17 @@ impl Communicator {
         self.layout.local_size
     }
 
+    /// Messages this rank has in flight at most to a rank of another host (the pair's window:
+    /// `GRADSYNC_TCP_NSLOTS` over TCP), as the cost model counts them; 0 on a single host.
+    pub fn inter_slots(&self) -> usize {
+        let (local, world) = (self.layout.local_size, self.world);
+        if local == 0 || local >= world {
+            return 0;
+        }
+        let other = (self.rank / local * local + local) % world;
+        self.engine.window(other)
+    }
+
     /// Elements of `dtype` per pipeline segment (one message, `GRADSYNC_CHUNK_SIZE`).
     pub fn segment_elems(&self, dtype: gradsync_core::DataType) -> usize {
         self.engine.segment_elems(dtype)

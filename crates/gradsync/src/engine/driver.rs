@@ -239,6 +239,11 @@ impl Engine {
         self.proto.set_window(peer, window);
     }
 
+    /// The messages in flight to `peer` at most (see [`Engine::set_window`]).
+    pub(crate) fn window(&self, peer: usize) -> usize {
+        self.proto.window(peer)
+    }
+
     /// Records every rank's inbox descriptor (index = rank).
     pub(crate) fn connect_peers(&mut self, inboxes: &[RemoteRegion]) {
         self.remote_inboxes.copy_from_slice(inboxes);

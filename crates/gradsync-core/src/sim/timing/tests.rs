@@ -23,6 +23,10 @@ struct RefTimer<'a> {
     posted: Vec<VecDeque<OpId>>,
     /// Per (rank, op): messages of a post not yet arrived.
     post_left: std::collections::HashMap<(usize, OpId), usize>,
+    /// Per rank: when its download from other hosts is free again.
+    download_free: Vec<f64>,
+    /// Per (src, dst) on different hosts: messages sent that `dst` has not taken yet.
+    in_flight: Vec<usize>,
     finish: Vec<f64>,
     events: BinaryHeap<Reverse<Event>>,
     seq: u64,
@@ -86,9 +90,18 @@ impl RefTimer<'_> {
         if self.busy[k] {
             return;
         }
-        if let Some((op, peer, len)) = self.queue[k].pop_front() {
+        let r = k / 2;
+        let slots = if k % 2 == 1 { self.topo.inter_slots } else { 0 };
+        let first = self.queue[k].iter().position(|&(op, peer, _)| {
+            slots == 0
+                || self.post_left.contains_key(&(r, op))
+                || self.in_flight[r * self.world + peer] < slots
+        });
+        if let Some((op, peer, len)) = first.and_then(|i| self.queue[k].remove(i)) {
+            if slots > 0 && !self.post_left.contains_key(&(r, op)) {
+                self.in_flight[r * self.world + peer] += 1;
+            }
             self.busy[k] = true;
-            let r = k / 2;
             let bytes = len * self.elem;
             self.messages += 1;
             self.bytes += bytes as u64;
@@ -100,7 +113,35 @@ impl RefTimer<'_> {
     fn complete(&mut self, r: usize, op: OpId, t: f64) {
         self.scheds[r].handle_complete(op);
         self.finish[r] = self.finish[r].max(t);
+        if let Op::Recv { peer, .. } = self.scheds[r].program().ops()[op as usize]
+            && self.topo.inter_slots > 0
+            && !self.topo.same_host(r, peer)
+        {
+            let at = t + self.topo.inter.alpha_s;
+            self.push(
+                at,
+                Kind::Credit {
+                    rank: peer,
+                    peer: r,
+                },
+            );
+        }
         self.drain(r, t);
+    }
+
+    /// A message from `src` is at `dst`.
+    fn deliver(&mut self, src: usize, dst: usize, t: f64) {
+        let c = src * self.world + dst;
+        match self.posted[c].pop_front() {
+            Some(recv) => self.push(
+                t,
+                Kind::Complete {
+                    rank: dst,
+                    op: recv,
+                },
+            ),
+            None => self.arrived[c] += 1,
+        }
     }
 }
 
@@ -137,6 +178,8 @@ fn reference_predict(
         arrived: vec![0; world * world],
         posted: vec![VecDeque::new(); world * world],
         post_left: Default::default(),
+        download_free: vec![0.0; world],
+        in_flight: vec![0; world * world],
         finish: vec![0.0; world],
         events: BinaryHeap::new(),
         seq: 0,
@@ -149,19 +192,32 @@ fn reference_predict(
     while let Some(Reverse(ev)) = tm.events.pop() {
         match ev.kind {
             Kind::Complete { rank, op } => tm.complete(rank, op, ev.t),
+            Kind::Arrive { dst, src } => tm.deliver(src, dst, ev.t),
+            Kind::Credit { rank, peer } => {
+                let c = rank * world + peer;
+                tm.in_flight[c] = tm.in_flight[c].saturating_sub(1);
+                tm.start_link(2 * rank + 1, ev.t);
+            }
             Kind::Sent { rank, op, peer } => {
                 let k = tm.link_index(rank, peer);
                 tm.busy[k] = false;
-                let c = rank * world + peer;
-                match tm.posted[c].pop_front() {
-                    Some(recv) => tm.push(
-                        ev.t,
-                        Kind::Complete {
-                            rank: peer,
-                            op: recv,
+                let mut at = ev.t;
+                if k % 2 == 1 && topo.local_size > 0 {
+                    let len = tm.scheds[rank].program().ops()[op as usize].len();
+                    let wire = (len * elem_size) as f64 * topo.inter.beta_s_per_byte;
+                    at = at.max(tm.download_free[peer] + wire);
+                    tm.download_free[peer] = at;
+                }
+                if at > ev.t {
+                    tm.push(
+                        at,
+                        Kind::Arrive {
+                            dst: peer,
+                            src: rank,
                         },
-                    ),
-                    None => tm.arrived[c] += 1,
+                    );
+                } else {
+                    tm.deliver(rank, peer, ev.t);
                 }
                 if let Some(left) = tm.post_left.get_mut(&(rank, op)) {
                     *left -= 1;
@@ -239,7 +295,7 @@ fn compact_model_predicts_exactly_as_the_reference() {
                 for count in [0, 5, 1000] {
                     for segment in [7, usize::MAX] {
                         for in_place in [false, true] {
-                            for local in [0, 2, 3] {
+                            for (local, slots) in [(0, 0), (1, 2), (2, 0), (2, 1), (3, 3)] {
                                 // The internal all-reduces move `world` times the buffer in
                                 // small segments: their largest worlds run unsegmented only.
                                 let big = count == 1000 && segment == 7 && world > 6;
@@ -254,14 +310,14 @@ fn compact_model_predicts_exactly_as_the_reference() {
                                 let topo = if local == 0 {
                                     Topology::flat(fast)
                                 } else {
-                                    Topology::two_level(local, fast, slow)
+                                    Topology::two_level(local, fast, slow).with_inter_slots(slots)
                                 };
                                 let want = reference_predict(&progs, 4, &topo);
                                 let got = predict_programs_on(&progs, 4, &topo);
                                 assert_eq!(
                                     got, want,
                                     "{coll} {algorithm} n={world} count={count} seg={segment} \
-                                     in_place={in_place} local={local}"
+                                     in_place={in_place} local={local} slots={slots}"
                                 );
                                 cases += 1;
                             }
@@ -412,4 +468,80 @@ fn symmetric_prediction_of_a_large_world_checks_a_sample() {
     let mut odd = ps.clone();
     odd[7].count += 1;
     assert_eq!(predict_symmetric(&odd, DataType::F32, &link).unwrap(), None);
+}
+
+/// Messages of `len` f32 elements: one receive of rank `peer`'s, one send to it.
+fn recv_op(peer: usize, len: usize) -> Op {
+    use crate::schedule::{Buf, Loc};
+    Op::Recv {
+        peer,
+        dst: Loc::new(Buf::Output, 0),
+        reduce_with: None,
+        len,
+    }
+}
+
+fn send_op(peer: usize, len: usize) -> Op {
+    use crate::schedule::{Buf, Loc};
+    Op::Send {
+        peer,
+        src: Loc::new(Buf::Input, 0),
+        len,
+    }
+}
+
+#[test]
+fn a_download_across_hosts_is_shared_by_the_ranks_sending_to_it() {
+    // Ranks 1 and 2 send 1 MB each to rank 0 at once, over links of 1 GB/s.
+    let (alpha, wire, len) = (1e-6, 1e-3, 250_000);
+    let link = LinkModel::new(alpha, 1e9);
+    let mut root = Program::new();
+    root.push(recv_op(1, len), &[]);
+    root.push(recv_op(2, len), &[]);
+    let mut leaf = Program::new();
+    leaf.push(send_op(0, len), &[]);
+    let progs = vec![root, leaf.clone(), leaf];
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+    // On one host both arrive together.
+    let one = predict_programs_on(&progs, 4, &Topology::flat(link)).unwrap();
+    assert!(close(one.rank_time_s[0], alpha + wire), "{one:?}");
+    // On three hosts rank 0's download carries one after the other; the senders are done
+    // when their bytes are out.
+    let topo = Topology::two_level(1, link, link);
+    let three = predict_programs_on(&progs, 4, &topo).unwrap();
+    assert!(close(three.rank_time_s[0], alpha + 2.0 * wire), "{three:?}");
+    assert!(close(three.rank_time_s[1], alpha + wire), "{three:?}");
+    assert_eq!(Ok(three), reference_predict(&progs, 4, &topo));
+}
+
+#[test]
+fn a_sender_across_hosts_waits_for_a_free_slot_of_its_peer() {
+    // Rank 1 sends 4 messages to rank 0 on another host, which takes each as it comes. With
+    // one slot, each message after the first waits for the slot's release, a latency after
+    // the one before arrived; with two, the release comes while the second is sent.
+    let (alpha, wire, len) = (1e-4, 1e-3, 250_000);
+    let link = LinkModel::new(alpha, 1e9);
+    let mut recv = Program::new();
+    let mut send = Program::new();
+    for _ in 0..4 {
+        recv.push(recv_op(1, len), &[]);
+        send.push(send_op(0, len), &[]);
+    }
+    let progs = vec![recv, send];
+    for (slots, want) in [
+        (0, 4.0 * (alpha + wire)),
+        (1, 7.0 * alpha + 4.0 * wire),
+        (2, 4.0 * (alpha + wire)),
+    ] {
+        let topo = Topology::two_level(1, link, link).with_inter_slots(slots);
+        let got = predict_programs_on(&progs, 4, &topo).unwrap();
+        assert!((got.time_s - want).abs() < 1e-12, "{slots} slots: {got:?}");
+        assert_eq!(Ok(got), reference_predict(&progs, 4, &topo));
+        // Inside a host the slots are not counted.
+        let flat = predict_programs_on(&progs, 4, &Topology::flat(link)).unwrap();
+        assert!(
+            (flat.time_s - 4.0 * (alpha + wire)).abs() < 1e-12,
+            "{flat:?}"
+        );
+    }
 }
