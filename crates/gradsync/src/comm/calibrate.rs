@@ -19,6 +19,10 @@ struct PublishedCosts {
 
 /// Largest bulk message of the calibration at init.
 const CALIBRATION_MAX_BULK: usize = 8 << 20;
+/// Size the calibration's bulk messages reach whatever time the round trips took: the half
+/// round must be well past a shaper's first burst (a token bucket lets 128 KiB or more through
+/// at once), or both rounds are the burst's and the slope is the memory's rate, not the link's.
+const CALIBRATION_MIN_BULK: usize = 512 << 10;
 
 impl Communicator {
     /// Settles the cost model of the automatic choice at init (see [`crate::cost`]). Rank 0
@@ -259,7 +263,8 @@ impl Communicator {
     /// Rank 0's side of the calibration of its link to `peer`: the latency from the median
     /// round trip of small ping-pongs, the bandwidth from bulk messages that double in size
     /// (64 KiB up to [`CALIBRATION_MAX_BULK`]) while a round takes under an eighth of
-    /// `budget`: the slope between the fastest of five rounds at that size and at half of it,
+    /// `budget` (and to [`CALIBRATION_MIN_BULK`] at least, unless a round takes that long before):
+    /// the slope between the fastest of five rounds at that size and at half of it,
     /// the whole within about `budget`.
     fn calibration_lead(
         &mut self,
@@ -282,10 +287,13 @@ impl Communicator {
         }
         rtts.sort_by(f64::total_cmp);
         let rtt = rtts[rtts.len() / 2];
-        // Sizes double from 64 KiB while a round takes under an eighth of the budget.
+        // Sizes double from 64 KiB while a round takes under an eighth of the budget, to
+        // CALIBRATION_MIN_BULK even when the round trips took a quarter of it (a busy machine).
         let mut size = 64usize << 10;
         let mut bulk = Vec::new();
-        while size < CALIBRATION_MAX_BULK && start.elapsed() < budget / 4 {
+        while size < CALIBRATION_MAX_BULK
+            && (size < CALIBRATION_MIN_BULK || start.elapsed() < budget / 4)
+        {
             let secs = self.calibration_bulk(peer, &mut bulk, size)?;
             if secs >= budget.as_secs_f64() / 8.0 {
                 break;
