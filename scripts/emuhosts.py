@@ -507,6 +507,20 @@ def one_run(args, desc, algo, hosts, port, token, workdir, tag):
         return None, f"cannot read rank 0's JSON {jsons[0]}: {e}\n{tail(outs[0])}"
 
 
+def tcp_counters(desc):
+    """(segments sent, segments retransmitted, retransmission timeouts) summed over the hosts:
+    the kernel's TCP counters of every host's namespace, since the host came up."""
+    total = [0, 0, 0]
+    names = ("TcpOutSegs", "TcpRetransSegs", "TcpExtTCPTimeouts")
+    for h in desc["hosts"]:
+        out = sh(["ip", "netns", "exec", h["namespace"], "nstat", "-asz", *names])
+        for line in out.splitlines():
+            f = line.split()
+            if len(f) >= 2 and f[0] in names:
+                total[names.index(f[0])] += int(f[1])
+    return total
+
+
 def iperf_goodput(desc, seconds, port=5201):
     """TCP goodput in GB/s of one iperf3 stream from host 0 to host 1 for `seconds` (what the
     receiver got), or None with the reason printed."""
@@ -602,10 +616,18 @@ def measure(args):
                     for algo in algos:
                         run_no += 1
                         port = args.port + run_no % 1000
+                        before = tcp_counters(desc) if args.nstat else None
                         t = time.monotonic()
                         row, why = one_run(args, desc, algo, hosts, port, token, workdir,
                                            f"r{run_no}")
                         dt = time.monotonic() - t
+                        if before is not None:
+                            sent, retrans, rto = (a - b for a, b in
+                                                  zip(tcp_counters(desc), before))
+                            print(f"# hosts {hosts} rep {rep + 1} {algo}: TCP sent {sent} "
+                                  f"segments, retransmitted {retrans} "
+                                  f"({100 * retrans / max(sent, 1):.2f}%), {rto} timeouts",
+                                  file=sys.stderr)
                         if row is None:
                             failures.setdefault((hosts, algo), why)
                             print(f"# hosts {hosts} rep {rep + 1} {algo}: FAILED after "
@@ -843,6 +865,9 @@ def main(argv=None):
     p.add_argument("--iperf", type=float, metavar="SECONDS",
                    help="also measure one iperf3 stream from host 0 to host 1 for SECONDS in "
                         "every repetition, and give busbw as a share of its goodput")
+    p.add_argument("--nstat", action="store_true",
+                   help="also give, per run, the TCP segments the hosts sent and how many of "
+                        "them were retransmissions (the kernel's counters in each host)")
 
     args = ap.parse_args(argv)
     # SIGTERM and SIGHUP unwind like Ctrl-C, so that every `finally` tears the hosts down.
