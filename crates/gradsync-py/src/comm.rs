@@ -855,7 +855,7 @@ impl Communicator {
     /// ``send``/``recv`` of one with the other meets the other's k-th, which must be the
     /// opposite call. A send larger than the transport's receive slots ((``GRADSYNC_NSLOTS``
     /// - 1) x ``GRADSYNC_CHUNK_SIZE``, 3.5 MiB by default; with ``GRADSYNC_TCP_NSLOTS``, 1 MiB,
-    /// over TCP) returns only once the peer receives
+    /// over TCP inside a host) returns only once the peer receives
     /// it, so two ranks that both send first fail (at once, or at the timeout for large sends).
     fn send(&self, py: Python<'_>, buf: &Bound<'_, PyAny>, peer: usize) -> PyResult<()> {
         self.p2p(py, buf, peer, true)

@@ -41,8 +41,11 @@ pub struct Config {
     /// Slots (messages in flight) per peer (`GRADSYNC_NSLOTS`).
     pub nslots: usize,
     /// Of those, the messages in flight to a peer reached over TCP (`GRADSYNC_TCP_NSLOTS`, at
-    /// most `nslots`). Fewer in flight keep the socket queues and the inbox slots being filled
-    /// in the cache; over loopback 3 measured 1.3-1.4x the busbw of 8.
+    /// most `nslots`); 0, the default: 3 to a peer on this host and all
+    /// `nslots` to a peer on another host. Fewer in flight keep the socket queues and the inbox
+    /// slots being filled in the cache (over loopback 3 measured 1.3-1.4x the busbw of 8);
+    /// across hosts a switch's queue lengthens the round trip that returns a slot, and 3 slots
+    /// left Rabenseifner waiting on its window where two flows share a host's link.
     pub tcp_nslots: usize,
     /// Receive memory per rank (`GRADSYNC_RECV_BUDGET`): the inbox slots' payload bytes over
     /// all peers. Where `world * nslots` slots of `chunk_bytes` would exceed it, every peer gets
@@ -228,7 +231,8 @@ pub const MIN_SLOTS_PER_PEER: usize = 2;
 pub const DEFAULT_CHUNK: usize = 512 * 1024;
 /// Default `GRADSYNC_NSLOTS`.
 pub const DEFAULT_NSLOTS: usize = 8;
-/// Default `GRADSYNC_TCP_NSLOTS`.
+/// `GRADSYNC_TCP_NSLOTS` by default to a peer on this host (a peer on another host gets all
+/// `GRADSYNC_NSLOTS`).
 pub const DEFAULT_TCP_NSLOTS: usize = 3;
 /// Default `GRADSYNC_TIMEOUT`.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -337,7 +341,7 @@ impl Config {
             chunk_bytes: DEFAULT_CHUNK,
             nslots: DEFAULT_NSLOTS,
             recv_budget: DEFAULT_RECV_BUDGET,
-            tcp_nslots: DEFAULT_TCP_NSLOTS,
+            tcp_nslots: 0,
             spin: DEFAULT_SPIN,
             algorithm: None,
             collective_algorithms: Vec::new(),

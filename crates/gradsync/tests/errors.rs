@@ -164,7 +164,7 @@ fn slot_settings_that_differ_between_ranks_fail_init_naming_them() {
     });
     let all = every_rank_failed(&res);
     assert!(
-        all.contains("rank 0: GRADSYNC_NSLOTS is 8 on rank 0 but 4 on rank 1, GRADSYNC_TCP_NSLOTS is 3 on rank 0 but 2 on rank 1; set them alike on every rank")
+        all.contains("rank 0: GRADSYNC_NSLOTS is 8 on rank 0 but 4 on rank 1, GRADSYNC_TCP_NSLOTS is unset on rank 0 but 2 on rank 1; set them alike on every rank")
             && all.contains("rank 1: GRADSYNC_NSLOTS is 8 on rank 0 but 4 on rank 1"),
         "{all}"
     );

@@ -246,3 +246,42 @@ fn a_receive_budget_gives_every_peer_fewer_slots_and_results_stay_right() {
     );
     assert_eq!(res.len(), world);
 }
+
+#[test]
+fn tcp_pairs_keep_every_slot_in_flight_across_hosts_and_three_inside_one() {
+    // 4 ranks as 2 emulated hosts of 2, every pair over TCP.
+    let two_hosts = |cfg: &mut Config| cfg.host_id = Some(format!("host-{}", cfg.rank / 2));
+    let windows = |tweak: fn(&mut Config)| {
+        run(
+            4,
+            move |cfg| {
+                two_hosts(cfg);
+                tweak(cfg)
+            },
+            |mut c| {
+                let rank = c.rank();
+                let mut buf: Vec<f32> = (0..(2 << 20))
+                    .map(|i| (i % 97) as f32 + rank as f32)
+                    .collect();
+                c.all_reduce(&mut buf, ReduceOp::Sum).unwrap();
+                for (i, v) in buf.iter().enumerate() {
+                    assert_eq!(*v, 4.0 * (i % 97) as f32 + 6.0, "rank {rank} element {i}");
+                }
+                let w: Vec<usize> = (0..4)
+                    .map(|p| if p == rank { 0 } else { c.window(p) })
+                    .collect();
+                (w, c.inter_slots())
+            },
+        )
+    };
+    // Unset: 3 to the peer on this host, all 8 slots to the other host's.
+    let got = windows(|_| {});
+    assert_eq!(got[0], (vec![0, 3, 8, 8], 8), "{got:?}");
+    assert_eq!(got[3], (vec![8, 8, 3, 0], 8), "{got:?}");
+    // At most the slots there are.
+    let got = windows(|cfg| cfg.nslots = 4);
+    assert_eq!(got[1], (vec![3, 0, 4, 4], 4), "{got:?}");
+    // Set: the same for every TCP pair.
+    let got = windows(|cfg| cfg.tcp_nslots = 5);
+    assert_eq!(got[2], (vec![5, 5, 0, 5], 5), "{got:?}");
+}

@@ -75,10 +75,10 @@ What the backend implements:
   are matched in the order they were sent; tags are not matched. A blocking ``send`` returns once
   the message has been handed over (the first one also waits for the peer's first transfer with
   this rank, which connects them): at once for a message that fits in what gradsync buffers for
-  a peer, (``GRADSYNC_NSLOTS`` - 1) x ``GRADSYNC_CHUNK_SIZE`` bytes on one host and
-  (``GRADSYNC_TCP_NSLOTS`` - 1) x ``GRADSYNC_CHUNK_SIZE`` over TCP (3.5 MiB and 1 MiB by
-  default: on one host an exchange of 3 MiB blocking sends completes, one of 4 MiB does not),
-  else once the peer receives it. So two ranks that both ``send`` large messages before they
+  a peer, (``GRADSYNC_NSLOTS`` - 1) x ``GRADSYNC_CHUNK_SIZE`` bytes (3.5 MiB by default: on
+  one host an exchange of 3 MiB blocking sends completes, one of 4 MiB does not), or
+  (``GRADSYNC_TCP_NSLOTS`` - 1) x ``GRADSYNC_CHUNK_SIZE`` (1 MiB) to a peer on the same host
+  reached over TCP, else once the peer receives it. So two ranks that both ``send`` large messages before they
   ``recv`` wait for each other until the timeout and then fail (the error says so); use
   ``isend``/``irecv`` or ``batch_isend_irecv`` for exchanges.
 

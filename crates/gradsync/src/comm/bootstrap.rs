@@ -105,8 +105,15 @@ impl SlotLayout {
             ),
         ] {
             if a != b {
+                // GRADSYNC_TCP_NSLOTS unset is 0: the default by host.
+                let show = |v: u64| match v {
+                    0 => "unset".to_string(),
+                    v => v.to_string(),
+                };
                 diff.push(format!(
-                    "{name} is {a} on rank {rank} but {b} on rank {peer}"
+                    "{name} is {} on rank {rank} but {} on rank {peer}",
+                    show(a),
+                    show(b)
                 ));
             }
         }
@@ -411,7 +418,7 @@ impl Communicator {
                         sock_buf: config.socket_bufsize,
                         timeout: step_budget(ex, config.timeout.saturating_sub(t0.elapsed())),
                         token: token.map(<[u8]>::to_vec),
-                        window: Some(tcp_window(&config)),
+                        window: Some(tcp_window(&config, true)),
                     };
                     let ep = if config.runtime_connect {
                         TcpEndpoint::lazy(rank, &addrs, listener, comm_id, &topts)
@@ -475,8 +482,9 @@ impl Communicator {
             eopts.busy_spin = BUSY_SPIN.min(config.spin);
         }
         let (mut engine, inbox) = Engine::new(ep, comm_id, eopts)?;
-        apply_caps(&mut engine, &config);
+        apply_caps(&mut engine, &config, Some(&topo.host_of));
         meet_inboxes(ex, &mut engine, inbox, &config)?;
+        let (near, far) = (tcp_window(&config, true), tcp_window(&config, false));
         tracing::info!(
             target: "gradsync::init",
             "gradsync {} rank {rank}/{world} interface {ifname} {ip} transport {} hosts {} local ranks {} {} chunk {} KiB x {} slots eager up to {} bytes{} connections {}{} receive memory {} MiB registered (budget {} MiB) timeout {:?} (init {:.1} ms)",
@@ -488,9 +496,13 @@ impl Communicator {
                 format!("rdma queue pairs/peer {}", config.ib.qps_per_conn)
             } else {
                 format!(
-                    "tcp streams/peer {} slots/peer {}",
+                    "tcp streams/peer {} slots/peer {near}{}",
                     config.nsocks,
-                    tcp_window(&config)
+                    if topo.hosts() > 1 && far != near {
+                        format!(" ({far} to another host)")
+                    } else {
+                        String::new()
+                    }
                 )
             },
             config.chunk_bytes / 1024,
@@ -772,7 +784,7 @@ impl Communicator {
         let mut inboxes = Vec::with_capacity(world);
         for ep in endpoints {
             let (mut e, inbox) = Engine::new(ep, comm_id, engine_options(config))?;
-            apply_caps(&mut e, config);
+            apply_caps(&mut e, config, None);
             engines.push(e);
             inboxes.push(inbox);
         }
@@ -1014,7 +1026,6 @@ pub(super) fn engine_options(c: &Config) -> EngineOptions {
     }
 }
 
-/// Slots in flight per TCP pair: `GRADSYNC_TCP_NSLOTS`, at most the inbox's slots.
 /// What the RDMA backend needs to connect its pairs on first use: every rank's listening
 /// address, this rank's listener, the communicator and the job token.
 #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
@@ -1025,19 +1036,28 @@ struct RdmaFirstUse<'a> {
     token: Option<&'a [u8]>,
 }
 
-fn tcp_window(c: &Config) -> usize {
-    c.tcp_nslots.min(c.nslots)
+fn tcp_window(c: &Config, same_host: bool) -> usize {
+    match c.tcp_nslots {
+        0 if same_host => crate::config::DEFAULT_TCP_NSLOTS,
+        0 => c.nslots,
+        n => n,
+    }
+    .min(c.nslots)
 }
 
 /// Sets every pair's window and direct-write threshold from what the transport can do for it:
 /// the window it suggests, no direct writes where it cannot land them in caller buffers (RDMA
 /// pins only long-lived regions), the shared-memory threshold where the peer maps this rank's
-/// memory, the network's otherwise.
-pub(super) fn apply_caps(engine: &mut Engine, config: &Config) {
+/// memory, the network's otherwise. With `host_of` (every rank's host), a TCP pair across hosts
+/// gets the window for another host (see [`Config::tcp_nslots`]).
+pub(super) fn apply_caps(engine: &mut Engine, config: &Config, host_of: Option<&[usize]>) {
     let (rank, world) = (engine.rank, engine.world);
     for p in (0..world).filter(|&p| p != rank) {
         let caps = engine.ep.caps(p);
-        if let Some(w) = caps.window {
+        let across = host_of.is_some_and(|h| h.get(p) != h.get(rank));
+        if caps.route == Route::Tcp && across {
+            engine.set_window(p, tcp_window(config, false));
+        } else if let Some(w) = caps.window {
             engine.set_window(p, w);
         }
         let direct_min = if !caps.direct_writes {

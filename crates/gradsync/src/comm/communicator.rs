@@ -156,7 +156,8 @@ impl Communicator {
     }
 
     /// Messages this rank has in flight at most to a rank of another host (the pair's window:
-    /// `GRADSYNC_TCP_NSLOTS` over TCP), as the cost model counts them; 0 on a single host.
+    /// over TCP `GRADSYNC_TCP_NSLOTS`, by default all `GRADSYNC_NSLOTS`), as the cost model
+    /// counts them; 0 on a single host.
     pub fn inter_slots(&self) -> usize {
         let (local, world) = (self.layout.local_size, self.world);
         if local == 0 || local >= world {
@@ -164,6 +165,22 @@ impl Communicator {
         }
         let other = (self.rank / local * local + local) % world;
         self.engine.window(other)
+    }
+
+    /// Messages this rank has in flight at most to `peer` (the pair's window, its receive
+    /// slots in use): over TCP `GRADSYNC_TCP_NSLOTS`, by default 3 on one host and all
+    /// `GRADSYNC_NSLOTS` to another host.
+    ///
+    /// # Panics
+    ///
+    /// If `peer` is not a rank of the communicator.
+    pub fn window(&self, peer: usize) -> usize {
+        assert!(
+            peer < self.world,
+            "rank {peer} is not in a world of {}",
+            self.world
+        );
+        self.engine.window(peer)
     }
 
     /// Elements of `dtype` per pipeline segment (one message, `GRADSYNC_CHUNK_SIZE`).

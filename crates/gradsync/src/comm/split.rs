@@ -313,7 +313,7 @@ impl Communicator {
             comm_id,
             engine_options(&config),
         )?;
-        apply_caps(&mut engine, &config);
+        apply_caps(&mut engine, &config, None);
         meet_inboxes(ex, &mut engine, inbox, &config)?;
         let mut c = Communicator::assemble(engine, me, n, config.algorithm, None);
         c.coll_algorithms = config.collective_algorithms.clone();
