@@ -285,3 +285,53 @@ fn tcp_pairs_keep_every_slot_in_flight_across_hosts_and_three_inside_one() {
     let got = windows(|cfg| cfg.tcp_nslots = 5);
     assert_eq!(got[2], (vec![5, 5, 0, 5], 5), "{got:?}");
 }
+
+#[test]
+fn a_tcp_all_to_all_inside_one_host_keeps_one_window_of_blocks_in_flight() {
+    // 4 TCP ranks: on one host, blocks of two slot windows or more go one step at a time.
+    let exchange = |tweak: fn(&mut Config)| {
+        run(4, tweak, |mut c| {
+            let (rank, n) = (c.rank(), 4usize);
+            // 2 MiB blocks: one step at a time on one host.
+            let block = 512 << 10;
+            let input: Vec<i32> = (0..n * block)
+                .map(|i| (rank * n * block + i) as i32)
+                .collect();
+            let mut output = vec![0i32; n * block];
+            c.all_to_all(&input, &mut output).unwrap();
+            for (i, v) in output.iter().enumerate() {
+                let (src, off) = (i / block, i % block);
+                let want = (src * n * block + rank * block + off) as i32;
+                assert_eq!(*v, want, "rank {rank} element {i}");
+            }
+            // Uneven counts: rank r sends (r + p + 1) * 300 Ki elements to rank p.
+            let send: Vec<usize> = (0..n).map(|p| (rank + p + 1) * (300 << 10)).collect();
+            let recv: Vec<usize> = (0..n).map(|p| (p + rank + 1) * (300 << 10)).collect();
+            let input: Vec<i32> = (0..send.iter().sum::<usize>())
+                .map(|i| (i as i32).wrapping_mul(7) ^ rank as i32)
+                .collect();
+            let mut output = vec![0i32; recv.iter().sum()];
+            c.all_to_allv(&input, &send, &mut output, &recv).unwrap();
+            let mut at = 0;
+            for (p, &len) in recv.iter().enumerate() {
+                // Rank p's block for `rank` starts after its blocks for ranks below `rank`.
+                let start: usize = (0..rank).map(|q| (p + q + 1) * (300 << 10)).sum();
+                for j in 0..len {
+                    let want = ((start + j) as i32).wrapping_mul(7) ^ p as i32;
+                    assert_eq!(output[at + j], want, "rank {rank} from {p} element {j}");
+                }
+                at += len;
+            }
+            [2 << 20, 1 << 20, 512 << 10, 256 << 10, 64 << 10].map(|b| c.all_to_all_window(b))
+        })
+    };
+    // One host: 3 slots of 512 KiB each way, so 1, 3, 6 and 8 (the most) steps.
+    let got = exchange(|_| {});
+    assert!(got.iter().all(|w| *w == [1, 3, 6, 8, 8]), "{got:?}");
+    // With 6 slots a pair: twice as many.
+    let got = exchange(|cfg| cfg.tcp_nslots = 6);
+    assert!(got.iter().all(|w| *w == [3, 6, 8, 8, 8]), "{got:?}");
+    // Two hosts: the links to the other host run in parallel, every step in flight.
+    let got = exchange(|cfg| cfg.host_id = Some(format!("host-{}", cfg.rank / 2)));
+    assert!(got.iter().all(|w| *w == [8; 5]), "{got:?}");
+}

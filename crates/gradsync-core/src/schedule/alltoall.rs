@@ -21,8 +21,9 @@
 //! [`Params`] with [`Algorithm::Pairwise`] or [`Algorithm::Bruck`].
 
 use super::common::{RangeHazards, at, segments};
-use super::params::{Algorithm, Params};
+use super::params::{Algorithm, Params, PlanError};
 use super::program::{Buf, Loc, Op, OpId, Program};
+use crate::Collective;
 
 /// Steps of the pairwise exchange in flight at once, unless the caller says otherwise.
 pub const DEFAULT_WINDOW: usize = 8;
@@ -132,8 +133,33 @@ pub fn all_to_allv(
 }
 
 /// The uniform all-to-all of `p` (`p.count` elements per block) with its algorithm: Bruck's
-/// for [`Algorithm::Bruck`], the pairwise exchange otherwise.
+/// for [`Algorithm::Bruck`], the pairwise exchange of [`DEFAULT_WINDOW`] steps otherwise.
 pub(crate) fn all_to_all(p: &Params) -> Program {
+    all_to_all_window(p, DEFAULT_WINDOW)
+}
+
+/// The uniform all-to-all of `p` (`p.count` elements per block): Bruck's for
+/// [`Algorithm::Bruck`], else the pairwise exchange with `window` steps in flight (see
+/// [`all_to_allv`]; the planner's default is [`DEFAULT_WINDOW`]).
+///
+/// # Errors
+///
+/// Whatever [`Params::validate`] finds in `p`, or [`PlanError::Unsupported`] when `p` is not an
+/// all-to-all by [`Algorithm::Pairwise`] or [`Algorithm::Bruck`].
+pub fn all_to_all_windowed(p: &Params, window: usize) -> Result<Program, PlanError> {
+    p.validate()?;
+    if p.coll != Collective::AllToAll
+        || !matches!(p.algorithm, Algorithm::Pairwise | Algorithm::Bruck)
+    {
+        return Err(PlanError::Unsupported {
+            coll: p.coll,
+            algorithm: p.algorithm,
+        });
+    }
+    Ok(all_to_all_window(p, window))
+}
+
+fn all_to_all_window(p: &Params, window: usize) -> Program {
     if p.algorithm == Algorithm::Bruck && p.world > 2 {
         return bruck(p);
     }
@@ -143,7 +169,7 @@ pub(crate) fn all_to_all(p: &Params) -> Program {
             len: p.count,
         })
         .collect();
-    all_to_allv(p.rank, &blocks, &blocks, p.segment, DEFAULT_WINDOW)
+    all_to_allv(p.rank, &blocks, &blocks, p.segment, window)
 }
 
 /// Bruck's all-to-all for `p.count` elements per block (see the [module docs](self)).

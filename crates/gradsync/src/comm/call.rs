@@ -85,8 +85,10 @@ impl Communicator {
                 self.drive(true, None)?;
                 self.engine.check_usable()?;
                 let seg = self.engine.segment_elems(dtype);
-                let prog =
-                    alltoall::all_to_allv(self.rank, &send, &recv, seg, alltoall::DEFAULT_WINDOW);
+                // The window for the mean block this rank sends.
+                let sent: usize = send.iter().map(|b| b.len).sum();
+                let window = self.exchange_window(sent * dtype.size() / self.world.max(1));
+                let prog = alltoall::all_to_allv(self.rank, &send, &recv, seg, window);
                 self.seq += 1;
                 // The counts differ per pair: the signature carries none, and every message's
                 // length is checked against what its receiver expects.

@@ -92,7 +92,7 @@ impl Communicator {
                     } else {
                         self.costs.intra.link()
                     };
-                    let window = gradsync_core::schedule::alltoall::DEFAULT_WINDOW;
+                    let window = self.exchange_window(bytes);
                     crate::cost::choose_all_to_all(self.world, bytes, window, &link).0
                 }
                 None => plan::default_algorithm(coll, self.world, bytes),

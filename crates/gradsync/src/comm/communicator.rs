@@ -183,6 +183,13 @@ impl Communicator {
         self.engine.window(peer)
     }
 
+    /// Steps of the pairwise all-to-all this rank keeps in flight for blocks of `block_bytes`
+    /// bytes: where every peer is a TCP peer on this rank's host, as many blocks as fill one
+    /// pair's [`window`](Self::window) of slots each way (at least one), else 8.
+    pub fn all_to_all_window(&self, block_bytes: usize) -> usize {
+        self.exchange_window(block_bytes)
+    }
+
     /// Elements of `dtype` per pipeline segment (one message, `GRADSYNC_CHUNK_SIZE`).
     pub fn segment_elems(&self, dtype: gradsync_core::DataType) -> usize {
         self.engine.segment_elems(dtype)

@@ -630,6 +630,17 @@ impl Engine {
     /// The schedule of `params`: a finished one restarted when the same parameters ran
     /// recently, else newly generated.
     pub(crate) fn schedule_for(&mut self, params: &Params) -> Result<Planned, PlanError> {
+        self.schedule_with(params, plan::build)
+    }
+
+    /// [`Engine::schedule_for`], with `build` making the program where the cache has none.
+    /// `build` must give the same program for the same `params` on this engine (the cache is
+    /// keyed by `params` alone).
+    pub(crate) fn schedule_with(
+        &mut self,
+        params: &Params,
+        build: impl FnOnce(&Params) -> Result<Program, PlanError>,
+    ) -> Result<Planned, PlanError> {
         // A loop of equal calls finds its schedule last in the cache.
         let i = match self.sched_cache.last() {
             Some((p, ..)) if p == params => Some(self.sched_cache.len() - 1),
@@ -648,7 +659,7 @@ impl Engine {
                 checked: Some(lens),
             });
         }
-        let mut planned = self.one_off(plan::build(params)?);
+        let mut planned = self.one_off(build(params)?);
         planned.params = Some(*params);
         Ok(planned)
     }
