@@ -12,7 +12,8 @@ use gradsync::{Algorithm, Collective, Communicator, DataType};
 use crate::table::Row;
 
 /// Predicted seconds of an all-reduce of `bytes` bytes of `dtype` with `algo` (`None`: eager)
-/// under the communicator's model.
+/// under the communicator's model, with the proportions timed at init from
+/// [`gradsync::cost::BULK_FROM`] on.
 fn predicted(
     comm: &Communicator,
     dtype: DataType,
@@ -31,6 +32,19 @@ fn predicted(
         &links.inter.link(),
         comm.inter_slots(),
     )
+    .map(|t| match algo {
+        Some(a) => {
+            t * links.bulk_scale(
+                comm.world_size(),
+                comm.local_size(),
+                comm.segment_elems(DataType::F32),
+                comm.inter_slots(),
+                a,
+                bytes as usize,
+            )
+        }
+        None => t,
+    })
     .map_err(|e| anyhow::anyhow!(e))
 }
 
@@ -47,6 +61,16 @@ pub fn render(comm: &Communicator, rows: &[(DataType, Row)]) -> anyhow::Result<S
         links.inter.alpha_us,
         links.inter.gbytes_per_s
     );
+    if let Some(b) = links.bulk_of(comm.world_size(), comm.local_size()) {
+        s += &format!(
+            "# candidates timed at init at {} MiB (us):{}; from {} MiB on each prediction takes the proportion to the ring measured there\n",
+            b.bytes >> 20,
+            b.us.iter()
+                .map(|(a, us)| format!(" {a} {us:.0}"))
+                .collect::<String>(),
+            gradsync::cost::BULK_FROM >> 20
+        );
+    }
     s += "# predicted time (us) of every all-reduce algorithm under the model, the model's best, the automatic choice and the measured out-of-place time\n";
     s += &format!("# {:>12} {:>10}", "size", "eager");
     for a in &algos {

@@ -628,6 +628,81 @@ fn init_calibrates_once_and_caches_per_host() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// On one host of 3 ranks the first init also times every candidate at 8 MiB and keeps the
+/// times in the cache for its layout; later inits of that layout reuse them, and a forced
+/// algorithm skips the timing.
+#[test]
+fn init_times_the_candidates_once_per_layout() {
+    let dir = std::env::temp_dir().join(format!("gradsync-bulk-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |nproc: &str, env: &[(&str, &str)]| {
+        let mut vars = vec![("XDG_CACHE_HOME", dir.to_str().unwrap())];
+        vars.extend_from_slice(env);
+        let out = bench(
+            &[
+                "all_reduce",
+                "--nproc",
+                nproc,
+                "-b",
+                "8",
+                "-e",
+                "8",
+                "-n",
+                "1",
+                "-w",
+                "0",
+                "--explain",
+            ],
+            &vars,
+        );
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{text}");
+        text
+    };
+    let cache = || {
+        let files: Vec<_> = std::fs::read_dir(dir.join("gradsync"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(files.len(), 1, "{files:?}");
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&files[0]).unwrap()).unwrap();
+        v
+    };
+    // Forced: the links are measured, the candidates are not timed.
+    let forced = run("3", &[("GRADSYNC_ALGO", "ring")]);
+    assert!(forced.contains("(measured at init in"), "{forced}");
+    assert!(!forced.contains("candidates timed"), "{forced}");
+    assert!(cache().get("bulk").is_none());
+    // The model is cached: only the candidates are timed, once.
+    let first = run("3", &[]);
+    assert!(first.contains("candidates timed at 8 MiB in"), "{first}");
+    assert!(
+        first.contains("# candidates timed at init at 8 MiB (us):"),
+        "{first}"
+    );
+    let bulk = cache()["bulk"].clone();
+    let entry = &bulk.as_array().unwrap()[0];
+    assert_eq!(
+        (entry["world"].as_u64(), entry["bytes"].as_u64()),
+        (Some(3), Some(8 << 20))
+    );
+    let us = entry["us"].as_object().unwrap();
+    let names: Vec<_> = us.keys().map(String::as_str).collect();
+    assert_eq!(names, ["double_tree", "rabenseifner", "ring", "tree"]);
+    assert!(us.values().all(|t| t.as_f64().unwrap() > 0.0), "{us:?}");
+    let second = run("3", &[]);
+    assert!(second.contains("(cached in"), "{second}");
+    assert!(!second.contains("candidates timed at 8 MiB in"), "{second}");
+    assert!(second.contains("# candidates timed at init"), "{second}");
+    assert_eq!(cache()["bulk"], bulk);
+    // Two ranks are never timed.
+    let two = run("2", &[]);
+    assert!(!two.contains("candidates timed"), "{two}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `--compare` times the algorithms in turns inside one run and prints one line per size with
 /// every algorithm, the fastest forced one and auto against it.
 #[test]

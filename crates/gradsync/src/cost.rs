@@ -98,6 +98,40 @@ pub struct LinkCosts {
     /// --compare ALGOS --tune`): for these the measured fastest replaces the model's choice.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub measured: Vec<Measured>,
+    /// Every candidate timed at [`BULK_BYTES`] at init, per layout of ranks on one host: from
+    /// [`BULK_FROM`] on, the model's predictions take these times' proportions (see
+    /// [`LinkCosts::bulk_scale`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bulk: Vec<Bulk>,
+}
+
+/// Size at which the calibration of a single host of 3 to [`BULK_WORLD_MAX`] ranks times every
+/// all-reduce candidate: far enough into the bandwidth-bound sizes that latency is a small
+/// part of every candidate's time.
+pub const BULK_BYTES: usize = 8 << 20;
+
+/// All-reduces from this size on take the proportions measured at [`BULK_BYTES`] (the same
+/// size): the size from which the engine streams copies past the cache (`STREAMING_OP_MIN`), so the sizes
+/// from here on move their bytes alike. Below it the proportions differ (3 ranks on 2 cores:
+/// the tree takes 0.61-0.65 of the ring's time from 8 MiB on, 0.91-0.94 at 1 and 4 MiB).
+pub const BULK_FROM: usize = 8 << 20;
+
+/// Largest world whose candidates the calibration times at [`BULK_BYTES`]: every candidate
+/// runs four times, which on more ranks than cores grows with the world.
+pub const BULK_WORLD_MAX: usize = 8;
+
+/// Every all-reduce candidate's time at one size, measured at init on one layout of ranks
+/// (a single host; the median of the calibration's rounds, rank 0's clock).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Bulk {
+    /// Ranks of the communicator it was measured on.
+    pub world: usize,
+    /// Ranks per host of that communicator.
+    pub local_size: usize,
+    /// Bytes per rank of the all-reduces timed.
+    pub bytes: usize,
+    /// Microseconds per call, by algorithm name.
+    pub us: std::collections::BTreeMap<String, f64>,
 }
 
 /// One all-reduce size class timed with every algorithm on one layout of ranks, as `gradsync
@@ -171,6 +205,7 @@ impl LinkCosts {
             intra: m.clone(),
             inter: m,
             measured: Vec::new(),
+            bulk: Vec::new(),
         }
     }
 
@@ -180,6 +215,7 @@ impl LinkCosts {
             intra: CostModel::uncalibrated(intra),
             inter: CostModel::uncalibrated(inter),
             measured: Vec::new(),
+            bulk: Vec::new(),
         }
     }
 
@@ -199,6 +235,24 @@ impl LinkCosts {
                     "cost model {}: alpha_us must be >= 0 and gbytes_per_s > 0",
                     path.display()
                 ));
+            }
+        }
+        for b in &links.bulk {
+            for (name, us) in &b.us {
+                if let Err(e) = Algorithm::parse(name) {
+                    return Err(format!(
+                        "cost model {}: bulk entry of {} ranks: {e}",
+                        path.display(),
+                        b.world
+                    ));
+                }
+                if !(us.is_finite() && *us > 0.0) {
+                    return Err(format!(
+                        "cost model {}: bulk entry of {} ranks: {name} took {us} us",
+                        path.display(),
+                        b.world
+                    ));
+                }
             }
         }
         for m in &links.measured {
@@ -257,6 +311,72 @@ impl LinkCosts {
         self.measured
             .sort_by_key(|m| (m.world, m.local_size, m.bytes));
         algorithm
+    }
+
+    /// The entry of [`bulk`](Self::bulk) timed on `world` ranks in hosts of `local_size`.
+    pub fn bulk_of(&self, world: usize, local_size: usize) -> Option<&Bulk> {
+        self.bulk
+            .iter()
+            .find(|b| b.world == world && b.local_size == local_size)
+    }
+
+    /// Puts `entry` in place of any earlier one of its layout.
+    pub fn set_bulk(&mut self, entry: Bulk) {
+        self.bulk
+            .retain(|b| (b.world, b.local_size) != (entry.world, entry.local_size));
+        self.bulk.push(entry);
+        self.bulk.sort_by_key(|b| (b.world, b.local_size));
+    }
+
+    /// The factor that scales the model's prediction for `algo` at `bytes` bytes (from
+    /// [`BULK_FROM`] on; 1 below, or where nothing was timed for this layout): the algorithm's
+    /// measured time at the bulk entry's size against the ring's, over the same proportion
+    /// predicted there. The ring's factor is 1, so the ring keeps the model's figure and the
+    /// others take the proportions that the host measured: where the ranks share cores and
+    /// memory rather than a link per pair (3 ranks on 2 cores: the tree at 0.61-0.65 of the
+    /// ring where the model has it 1.54 times), the model's shape alone misses by far more
+    /// than its margin.
+    #[allow(clippy::too_many_arguments)]
+    pub fn bulk_scale(
+        &self,
+        world: usize,
+        local_size: usize,
+        segment: usize,
+        inter_slots: usize,
+        algo: Algorithm,
+        bytes: usize,
+    ) -> f64 {
+        if bytes < BULK_FROM || algo == Algorithm::Ring {
+            return 1.0;
+        }
+        let Some(b) = self.bulk_of(world, local_size) else {
+            return 1.0;
+        };
+        let (Some(t_a), Some(t_ring)) = (b.us.get(algo.name()), b.us.get(Algorithm::Ring.name()))
+        else {
+            return 1.0;
+        };
+        let (intra, inter) = (self.intra.link(), self.inter.link());
+        let predict = |a| {
+            predict_all_reduce(
+                world,
+                local_size,
+                segment,
+                DataType::F32,
+                b.bytes,
+                Some(a),
+                &intra,
+                &inter,
+                inter_slots,
+            )
+        };
+        match (predict(algo), predict(Algorithm::Ring)) {
+            (Ok(p_a), Ok(p_ring)) if p_a > 0.0 && p_ring > 0.0 => {
+                let f = (t_a / t_ring) / (p_a / p_ring);
+                if f.is_finite() && f > 0.0 { f } else { 1.0 }
+            }
+            _ => 1.0,
+        }
     }
 
     /// Writes the model to `path` (pretty JSON), through a temporary file renamed into place so
@@ -340,7 +460,8 @@ pub const RING_MARGIN: f64 = 0.05;
 /// none), the candidate with the least, and the algorithm the automatic choice runs.
 #[derive(Clone, Debug)]
 pub struct Choice {
-    /// `(algorithm, predicted seconds)` in the order of [`all_reduce_candidates`].
+    /// `(algorithm, predicted seconds)` in the order of [`all_reduce_candidates`], from
+    /// [`BULK_FROM`] on scaled by the host's measured proportions ([`LinkCosts::bulk_scale`]).
     pub predicted: Vec<(Algorithm, Result<f64, String>)>,
     /// The fastest predicted candidate, or the ring when it is within [`RING_MARGIN`] of it.
     pub model: Algorithm,
@@ -377,7 +498,8 @@ pub fn choose_all_reduce(
                 &intra,
                 &inter,
                 inter_slots,
-            );
+            )
+            .map(|t| t * links.bulk_scale(world, local_size, segment_f32, inter_slots, a, bytes));
             (a, t)
         })
         .collect();
@@ -768,6 +890,94 @@ mod tests {
         links.save(&f).unwrap();
         assert!(!std::fs::read_to_string(&f).unwrap().contains("measured"));
         assert_eq!(LinkCosts::load(&f).unwrap(), links);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn bulk_times_take_over_the_proportions_from_their_size_on_their_layout_only() {
+        let mut links = LinkCosts::uniform(CostModel {
+            transport: "shm".into(),
+            alpha_us: 5.0,
+            gbytes_per_s: 3.0,
+        });
+        let class = size_class(BULK_FROM);
+        let before = choose_all_reduce(3, 3, 1 << 17, class, &links, 3);
+        let t = |c: &Choice, a: Algorithm| {
+            c.predicted
+                .iter()
+                .find(|(x, _)| *x == a)
+                .and_then(|(_, t)| t.as_ref().ok().copied())
+                .unwrap()
+        };
+        // The model alone keeps the ring at this size (the tree moves twice the bytes).
+        assert_eq!(before.model, Algorithm::Ring, "{before:?}");
+        assert!(t(&before, Algorithm::Tree) > t(&before, Algorithm::Ring));
+        let us = [
+            ("ring", 4800.0),
+            ("tree", 3000.0),
+            ("double_tree", 3400.0),
+            ("rabenseifner", 3700.0),
+        ];
+        links.set_bulk(Bulk {
+            world: 3,
+            local_size: 3,
+            bytes: BULK_BYTES,
+            us: us.iter().map(|(a, t)| (a.to_string(), *t)).collect(),
+        });
+        // At the timed size the predictions keep the measured proportions, so the tree wins.
+        let after = choose_all_reduce(3, 3, 1 << 17, class, &links, 3);
+        assert_eq!(after.model, Algorithm::Tree, "{after:?}");
+        let ring = t(&after, Algorithm::Ring);
+        assert_eq!(ring, t(&before, Algorithm::Ring));
+        for (a, m) in us {
+            let a = Algorithm::parse(a).unwrap();
+            let want = m / 4800.0;
+            let got = t(&after, a) / ring;
+            assert!((got - want).abs() < 1e-9, "{a}: {got} against {want}");
+        }
+        // Larger sizes take them too; smaller ones, other layouts and algorithms not timed
+        // (recursive doubling) keep the model's figures.
+        let big = choose_all_reduce(3, 3, 1 << 17, size_class(BULK_FROM << 3), &links, 3);
+        assert_eq!(big.model, Algorithm::Tree, "{big:?}");
+        for (world, local, cl) in [(3, 3, class - 1), (4, 4, class), (6, 3, class)] {
+            assert_eq!(
+                links.bulk_scale(world, local, 1 << 17, 3, Algorithm::Tree, class_bytes(cl)),
+                1.0,
+                "{world} {local} {cl}"
+            );
+        }
+        assert_eq!(
+            links.bulk_scale(3, 3, 1 << 17, 3, Algorithm::RecursiveDoubling, BULK_FROM),
+            1.0
+        );
+        // A new entry of the layout replaces the old one.
+        let mut again = links.bulk[0].clone();
+        again.us.insert("tree".into(), 6000.0);
+        links.set_bulk(again);
+        assert_eq!(links.bulk.len(), 1);
+        assert_eq!(
+            choose_all_reduce(3, 3, 1 << 17, class, &links, 3).model,
+            Algorithm::DoubleTree
+        );
+
+        // The file keeps the entries; a bad name or time is refused with the layout named.
+        let dir = std::env::temp_dir().join(format!("gradsync-bulk-{}", std::process::id()));
+        let f = dir.join("c.json");
+        links.save(&f).unwrap();
+        assert_eq!(LinkCosts::load(&f).unwrap(), links);
+        let text = std::fs::read_to_string(&f).unwrap();
+        std::fs::write(&f, text.replace("double_tree", "bogus")).unwrap();
+        let e = LinkCosts::load(&f).unwrap_err();
+        assert!(
+            e.contains("bulk entry of 3 ranks") && e.contains("bogus"),
+            "{e}"
+        );
+        std::fs::write(&f, text.replace("6000.0", "-1.0")).unwrap();
+        let e = LinkCosts::load(&f).unwrap_err();
+        assert!(
+            e.contains("bulk entry of 3 ranks") && e.contains("tree took -1"),
+            "{e}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -19,6 +19,10 @@ struct PublishedCosts {
 
 /// Largest bulk message of the calibration at init.
 const CALIBRATION_MAX_BULK: usize = 8 << 20;
+/// Timed rounds of every candidate at [`crate::cost::BULK_BYTES`] (after one round that warms).
+const BULK_ROUNDS: usize = 3;
+/// Calls back to back of a candidate in a timed round.
+const BULK_CALLS: usize = 8;
 /// Size the calibration's bulk messages reach whatever time the round trips took: the half
 /// round must be well past a shaper's first burst (a token bucket lets 128 KiB or more through
 /// at once), or both rounds are the burst's and the slope is the memory's rate, not the link's.
@@ -48,7 +52,7 @@ impl Communicator {
         let timeout = self.timeout();
         let intra_t = intra_peer.map_or(Route::Shm, |p| self.peer_transport(p));
         let inter_t = inter_peer.map_or(intra_t, |p| self.peer_transport(p));
-        // Rank 0 decides: a model it already has, or a measurement (plan byte 1).
+        // Rank 0 decides: a model it already has, or a measurement (the plan byte's bits).
         let mut decided: Option<(LinkCosts, String, Option<std::path::PathBuf>)> = None;
         if rank == 0 {
             let cache = crate::cost::cache_path(self.host_name(0), intra_t.name(), inter_t.name());
@@ -77,7 +81,19 @@ impl Communicator {
                     None,
                 ));
             }
-            let plan = [u8::from(decided.is_none())];
+            // Bit 0: measure the links; bit 1: time the candidates at BULK_BYTES, where this
+            // layout has no such times yet (a model from the cache, measured on another world)
+            // or the links are measured anew. Never for a pinned file or with calibration off.
+            let pinned = config.cost_file.as_ref().is_some_and(|f| f.exists());
+            let bulk = inter_peer.is_none()
+                && (3..=crate::cost::BULK_WORLD_MAX).contains(&self.world)
+                && config.calibrate != crate::Calibrate::Off
+                && config.algorithm.is_none()
+                && !pinned
+                && decided.as_ref().is_none_or(|(l, _, _)| {
+                    l.bulk_of(self.world, self.layout.local_size).is_none()
+                });
+            let plan = [u8::from(decided.is_none()) | (u8::from(bulk) << 1)];
             let store = self.store.as_mut().expect("init keeps its store");
             store
                 .set(&format!("{prefix}/cost/plan"), &plan)
@@ -87,10 +103,13 @@ impl Communicator {
         let plan = store
             .wait(&[&format!("{prefix}/cost/plan")], timeout)
             .map_err(st)?;
-        if plan[0].first() == Some(&1) {
+        let plan = plan[0].first().copied().unwrap_or(0);
+        if plan & 3 != 0 {
             let t0 = Instant::now();
             let (seq, p2p_seq) = (self.seq, self.p2p_seq.clone());
-            let measured = if let Some(far) = inter_peer.filter(|_| rank == 0) {
+            let measured = if plan & 1 == 0 {
+                None
+            } else if let Some(far) = inter_peer.filter(|_| rank == 0) {
                 let budget = crate::cost::CALIBRATION_BUDGET / 2;
                 let intra = match intra_peer {
                     Some(p) => self.calibration_lead(p, budget)?,
@@ -104,6 +123,12 @@ impl Communicator {
                 if Some(rank) == intra_peer || Some(rank) == inter_peer {
                     self.calibration_follow(0)?;
                 }
+                None
+            };
+            let t_links = t0.elapsed();
+            let bulk = if plan & 2 != 0 {
+                self.calibration_candidates()?
+            } else {
                 None
             };
             let store = self.store.as_mut().expect("init keeps its store");
@@ -121,25 +146,44 @@ impl Communicator {
             // still on its way, so the numbering can start again where init left it.
             (self.seq, self.p2p_seq) = (seq, p2p_seq);
             self.engine.recorder.clear();
-            if let Some((intra, inter)) = measured {
-                let mut links = LinkCosts {
-                    intra,
-                    inter,
-                    measured: Vec::new(),
-                };
-                let mut from = format!(
-                    "measured at init in {:.0} ms",
-                    t0.elapsed().as_secs_f64() * 1e3
-                );
+            if rank == 0 {
                 let cache =
                     crate::cost::cache_path(self.host_name(0), intra_t.name(), inter_t.name());
-                let mut saved = None;
-                if let Some(path) = config.cost_file.as_ref().or(cache.as_ref()) {
-                    // Algorithms timed on this host stay valid when its links are measured
-                    // again: keep them.
-                    if let Ok(old) = LinkCosts::load(path) {
-                        links.measured = old.measured;
+                let file = config.cost_file.as_ref().or(cache.as_ref());
+                let (mut links, mut from) = match (measured, decided.take()) {
+                    (Some((intra, inter)), _) => {
+                        let mut links = LinkCosts {
+                            intra,
+                            inter,
+                            measured: Vec::new(),
+                            bulk: Vec::new(),
+                        };
+                        // Algorithms timed on this host stay valid when its links are
+                        // measured again: keep them.
+                        if let Some(old) = file.and_then(|f| LinkCosts::load(f).ok()) {
+                            links.measured = old.measured;
+                            links.bulk = old.bulk;
+                        }
+                        let from =
+                            format!("measured at init in {:.0} ms", t_links.as_secs_f64() * 1e3);
+                        (links, from)
                     }
+                    (None, Some((links, from, _))) => (links, from),
+                    (None, None) => (
+                        LinkCosts::uncalibrated(intra_t, inter_t),
+                        "uncalibrated".to_string(),
+                    ),
+                };
+                if let Some(b) = bulk {
+                    from += &format!(
+                        ", candidates timed at {} MiB in {:.0} ms",
+                        b.bytes >> 20,
+                        (t0.elapsed() - t_links).as_secs_f64() * 1e3
+                    );
+                    links.set_bulk(b);
+                }
+                let mut saved = None;
+                if let Some(path) = file {
                     match links.save(path) {
                         Ok(()) => {
                             from += &format!(", saved to {}", path.display());
@@ -178,6 +222,72 @@ impl Communicator {
             self.set_costs(p.links, p.from, p.path);
         }
         Ok(())
+    }
+
+    /// Every rank times each all-reduce candidate but recursive doubling at
+    /// [`crate::cost::BULK_BYTES`]: one call of each that connects the pairs and warms the
+    /// buffers, then [`BULK_ROUNDS`] rounds in a rotating order, each candidate [`BULK_CALLS`]
+    /// calls back to back after a barrier (as a training step's buckets, or a benchmark, run
+    /// them: on 3 ranks of 2 cores the tree took 0.96 of the ring's time one call at a time,
+    /// 0.72 three calls at a time and 0.64 twenty). Returns, on rank 0, the median over the
+    /// rounds of the slowest rank's time per call for each candidate (the others `None`). The
+    /// forced algorithm is put back whatever happens.
+    fn calibration_candidates(&mut self) -> Result<Option<crate::cost::Bulk>> {
+        // Recursive doubling sends the whole buffer every step: never a bulk candidate.
+        let cands: Vec<_> = crate::cost::all_reduce_candidates(self.world, self.layout.local_size)
+            .into_iter()
+            .filter(|a| *a != crate::Algorithm::RecursiveDoubling)
+            .collect();
+        let n = crate::cost::BULK_BYTES / std::mem::size_of::<f32>();
+        let input = vec![1.0f32; n];
+        let mut output = vec![0.0f32; n];
+        // Seconds per call, candidate by candidate in `cands` order, round after round.
+        let mut secs = vec![0.0f64; cands.len() * BULK_ROUNDS];
+        let saved = self.algorithm;
+        let mut run = || -> Result<()> {
+            for round in 0..=BULK_ROUNDS {
+                for i in 0..cands.len() {
+                    let k = (i + round) % cands.len();
+                    self.algorithm = Some(cands[k]);
+                    let calls = if round == 0 { 1 } else { BULK_CALLS };
+                    self.barrier()?;
+                    let t = Instant::now();
+                    for _ in 0..calls {
+                        self.all_reduce_into(&input, &mut output, gradsync_core::ReduceOp::Sum)?;
+                    }
+                    if round > 0 {
+                        secs[(round - 1) * cands.len() + k] =
+                            t.elapsed().as_secs_f64() / calls as f64;
+                    }
+                }
+            }
+            // The slowest rank's time, as a training step waits for it.
+            self.algorithm = Some(crate::Algorithm::Ring);
+            let mine = secs.clone();
+            self.all_reduce_into(&mine, &mut secs, gradsync_core::ReduceOp::Max)
+        };
+        let res = run();
+        self.algorithm = saved;
+        res?;
+        if self.rank != 0 {
+            return Ok(None);
+        }
+        let us = cands
+            .iter()
+            .enumerate()
+            .map(|(k, a)| {
+                let mut v: Vec<f64> = (0..BULK_ROUNDS)
+                    .map(|r| secs[r * cands.len() + k] * 1e6)
+                    .collect();
+                (a.name().to_string(), median(&mut v))
+            })
+            .collect();
+        Ok(Some(crate::cost::Bulk {
+            world: self.world,
+            local_size: self.layout.local_size,
+            bytes: crate::cost::BULK_BYTES,
+            us,
+        }))
     }
 
     /// The calibration of a single host, on every rank at once: ring all-gathers, which keep
