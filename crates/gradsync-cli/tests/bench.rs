@@ -630,7 +630,7 @@ fn init_calibrates_once_and_caches_per_host() {
 
 /// On one host of 3 ranks the first init also times every candidate at 8 MiB and keeps the
 /// times in the cache for its layout; later inits of that layout reuse them, and a forced
-/// algorithm skips the timing.
+/// algorithm skips the timing, as does a setting that would take it over its budget.
 #[test]
 fn init_times_the_candidates_once_per_layout() {
     let dir = std::env::temp_dir().join(format!("gradsync-bulk-{}", std::process::id()));
@@ -700,6 +700,21 @@ fn init_times_the_candidates_once_per_layout() {
     // Two ranks are never timed.
     let two = run("2", &[]);
     assert!(!two.contains("candidates timed"), "{two}");
+    // 4 ranks with 8-byte chunks: the probe finds the timing far over its budget, so the
+    // init times nothing at 8 MiB and keeps no times for that layout.
+    let slow = run("4", &[("GRADSYNC_CHUNK_SIZE", "8")]);
+    assert!(
+        slow.contains("candidates not timed: a ring all-reduce of 512 KiB took"),
+        "{slow}"
+    );
+    assert!(slow.contains("over 5 times the budget of 3.0 s"), "{slow}");
+    let layouts: Vec<_> = cache()["bulk"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["world"].as_u64())
+        .collect();
+    assert_eq!(layouts, [Some(3)]);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

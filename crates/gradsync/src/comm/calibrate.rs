@@ -23,6 +23,16 @@ const CALIBRATION_MAX_BULK: usize = 8 << 20;
 const BULK_ROUNDS: usize = 3;
 /// Calls back to back of a candidate in a timed round.
 const BULK_CALLS: usize = 8;
+/// Most time the candidates' timing may take (see `calibration_candidates`): 3 and 4 ranks
+/// of shared memory on 2 cores take 0.7-1.1 s; 24-byte chunks would take hours.
+const BULK_BUDGET: std::time::Duration = std::time::Duration::from_secs(3);
+/// The probe before the timing: a ring all-reduce of this part of the size.
+const BULK_PROBE_PART: usize = 16;
+/// Timed calls of the probe (after one that warms): the fastest counts, as one call may
+/// wait for a rank that shares a core.
+const BULK_PROBE_CALLS: usize = 3;
+/// The probe stops the timing where its estimate is this many budgets or more.
+const BULK_PROBE_MARGIN: f64 = 5.0;
 /// Size the calibration's bulk messages reach whatever time the round trips took: the half
 /// round must be well past a shaper's first burst (a token bucket lets 128 KiB or more through
 /// at once), or both rounds are the burst's and the slope is the memory's rate, not the link's.
@@ -129,7 +139,7 @@ impl Communicator {
             let bulk = if plan & 2 != 0 {
                 self.calibration_candidates()?
             } else {
-                None
+                Ok(None)
             };
             let store = self.store.as_mut().expect("init keeps its store");
             let everyone: Vec<usize> = (0..self.world).collect();
@@ -150,6 +160,8 @@ impl Communicator {
                 let cache =
                     crate::cost::cache_path(self.host_name(0), intra_t.name(), inter_t.name());
                 let file = config.cost_file.as_ref().or(cache.as_ref());
+                let fresh = measured.is_some();
+                let mut saved = decided.as_ref().and_then(|d| d.2.clone());
                 let (mut links, mut from) = match (measured, decided.take()) {
                     (Some((intra, inter)), _) => {
                         let mut links = LinkCosts {
@@ -174,16 +186,20 @@ impl Communicator {
                         "uncalibrated".to_string(),
                     ),
                 };
-                if let Some(b) = bulk {
-                    from += &format!(
-                        ", candidates timed at {} MiB in {:.0} ms",
-                        b.bytes >> 20,
-                        (t0.elapsed() - t_links).as_secs_f64() * 1e3
-                    );
-                    links.set_bulk(b);
+                let timed = matches!(bulk, Ok(Some(_)));
+                match bulk {
+                    Ok(Some(b)) => {
+                        from += &format!(
+                            ", candidates timed at {} MiB in {:.0} ms",
+                            b.bytes >> 20,
+                            (t0.elapsed() - t_links).as_secs_f64() * 1e3
+                        );
+                        links.set_bulk(b);
+                    }
+                    Ok(None) => {}
+                    Err(why) => from += &format!(", {why}"),
                 }
-                let mut saved = None;
-                if let Some(path) = file {
+                if let Some(path) = file.filter(|_| fresh || timed) {
                     match links.save(path) {
                         Ok(()) => {
                             from += &format!(", saved to {}", path.display());
@@ -232,7 +248,24 @@ impl Communicator {
     /// 0.72 three calls at a time and 0.64 twenty). Returns, on rank 0, the median over the
     /// rounds of the slowest rank's time per call for each candidate (the others `None`). The
     /// forced algorithm is put back whatever happens.
-    fn calibration_candidates(&mut self) -> Result<Option<crate::cost::Bulk>> {
+    ///
+    /// The timing stays within [`BULK_BUDGET`]. First a ring all-reduce of a sixteenth of the
+    /// size (the fastest of [`BULK_PROBE_CALLS`]) rules out, in milliseconds, a timing that
+    /// would take [`BULK_PROBE_MARGIN`] times the budget or more (at that size latency counts
+    /// for more, hence the margin); then the warm round's time, times
+    /// the calls to come, is held to the budget itself. Both use the slowest rank's time, so
+    /// that every rank decides alike. Over either, nothing more is timed and rank 0 gets the
+    /// reason instead (tiny chunks, a slow transport, far more ranks than cores): the per-pair
+    /// model stays, and the next init of the layout tries again.
+    fn calibration_candidates(&mut self) -> Result<Result<Option<crate::cost::Bulk>, String>> {
+        let saved = self.algorithm;
+        let res = self.time_candidates();
+        self.algorithm = saved;
+        res
+    }
+
+    fn time_candidates(&mut self) -> Result<Result<Option<crate::cost::Bulk>, String>> {
+        use gradsync_core::ReduceOp;
         // Recursive doubling sends the whole buffer every step: never a bulk candidate.
         let cands: Vec<_> = crate::cost::all_reduce_candidates(self.world, self.layout.local_size)
             .into_iter()
@@ -241,36 +274,74 @@ impl Communicator {
         let n = crate::cost::BULK_BYTES / std::mem::size_of::<f32>();
         let input = vec![1.0f32; n];
         let mut output = vec![0.0f32; n];
+        let calls_timed = (BULK_ROUNDS * BULK_CALLS) as f64;
+        let budget = BULK_BUDGET.as_secs_f64();
+        // The slowest rank's figure: every rank compares the same number with the budget.
+        let slowest = |c: &mut Self, secs: f64| -> Result<f64> {
+            let mut out = [0.0f64];
+            c.all_reduce_into(&[secs], &mut out, ReduceOp::Max)?;
+            Ok(out[0])
+        };
+        self.algorithm = Some(crate::Algorithm::Ring);
+        let probe = n / BULK_PROBE_PART;
+        self.all_reduce_into(&input[..probe], &mut output[..probe], ReduceOp::Sum)?;
+        let mut fastest = f64::INFINITY;
+        for _ in 0..BULK_PROBE_CALLS {
+            let t = Instant::now();
+            self.all_reduce_into(&input[..probe], &mut output[..probe], ReduceOp::Sum)?;
+            fastest = fastest.min(t.elapsed().as_secs_f64());
+        }
+        let t_probe = slowest(self, fastest)?;
+        let estimate = t_probe * BULK_PROBE_PART as f64 * cands.len() as f64 * (1.0 + calls_timed);
+        if estimate > BULK_PROBE_MARGIN * budget {
+            return Ok(Err(format!(
+                "candidates not timed: a ring all-reduce of {} KiB took {:.1} ms, so timing them \
+                 at {} MiB would take about {:.0} s, over {} times the budget of {:.1} s",
+                (probe * 4) >> 10,
+                t_probe * 1e3,
+                crate::cost::BULK_BYTES >> 20,
+                estimate,
+                BULK_PROBE_MARGIN,
+                budget
+            )));
+        }
         // Seconds per call, candidate by candidate in `cands` order, round after round.
         let mut secs = vec![0.0f64; cands.len() * BULK_ROUNDS];
-        let saved = self.algorithm;
-        let mut run = || -> Result<()> {
-            for round in 0..=BULK_ROUNDS {
-                for i in 0..cands.len() {
-                    let k = (i + round) % cands.len();
-                    self.algorithm = Some(cands[k]);
-                    let calls = if round == 0 { 1 } else { BULK_CALLS };
-                    self.barrier()?;
-                    let t = Instant::now();
-                    for _ in 0..calls {
-                        self.all_reduce_into(&input, &mut output, gradsync_core::ReduceOp::Sum)?;
-                    }
-                    if round > 0 {
-                        secs[(round - 1) * cands.len() + k] =
-                            t.elapsed().as_secs_f64() / calls as f64;
-                    }
+        for round in 0..=BULK_ROUNDS {
+            let t_round = Instant::now();
+            for i in 0..cands.len() {
+                let k = (i + round) % cands.len();
+                self.algorithm = Some(cands[k]);
+                let calls = if round == 0 { 1 } else { BULK_CALLS };
+                self.barrier()?;
+                let t = Instant::now();
+                for _ in 0..calls {
+                    self.all_reduce_into(&input, &mut output, ReduceOp::Sum)?;
+                }
+                if round > 0 {
+                    secs[(round - 1) * cands.len() + k] = t.elapsed().as_secs_f64() / calls as f64;
                 }
             }
-            // The slowest rank's time, as a training step waits for it.
-            self.algorithm = Some(crate::Algorithm::Ring);
-            let mine = secs.clone();
-            self.all_reduce_into(&mine, &mut secs, gradsync_core::ReduceOp::Max)
-        };
-        let res = run();
-        self.algorithm = saved;
-        res?;
+            if round == 0 {
+                let warm = slowest(self, t_round.elapsed().as_secs_f64())?;
+                if warm * calls_timed > budget {
+                    return Ok(Err(format!(
+                        "candidates not timed: one call of each at {} MiB took {:.0} ms, so \
+                         the rounds would take about {:.1} s, over the budget of {:.1} s",
+                        crate::cost::BULK_BYTES >> 20,
+                        warm * 1e3,
+                        warm * calls_timed,
+                        budget
+                    )));
+                }
+            }
+        }
+        // The slowest rank's time, as a training step waits for it.
+        self.algorithm = Some(crate::Algorithm::Ring);
+        let mine = secs.clone();
+        self.all_reduce_into(&mine, &mut secs, ReduceOp::Max)?;
         if self.rank != 0 {
-            return Ok(None);
+            return Ok(Ok(None));
         }
         let us = cands
             .iter()
@@ -282,12 +353,12 @@ impl Communicator {
                 (a.name().to_string(), median(&mut v))
             })
             .collect();
-        Ok(Some(crate::cost::Bulk {
+        Ok(Ok(Some(crate::cost::Bulk {
             world: self.world,
             local_size: self.layout.local_size,
             bytes: crate::cost::BULK_BYTES,
             us,
-        }))
+        })))
     }
 
     /// The calibration of a single host, on every rank at once: ring all-gathers, which keep
