@@ -116,6 +116,12 @@ pub const BULK_BYTES: usize = 8 << 20;
 /// the tree takes 0.61-0.65 of the ring's time from 8 MiB on, 0.91-0.94 at 1 and 4 MiB).
 pub const BULK_FROM: usize = 8 << 20;
 
+/// A candidate timed at [`BULK_BYTES`] within this part of the ring's time is level with it:
+/// the timing at init repeats to about that (two inits of one layout of 4 ranks, shared memory
+/// or TCP, timed a candidate 2-8% apart), so [`LinkCosts::bulk_scale`] leaves such a candidate
+/// to the model rather than to the noise.
+pub const BULK_NOISE: f64 = 0.05;
+
 /// Largest world whose candidates the calibration times at [`BULK_BYTES`]: every candidate
 /// runs four times, which on more ranks than cores grows with the world.
 pub const BULK_WORLD_MAX: usize = 8;
@@ -335,7 +341,8 @@ impl LinkCosts {
     /// others take the proportions that the host measured: where the ranks share cores and
     /// memory rather than a link per pair (3 ranks on 2 cores: the tree at 0.61-0.65 of the
     /// ring where the model has it 1.54 times), the model's shape alone misses by far more
-    /// than its margin.
+    /// than its margin. A time within [`BULK_NOISE`] of the ring's says nothing either way
+    /// and leaves the model's figure.
     #[allow(clippy::too_many_arguments)]
     pub fn bulk_scale(
         &self,
@@ -356,6 +363,9 @@ impl LinkCosts {
         else {
             return 1.0;
         };
+        if (t_a / t_ring - 1.0).abs() < BULK_NOISE {
+            return 1.0;
+        }
         let (intra, inter) = (self.intra.link(), self.inter.link());
         let predict = |a| {
             predict_all_reduce(
@@ -949,6 +959,25 @@ mod tests {
         assert_eq!(
             links.bulk_scale(3, 3, 1 << 17, 3, Algorithm::RecursiveDoubling, BULK_FROM),
             1.0
+        );
+        // A time within BULK_NOISE of the ring's leaves the model's figure.
+        let mut level = links.clone();
+        let mut entry = level.bulk[0].clone();
+        entry
+            .us
+            .insert("tree".into(), 4800.0 * (1.0 - BULK_NOISE / 2.0));
+        entry
+            .us
+            .insert("double_tree".into(), 4800.0 * (1.0 + BULK_NOISE / 2.0));
+        level.set_bulk(entry);
+        for a in [Algorithm::Tree, Algorithm::DoubleTree] {
+            assert_eq!(level.bulk_scale(3, 3, 1 << 17, 3, a, BULK_FROM), 1.0, "{a}");
+        }
+        let level_choice = choose_all_reduce(3, 3, 1 << 17, class, &level, 3);
+        assert_eq!(
+            level_choice.model,
+            Algorithm::Rabenseifner,
+            "{level_choice:?}"
         );
         // A new entry of the layout replaces the old one.
         let mut again = links.bulk[0].clone();
