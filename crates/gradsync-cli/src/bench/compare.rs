@@ -231,9 +231,12 @@ pub fn tune(
             .zip(&r.median_s)
             .zip(&r.wrong)
             .filter_map(|((c, &t), &w)| match *c {
-                Choice::Forced(a) if w == 0 => {
-                    Some((a.name().to_string(), (t * 1e7).round() / 10.0))
-                }
+                // Rounded as the table prints it (to even on a tie), so the file and the
+                // table agree to the last digit.
+                Choice::Forced(a) if w == 0 => Some((
+                    a.name().to_string(),
+                    format!("{:.1}", t * 1e6).parse().unwrap_or(t * 1e6),
+                )),
                 _ => None,
             })
             .collect();
