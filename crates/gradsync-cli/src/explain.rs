@@ -61,15 +61,20 @@ pub fn render(comm: &Communicator, rows: &[(DataType, Row)]) -> anyhow::Result<S
         links.inter.alpha_us,
         links.inter.gbytes_per_s
     );
-    if let Some(b) = links.bulk_of(comm.world_size(), comm.local_size()) {
-        s += &format!(
-            "# candidates timed at init at {} MiB (us):{}; from {} MiB on each prediction takes the proportion to the ring measured there\n",
-            b.bytes >> 20,
-            b.us.iter()
-                .map(|(a, us)| format!(" {a} {us:.0}"))
-                .collect::<String>(),
-            gradsync::cost::BULK_FROM >> 20
-        );
+    let timed: Vec<_> = links
+        .bulk_of(comm.world_size(), comm.local_size())
+        .collect();
+    if !timed.is_empty() {
+        s += "# candidates timed at init (us per call); from each size up to the next, each prediction takes the proportion to the ring measured there\n";
+        for b in timed {
+            s += &format!(
+                "# {:>12}{}\n",
+                b.bytes,
+                b.us.iter()
+                    .map(|(a, us)| format!(" {a} {us:.0}"))
+                    .collect::<String>()
+            );
+        }
     }
     s += "# predicted time (us) of every all-reduce algorithm under the model, the model's best, the automatic choice and the measured out-of-place time\n";
     s += &format!("# {:>12} {:>10}", "size", "eager");

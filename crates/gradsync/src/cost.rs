@@ -98,32 +98,52 @@ pub struct LinkCosts {
     /// --compare ALGOS --tune`): for these the measured fastest replaces the model's choice.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub measured: Vec<Measured>,
-    /// Every candidate timed at [`BULK_BYTES`] at init, per layout of ranks on one host: from
-    /// [`BULK_FROM`] on, the model's predictions take these times' proportions (see
-    /// [`LinkCosts::bulk_scale`]).
+    /// Every candidate timed at each of [`BULK_SIZES`] at init, per layout of ranks on one
+    /// host: from [`BULK_FROM`] on, the model's predictions take the proportions timed at the
+    /// largest of those sizes at or below theirs (see [`LinkCosts::bulk_scale`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bulk: Vec<Bulk>,
 }
 
-/// Size at which the calibration of a single host of 3 to [`BULK_WORLD_MAX`] ranks times every
-/// all-reduce candidate: far enough into the bandwidth-bound sizes that latency is a small
-/// part of every candidate's time.
+/// Largest size at which the calibration of a single host of 3 to [`BULK_WORLD_MAX`] ranks
+/// times every all-reduce candidate: the size from which the engine streams copies past the
+/// cache (`STREAMING_OP_MIN`), so the sizes from here on move their bytes alike (3 ranks on 2
+/// cores: the tree takes 0.61-0.65 of the ring's time from 8 MiB on, 0.91-0.94 at 1 and 4
+/// MiB).
 pub const BULK_BYTES: usize = 8 << 20;
 
-/// All-reduces from this size on take the proportions measured at [`BULK_BYTES`] (the same
-/// size): the size from which the engine streams copies past the cache (`STREAMING_OP_MIN`), so the sizes
-/// from here on move their bytes alike. Below it the proportions differ (3 ranks on 2 cores:
-/// the tree takes 0.61-0.65 of the ring's time from 8 MiB on, 0.91-0.94 at 1 and 4 MiB).
-pub const BULK_FROM: usize = 8 << 20;
+/// The sizes at which the calibration times the candidates, a factor of 4 apart: the
+/// proportions change with the size (4 ranks on 2 cores: Rabenseifner 1.1-1.6 times the
+/// ring's time at 512 KiB to 1 MiB, 0.84-0.92 of it from 2 MiB on), and each timed size
+/// stands for the sizes up to the next.
+pub const BULK_SIZES: [usize; 5] = [32 << 10, 128 << 10, 512 << 10, 2 << 20, BULK_BYTES];
 
-/// A candidate timed at [`BULK_BYTES`] within this part of the ring's time is level with it:
+/// A size as people read it: `32 KiB`, `8 MiB`.
+pub fn size_text(bytes: usize) -> String {
+    if bytes >= 1 << 20 {
+        format!("{} MiB", bytes >> 20)
+    } else {
+        format!("{} KiB", bytes >> 10)
+    }
+}
+
+/// All-reduces from this size on take measured proportions: the smallest of [`BULK_SIZES`].
+/// Below it the eager path and the latency terms decide.
+pub const BULK_FROM: usize = BULK_SIZES[0];
+
+/// The largest size at which recursive doubling is timed: it sends the whole buffer at every
+/// step, so from 2 MiB on it is never the fastest on one host.
+pub const BULK_RD_MAX: usize = 512 << 10;
+
+/// A candidate timed at one of [`BULK_SIZES`] within this part of the ring's time is level
+/// with it there:
 /// the timing at init repeats to about that (two inits of one layout of 4 ranks, shared memory
 /// or TCP, timed a candidate 2-8% apart), so [`LinkCosts::bulk_scale`] leaves such a candidate
 /// to the model rather than to the noise.
 pub const BULK_NOISE: f64 = 0.05;
 
-/// Largest world whose candidates the calibration times at [`BULK_BYTES`]: every candidate
-/// runs four times, which on more ranks than cores grows with the world.
+/// Largest world whose candidates the calibration times at [`BULK_SIZES`]: every candidate
+/// runs 25 times at each size, which on more ranks than cores grows with the world.
 pub const BULK_WORLD_MAX: usize = 8;
 
 /// Every all-reduce candidate's time at one size, measured at init on one layout of ranks
@@ -319,25 +339,41 @@ impl LinkCosts {
         algorithm
     }
 
-    /// The entry of [`bulk`](Self::bulk) timed on `world` ranks in hosts of `local_size`.
-    pub fn bulk_of(&self, world: usize, local_size: usize) -> Option<&Bulk> {
+    /// The entries of [`bulk`](Self::bulk) timed on `world` ranks in hosts of `local_size`,
+    /// smallest size first.
+    pub fn bulk_of(&self, world: usize, local_size: usize) -> impl Iterator<Item = &Bulk> {
         self.bulk
             .iter()
-            .find(|b| b.world == world && b.local_size == local_size)
+            .filter(move |b| b.world == world && b.local_size == local_size)
     }
 
-    /// Puts `entry` in place of any earlier one of its layout.
+    /// Whether the layout's candidates were timed: it has an entry at the smallest of
+    /// [`BULK_SIZES`] (the timing keeps the sizes from the smallest on that fit its budget).
+    pub fn has_bulk(&self, world: usize, local_size: usize) -> bool {
+        self.bulk_of(world, local_size)
+            .any(|b| b.bytes == BULK_SIZES[0])
+    }
+
+    /// The entry of the layout that stands for `bytes`: the one timed at the largest size at
+    /// or below it.
+    pub fn bulk_at(&self, world: usize, local_size: usize, bytes: usize) -> Option<&Bulk> {
+        self.bulk_of(world, local_size)
+            .filter(|b| b.bytes <= bytes)
+            .max_by_key(|b| b.bytes)
+    }
+
+    /// Puts `entry` in place of any earlier one of its layout and size.
     pub fn set_bulk(&mut self, entry: Bulk) {
-        self.bulk
-            .retain(|b| (b.world, b.local_size) != (entry.world, entry.local_size));
+        let key = |b: &Bulk| (b.world, b.local_size, b.bytes);
+        self.bulk.retain(|b| key(b) != key(&entry));
         self.bulk.push(entry);
-        self.bulk.sort_by_key(|b| (b.world, b.local_size));
+        self.bulk.sort_by_key(key);
     }
 
     /// The factor that scales the model's prediction for `algo` at `bytes` bytes (from
     /// [`BULK_FROM`] on; 1 below, or where nothing was timed for this layout): the algorithm's
-    /// measured time at the bulk entry's size against the ring's, over the same proportion
-    /// predicted there. The ring's factor is 1, so the ring keeps the model's figure and the
+    /// measured time at the size that stands for `bytes` ([`bulk_at`](Self::bulk_at)) against
+    /// the ring's, over the same proportion predicted there. The ring's factor is 1, so the ring keeps the model's figure and the
     /// others take the proportions that the host measured: where the ranks share cores and
     /// memory rather than a link per pair (3 ranks on 2 cores: the tree at 0.61-0.65 of the
     /// ring where the model has it 1.54 times), the model's shape alone misses by far more
@@ -353,10 +389,10 @@ impl LinkCosts {
         algo: Algorithm,
         bytes: usize,
     ) -> f64 {
-        if bytes < BULK_FROM || algo == Algorithm::Ring {
+        if algo == Algorithm::Ring {
             return 1.0;
         }
-        let Some(b) = self.bulk_of(world, local_size) else {
+        let Some(b) = self.bulk_at(world, local_size, bytes) else {
             return 1.0;
         };
         let (Some(t_a), Some(t_ring)) = (b.us.get(algo.name()), b.us.get(Algorithm::Ring.name()))
@@ -910,7 +946,7 @@ mod tests {
             alpha_us: 5.0,
             gbytes_per_s: 3.0,
         });
-        let class = size_class(BULK_FROM);
+        let class = size_class(BULK_BYTES);
         let before = choose_all_reduce(3, 3, 1 << 17, class, &links, 3);
         let t = |c: &Choice, a: Algorithm| {
             c.predicted
@@ -947,7 +983,7 @@ mod tests {
         }
         // Larger sizes take them too; smaller ones, other layouts and algorithms not timed
         // (recursive doubling) keep the model's figures.
-        let big = choose_all_reduce(3, 3, 1 << 17, size_class(BULK_FROM << 3), &links, 3);
+        let big = choose_all_reduce(3, 3, 1 << 17, size_class(BULK_BYTES << 3), &links, 3);
         assert_eq!(big.model, Algorithm::Tree, "{big:?}");
         for (world, local, cl) in [(3, 3, class - 1), (4, 4, class), (6, 3, class)] {
             assert_eq!(
@@ -957,7 +993,7 @@ mod tests {
             );
         }
         assert_eq!(
-            links.bulk_scale(3, 3, 1 << 17, 3, Algorithm::RecursiveDoubling, BULK_FROM),
+            links.bulk_scale(3, 3, 1 << 17, 3, Algorithm::RecursiveDoubling, BULK_BYTES),
             1.0
         );
         // A time within BULK_NOISE of the ring's leaves the model's figure.
@@ -971,7 +1007,11 @@ mod tests {
             .insert("double_tree".into(), 4800.0 * (1.0 + BULK_NOISE / 2.0));
         level.set_bulk(entry);
         for a in [Algorithm::Tree, Algorithm::DoubleTree] {
-            assert_eq!(level.bulk_scale(3, 3, 1 << 17, 3, a, BULK_FROM), 1.0, "{a}");
+            assert_eq!(
+                level.bulk_scale(3, 3, 1 << 17, 3, a, BULK_BYTES),
+                1.0,
+                "{a}"
+            );
         }
         let level_choice = choose_all_reduce(3, 3, 1 << 17, class, &level, 3);
         assert_eq!(
@@ -979,7 +1019,7 @@ mod tests {
             Algorithm::Rabenseifner,
             "{level_choice:?}"
         );
-        // A new entry of the layout replaces the old one.
+        // A new entry of the layout and size replaces the old one.
         let mut again = links.bulk[0].clone();
         again.us.insert("tree".into(), 6000.0);
         links.set_bulk(again);
@@ -988,6 +1028,38 @@ mod tests {
             choose_all_reduce(3, 3, 1 << 17, class, &links, 3).model,
             Algorithm::DoubleTree
         );
+        assert!(!links.has_bulk(3, 3));
+        // An entry at a smaller size stands for the sizes from its own up to the next timed
+        // one: at 512 KiB recursive doubling measured fastest, so it runs from 512 KiB to
+        // 4 MiB and not below; 8 MiB keeps its own entry.
+        let half = 512 << 10;
+        links.set_bulk(Bulk {
+            world: 3,
+            local_size: 3,
+            bytes: half,
+            us: [
+                ("ring", 400.0),
+                ("recursive_doubling", 250.0),
+                ("tree", 390.0),
+                ("double_tree", 420.0),
+                ("rabenseifner", 380.0),
+            ]
+            .iter()
+            .map(|(a, t)| (a.to_string(), *t))
+            .collect(),
+        });
+        assert_eq!(links.bulk.len(), 2);
+        assert_eq!(links.bulk_at(3, 3, half).map(|b| b.bytes), Some(half));
+        assert_eq!(links.bulk_at(3, 3, half - 1).map(|b| b.bytes), None);
+        assert_eq!(
+            links.bulk_at(3, 3, BULK_BYTES - 1).map(|b| b.bytes),
+            Some(half)
+        );
+        let model = |bytes| choose_all_reduce(3, 3, 1 << 17, size_class(bytes), &links, 3).model;
+        assert_eq!(model(half), Algorithm::RecursiveDoubling);
+        assert_eq!(model(4 << 20), Algorithm::RecursiveDoubling);
+        assert_eq!(model(BULK_BYTES), Algorithm::DoubleTree);
+        assert_ne!(model(half / 2), Algorithm::RecursiveDoubling);
 
         // The file keeps the entries; a bad name or time is refused with the layout named.
         let dir = std::env::temp_dir().join(format!("gradsync-bulk-{}", std::process::id()));

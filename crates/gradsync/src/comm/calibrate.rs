@@ -19,12 +19,20 @@ struct PublishedCosts {
 
 /// Largest bulk message of the calibration at init.
 const CALIBRATION_MAX_BULK: usize = 8 << 20;
-/// Timed rounds of every candidate at [`crate::cost::BULK_BYTES`] (after one round that warms).
+/// Timed rounds of every candidate at [`crate::cost::BULK_SIZES`] (after one round that warms).
 const BULK_ROUNDS: usize = 3;
-/// Calls back to back of a candidate in a timed round.
+/// Calls back to back of a candidate in a timed round, at 2 MiB and more.
 const BULK_CALLS: usize = 8;
+
+/// Calls back to back of a candidate of `size` bytes in a timed round: [`BULK_CALLS`] from
+/// 2 MiB on, and more below, up to 64, so that the smaller sizes' rounds stay longer than a
+/// barrier's skew.
+fn bulk_calls(size: usize) -> usize {
+    (BULK_CALLS * (2 << 20) / size.max(1)).clamp(BULK_CALLS, 64)
+}
+
 /// Most time the candidates' timing may take (see `calibration_candidates`): 3 and 4 ranks
-/// of shared memory on 2 cores take 0.7-1.1 s; 24-byte chunks would take hours.
+/// of shared memory on 2 cores take 0.5-0.7 s; 24-byte chunks would take hours.
 const BULK_BUDGET: std::time::Duration = std::time::Duration::from_secs(3);
 /// The probe before the timing: a ring all-reduce of this part of the size.
 const BULK_PROBE_PART: usize = 16;
@@ -37,6 +45,9 @@ const BULK_PROBE_MARGIN: f64 = 5.0;
 /// round must be well past a shaper's first burst (a token bucket lets 128 KiB or more through
 /// at once), or both rounds are the burst's and the slope is the memory's rate, not the link's.
 const CALIBRATION_MIN_BULK: usize = 512 << 10;
+
+/// The timing's entries (on rank 0; empty elsewhere), and which sizes it left out and why.
+type TimedCandidates = (Vec<crate::cost::Bulk>, Option<String>);
 
 impl Communicator {
     /// Settles the cost model of the automatic choice at init (see [`crate::cost`]). Rank 0
@@ -91,7 +102,7 @@ impl Communicator {
                     None,
                 ));
             }
-            // Bit 0: measure the links; bit 1: time the candidates at BULK_BYTES, where this
+            // Bit 0: measure the links; bit 1: time the candidates at BULK_SIZES, where this
             // layout has no such times yet (a model from the cache, measured on another world)
             // or the links are measured anew. Never for a pinned file or with calibration off.
             let pinned = config.cost_file.as_ref().is_some_and(|f| f.exists());
@@ -100,9 +111,9 @@ impl Communicator {
                 && config.calibrate != crate::Calibrate::Off
                 && config.algorithm.is_none()
                 && !pinned
-                && decided.as_ref().is_none_or(|(l, _, _)| {
-                    l.bulk_of(self.world, self.layout.local_size).is_none()
-                });
+                && decided
+                    .as_ref()
+                    .is_none_or(|(l, _, _)| !l.has_bulk(self.world, self.layout.local_size));
             let plan = [u8::from(decided.is_none()) | (u8::from(bulk) << 1)];
             let store = self.store.as_mut().expect("init keeps its store");
             store
@@ -139,7 +150,7 @@ impl Communicator {
             let bulk = if plan & 2 != 0 {
                 self.calibration_candidates()?
             } else {
-                Ok(None)
+                Ok((Vec::new(), None))
             };
             let store = self.store.as_mut().expect("init keeps its store");
             let everyone: Vec<usize> = (0..self.world).collect();
@@ -186,17 +197,24 @@ impl Communicator {
                         "uncalibrated".to_string(),
                     ),
                 };
-                let timed = matches!(bulk, Ok(Some(_)));
+                let timed = matches!(&bulk, Ok((v, _)) if !v.is_empty());
                 match bulk {
-                    Ok(Some(b)) => {
+                    Ok((entries, note)) if !entries.is_empty() => {
+                        let last = entries[entries.len() - 1].bytes;
                         from += &format!(
-                            ", candidates timed at {} MiB in {:.0} ms",
-                            b.bytes >> 20,
+                            ", candidates timed at {} to {} in {:.0} ms",
+                            crate::cost::size_text(crate::cost::BULK_SIZES[0]),
+                            crate::cost::size_text(last),
                             (t0.elapsed() - t_links).as_secs_f64() * 1e3
                         );
-                        links.set_bulk(b);
+                        if let Some(note) = note {
+                            from += &format!(" ({note})");
+                        }
+                        for b in entries {
+                            links.set_bulk(b);
+                        }
                     }
-                    Ok(None) => {}
+                    Ok(_) => {}
                     Err(why) => from += &format!(", {why}"),
                 }
                 if let Some(path) = file.filter(|_| fresh || timed) {
@@ -240,42 +258,52 @@ impl Communicator {
         Ok(())
     }
 
-    /// Every rank times each all-reduce candidate but recursive doubling at
-    /// [`crate::cost::BULK_BYTES`]: one call of each that connects the pairs and warms the
-    /// buffers, then [`BULK_ROUNDS`] rounds in a rotating order, each candidate [`BULK_CALLS`]
-    /// calls back to back after a barrier (as a training step's buckets, or a benchmark, run
-    /// them: on 3 ranks of 2 cores the tree took 0.96 of the ring's time one call at a time,
-    /// 0.72 three calls at a time and 0.64 twenty). Returns, on rank 0, the median over the
-    /// rounds of the slowest rank's time per call for each candidate (the others `None`). The
-    /// forced algorithm is put back whatever happens.
+    /// Every rank times each all-reduce candidate at each of [`crate::cost::BULK_SIZES`]
+    /// (recursive doubling up to [`crate::cost::BULK_RD_MAX`]): one call of each that
+    /// connects the pairs and warms the buffers, then [`BULK_ROUNDS`] rounds, each size's
+    /// candidates in a rotating order, each candidate [`bulk_calls`] calls back to back after
+    /// a barrier (as a training step's buckets, or a benchmark, run them: on 3 ranks of 2
+    /// cores the tree took 0.96 of the ring's time one call at a time, 0.72 three calls at a
+    /// time and 0.64 twenty). Returns, on rank 0, one entry per size with the median over the
+    /// rounds of the slowest rank's time per call for each candidate (the others an empty
+    /// list). The forced algorithm is put back whatever happens.
     ///
     /// The timing stays within [`BULK_BUDGET`]. First a ring all-reduce of a sixteenth of the
-    /// size (the fastest of [`BULK_PROBE_CALLS`]) rules out, in milliseconds, a timing that
-    /// would take [`BULK_PROBE_MARGIN`] times the budget or more (at that size latency counts
-    /// for more, hence the margin); then the warm round's time, times
-    /// the calls to come, is held to the budget itself. Both use the slowest rank's time, so
-    /// that every rank decides alike. Over either, nothing more is timed and rank 0 gets the
-    /// reason instead (tiny chunks, a slow transport, far more ranks than cores): the per-pair
-    /// model stays, and the next init of the layout tries again.
-    fn calibration_candidates(&mut self) -> Result<Result<Option<crate::cost::Bulk>, String>> {
+    /// largest size (the fastest of [`BULK_PROBE_CALLS`]), scaled to every call to come by
+    /// its bytes, rules out in milliseconds a timing that would take [`BULK_PROBE_MARGIN`]
+    /// times the budget or more (latency counts for more at the probe's size, hence the
+    /// margin); then the warm round's times, scaled to the calls to come, are held to the
+    /// budget itself: the rounds time the sizes from the smallest on while their sum fits it
+    /// (8 ranks on 2 cores: 32 KiB to 2 MiB). Both use the slowest rank's figure, so that every rank decides alike.
+    /// Over either, nothing more is timed and rank 0 gets the reason instead (tiny chunks, a
+    /// slow transport, far more ranks than cores): the per-pair model stays, and the next init
+    /// of the layout tries again.
+    fn calibration_candidates(&mut self) -> Result<Result<TimedCandidates, String>> {
         let saved = self.algorithm;
         let res = self.time_candidates();
         self.algorithm = saved;
         res
     }
 
-    fn time_candidates(&mut self) -> Result<Result<Option<crate::cost::Bulk>, String>> {
+    fn time_candidates(&mut self) -> Result<Result<TimedCandidates, String>> {
+        use crate::cost::{BULK_BYTES, BULK_RD_MAX, BULK_SIZES};
         use gradsync_core::ReduceOp;
-        // Recursive doubling sends the whole buffer every step: never a bulk candidate.
-        let cands: Vec<_> = crate::cost::all_reduce_candidates(self.world, self.layout.local_size)
-            .into_iter()
-            .filter(|a| *a != crate::Algorithm::RecursiveDoubling)
+        let all = crate::cost::all_reduce_candidates(self.world, self.layout.local_size);
+        // Every (size, candidate) timed, size by size.
+        let cells: Vec<(usize, crate::Algorithm)> = BULK_SIZES
+            .iter()
+            .flat_map(|&s| {
+                all.iter()
+                    .filter(move |a| s <= BULK_RD_MAX || **a != crate::Algorithm::RecursiveDoubling)
+                    .map(move |a| (s, *a))
+            })
             .collect();
-        let n = crate::cost::BULK_BYTES / std::mem::size_of::<f32>();
+        let elems = |bytes: usize| bytes / std::mem::size_of::<f32>();
+        let n = elems(BULK_BYTES);
         let input = vec![1.0f32; n];
         let mut output = vec![0.0f32; n];
-        let calls_timed = (BULK_ROUNDS * BULK_CALLS) as f64;
         let budget = BULK_BUDGET.as_secs_f64();
+        let timed_calls = |size: usize| (BULK_ROUNDS * bulk_calls(size)) as f64;
         // The slowest rank's figure: every rank compares the same number with the budget.
         let slowest = |c: &mut Self, secs: f64| -> Result<f64> {
             let mut out = [0.0f64];
@@ -292,47 +320,73 @@ impl Communicator {
             fastest = fastest.min(t.elapsed().as_secs_f64());
         }
         let t_probe = slowest(self, fastest)?;
-        let estimate = t_probe * BULK_PROBE_PART as f64 * cands.len() as f64 * (1.0 + calls_timed);
+        let estimate: f64 = cells
+            .iter()
+            .map(|&(s, _)| t_probe * (elems(s) as f64 / probe as f64) * (1.0 + timed_calls(s)))
+            .sum();
         if estimate > BULK_PROBE_MARGIN * budget {
             return Ok(Err(format!(
                 "candidates not timed: a ring all-reduce of {} KiB took {:.1} ms, so timing them \
-                 at {} MiB would take about {:.0} s, over {} times the budget of {:.1} s",
+                 would take about {:.0} s, over {} times the budget of {:.1} s",
                 (probe * 4) >> 10,
                 t_probe * 1e3,
-                crate::cost::BULK_BYTES >> 20,
                 estimate,
                 BULK_PROBE_MARGIN,
                 budget
             )));
         }
-        // Seconds per call, candidate by candidate in `cands` order, round after round.
-        let mut secs = vec![0.0f64; cands.len() * BULK_ROUNDS];
+        // Seconds per call, cell by cell, round after round.
+        let mut secs = vec![0.0f64; cells.len() * BULK_ROUNDS];
+        let mut skipped = None;
+        // The sizes the rounds time: all of them until the warm round has spoken.
+        let mut sizes = BULK_SIZES.len();
         for round in 0..=BULK_ROUNDS {
-            let t_round = Instant::now();
-            for i in 0..cands.len() {
-                let k = (i + round) % cands.len();
-                self.algorithm = Some(cands[k]);
-                let calls = if round == 0 { 1 } else { BULK_CALLS };
-                self.barrier()?;
-                let t = Instant::now();
-                for _ in 0..calls {
-                    self.all_reduce_into(&input, &mut output, ReduceOp::Sum)?;
-                }
-                if round > 0 {
-                    secs[(round - 1) * cands.len() + k] = t.elapsed().as_secs_f64() / calls as f64;
+            // Each size's rounds to come, estimated from this rank's warm calls.
+            let mut warm = [0.0f64; BULK_SIZES.len()];
+            for (w, &size) in BULK_SIZES[..sizes].iter().enumerate() {
+                let first = cells.iter().position(|c| c.0 == size).unwrap_or(0);
+                let count = cells.iter().filter(|c| c.0 == size).count();
+                let m = elems(size);
+                for i in 0..count {
+                    let k = first + (i + round) % count;
+                    self.algorithm = Some(cells[k].1);
+                    let calls = if round == 0 { 1 } else { bulk_calls(size) };
+                    self.barrier()?;
+                    let t = Instant::now();
+                    for _ in 0..calls {
+                        self.all_reduce_into(&input[..m], &mut output[..m], ReduceOp::Sum)?;
+                    }
+                    let per_call = t.elapsed().as_secs_f64() / calls as f64;
+                    if round == 0 {
+                        warm[w] += per_call * timed_calls(size);
+                    } else {
+                        secs[(round - 1) * cells.len() + k] = per_call;
+                    }
                 }
             }
             if round == 0 {
-                let warm = slowest(self, t_round.elapsed().as_secs_f64())?;
-                if warm * calls_timed > budget {
+                // The slowest rank's estimates; the sizes from the smallest on while their
+                // sum fits the budget.
+                let mine = warm;
+                self.all_reduce_into(&mine, &mut warm, ReduceOp::Max)?;
+                let mut sum = 0.0;
+                sizes = warm
+                    .iter()
+                    .take_while(|&&w| {
+                        sum += w;
+                        sum <= budget
+                    })
+                    .count();
+                if sizes == 0 {
                     return Ok(Err(format!(
-                        "candidates not timed: one call of each at {} MiB took {:.0} ms, so \
-                         the rounds would take about {:.1} s, over the budget of {:.1} s",
-                        crate::cost::BULK_BYTES >> 20,
-                        warm * 1e3,
-                        warm * calls_timed,
-                        budget
+                        "candidates not timed: one call of each at {} KiB took so long that \
+                         its rounds would take about {:.1} s, over the budget of {budget:.1} s",
+                        BULK_SIZES[0] >> 10,
+                        warm[0]
                     )));
+                }
+                if sizes < BULK_SIZES.len() {
+                    skipped = Some((BULK_SIZES[sizes], warm.iter().sum::<f64>()));
                 }
             }
         }
@@ -341,24 +395,38 @@ impl Communicator {
         let mine = secs.clone();
         self.all_reduce_into(&mine, &mut secs, ReduceOp::Max)?;
         if self.rank != 0 {
-            return Ok(Ok(None));
+            return Ok(Ok((Vec::new(), None)));
         }
-        let us = cands
+        let entries = BULK_SIZES[..sizes]
             .iter()
-            .enumerate()
-            .map(|(k, a)| {
-                let mut v: Vec<f64> = (0..BULK_ROUNDS)
-                    .map(|r| secs[r * cands.len() + k] * 1e6)
+            .map(|&size| {
+                let us = cells
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, c)| c.0 == size)
+                    .map(|(k, c)| {
+                        let mut v: Vec<f64> = (0..BULK_ROUNDS)
+                            .map(|r| secs[r * cells.len() + k] * 1e6)
+                            .collect();
+                        (c.1.name().to_string(), median(&mut v))
+                    })
                     .collect();
-                (a.name().to_string(), median(&mut v))
+                crate::cost::Bulk {
+                    world: self.world,
+                    local_size: self.layout.local_size,
+                    bytes: size,
+                    us,
+                }
             })
             .collect();
-        Ok(Ok(Some(crate::cost::Bulk {
-            world: self.world,
-            local_size: self.layout.local_size,
-            bytes: crate::cost::BULK_BYTES,
-            us,
-        })))
+        let note = skipped.map(|(from, total)| {
+            format!(
+                "not from {} on: all sizes would take about {total:.1} s, over the budget of \
+                 {budget:.1} s",
+                crate::cost::size_text(from)
+            )
+        });
+        Ok(Ok((entries, note)))
     }
 
     /// The calibration of a single host, on every rank at once: ring all-gathers, which keep
