@@ -572,6 +572,33 @@ fn tune_records_the_fastest_and_the_automatic_choice_takes_it() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// One all-reduce of 8 bytes on `nproc` ranks with `--explain`, its cache in `dir`: the
+/// stdout of a run that must succeed.
+fn explain_once(nproc: &str, dir: &std::path::Path, env: &[(&str, &str)]) -> String {
+    let mut vars = vec![("XDG_CACHE_HOME", dir.to_str().unwrap())];
+    vars.extend_from_slice(env);
+    let out = bench(
+        &[
+            "all_reduce",
+            "--nproc",
+            nproc,
+            "-b",
+            "8",
+            "-e",
+            "8",
+            "-n",
+            "1",
+            "-w",
+            "0",
+            "--explain",
+        ],
+        &vars,
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}");
+    text
+}
+
 /// Init measures the links once per host and caches the model; the next init reads the cache,
 /// `GRADSYNC_CALIBRATE=always` measures again and `off` never measures.
 #[test]
@@ -579,31 +606,7 @@ fn init_calibrates_once_and_caches_per_host() {
     let dir = std::env::temp_dir().join(format!("gradsync-cache-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let run = |calibrate: &str| {
-        let out = bench(
-            &[
-                "all_reduce",
-                "--nproc",
-                "2",
-                "-b",
-                "8",
-                "-e",
-                "8",
-                "-n",
-                "1",
-                "-w",
-                "0",
-                "--explain",
-            ],
-            &[
-                ("XDG_CACHE_HOME", dir.to_str().unwrap()),
-                ("GRADSYNC_CALIBRATE", calibrate),
-            ],
-        );
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(out.status.success(), "{text}");
-        text
-    };
+    let run = |calibrate: &str| explain_once("2", &dir, &[("GRADSYNC_CALIBRATE", calibrate)]);
     let first = run("auto");
     assert!(first.contains("(measured at init in"), "{first}");
     let files: Vec<_> = std::fs::read_dir(dir.join("gradsync"))
@@ -636,30 +639,7 @@ fn init_times_the_candidates_once_per_layout() {
     let dir = std::env::temp_dir().join(format!("gradsync-bulk-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let run = |nproc: &str, env: &[(&str, &str)]| {
-        let mut vars = vec![("XDG_CACHE_HOME", dir.to_str().unwrap())];
-        vars.extend_from_slice(env);
-        let out = bench(
-            &[
-                "all_reduce",
-                "--nproc",
-                nproc,
-                "-b",
-                "8",
-                "-e",
-                "8",
-                "-n",
-                "1",
-                "-w",
-                "0",
-                "--explain",
-            ],
-            &vars,
-        );
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(out.status.success(), "{text}");
-        text
-    };
+    let run = |nproc: &str, env: &[(&str, &str)]| explain_once(nproc, &dir, env);
     let cache = || {
         let files: Vec<_> = std::fs::read_dir(dir.join("gradsync"))
             .unwrap()
