@@ -125,6 +125,10 @@ pub struct Config {
     /// Whether init measures the links for the cost model of the automatic algorithm choice
     /// (`GRADSYNC_CALIBRATE`); see [`Calibrate`].
     pub calibrate: Calibrate,
+    /// Most time init may spend timing the all-reduce candidates on one host
+    /// (`GRADSYNC_CALIBRATE_BUDGET`, seconds; default 3): the sizes that do not fit are left to
+    /// the per-pair model.
+    pub calibrate_budget: Duration,
     /// A cost model file (`GRADSYNC_COST_FILE`): when it exists the model is read from it and
     /// nothing is measured (pinned); when it does not, the model init measures is written
     /// there instead of the per-host cache. Read on rank 0 only. See [`crate::cost`].
@@ -358,6 +362,7 @@ impl Config {
             numa_bind: crate::topology::NumaBind::WhenUnbound,
             ib: IbConfig::default(),
             calibrate: Calibrate::Auto,
+            calibrate_budget: Duration::from_secs(3),
             cost_file: None,
         }
     }
@@ -560,6 +565,15 @@ impl Config {
                     "GRADSYNC_CALIBRATE={v:?} must be auto, always or off (or 1, 0)"
                 ))
             })?;
+        }
+        if let Some(t) = env.parse::<f64>("GRADSYNC_CALIBRATE_BUDGET")? {
+            if !(t > 0.0 && t <= 3600.0) {
+                return Err(Error::Config(format!(
+                    "GRADSYNC_CALIBRATE_BUDGET={t} must be a number of seconds above 0 and at \
+                     most 3600"
+                )));
+            }
+            self.calibrate_budget = Duration::from_secs_f64(t);
         }
         if let Some(v) = var("GRADSYNC_COST_FILE") {
             self.cost_file = Some(std::path::PathBuf::from(v));
@@ -776,7 +790,12 @@ mod tests {
                 .to_string()
                 .contains("not within world size 4")
         );
-        for (name, v) in [("GRADSYNC_NSOCKS", "99"), ("GRADSYNC_TCP_NSLOTS", "0")] {
+        for (name, v) in [
+            ("GRADSYNC_NSOCKS", "99"),
+            ("GRADSYNC_TCP_NSLOTS", "0"),
+            ("GRADSYNC_CALIBRATE_BUDGET", "0"),
+            ("GRADSYNC_CALIBRATE_BUDGET", "-1"),
+        ] {
             let e = from(&[("RANK", "0"), ("WORLD_SIZE", "1"), (name, v)]).unwrap_err();
             assert!(e.to_string().contains(&format!("{name}={v}")), "{e}");
         }
@@ -787,6 +806,14 @@ mod tests {
         ])
         .unwrap();
         assert_eq!((c.nslots, c.tcp_nslots), (DEFAULT_NSLOTS, 5));
+        assert_eq!(c.calibrate_budget, Duration::from_secs(3));
+        let c = from(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "1"),
+            ("GRADSYNC_CALIBRATE_BUDGET", "0.5"),
+        ])
+        .unwrap();
+        assert_eq!(c.calibrate_budget, Duration::from_millis(500));
         let c = from(&[
             ("RANK", "0"),
             ("WORLD_SIZE", "1"),

@@ -31,16 +31,13 @@ fn bulk_calls(size: usize) -> usize {
     (BULK_CALLS * (2 << 20) / size.max(1)).clamp(BULK_CALLS, 64)
 }
 
-/// Most time the candidates' timing may take (see `calibration_candidates`): 3 and 4 ranks
-/// of shared memory on 2 cores take 0.5-0.7 s; 24-byte chunks would take hours.
-const BULK_BUDGET: std::time::Duration = std::time::Duration::from_secs(3);
 /// The probe before the timing: a ring all-reduce of this part of the size.
 const BULK_PROBE_PART: usize = 16;
 /// Timed calls of the probe (after one that warms): the fastest counts, as one call may
 /// wait for a rank that shares a core.
 const BULK_PROBE_CALLS: usize = 3;
 /// The probe stops the timing where its estimate is this many budgets or more.
-const BULK_PROBE_MARGIN: f64 = 5.0;
+const BULK_PROBE_MARGIN: f64 = 10.0;
 /// Size the calibration's bulk messages reach whatever time the round trips took: the half
 /// round must be well past a shaper's first burst (a token bucket lets 128 KiB or more through
 /// at once), or both rounds are the burst's and the slope is the memory's rate, not the link's.
@@ -148,7 +145,7 @@ impl Communicator {
             };
             let t_links = t0.elapsed();
             let bulk = if plan & 2 != 0 {
-                self.calibration_candidates()?
+                self.calibration_candidates(config.calibrate_budget)?
             } else {
                 Ok((Vec::new(), None))
             };
@@ -259,8 +256,9 @@ impl Communicator {
     }
 
     /// Every rank times each all-reduce candidate at each of [`crate::cost::BULK_SIZES`]
-    /// (recursive doubling up to [`crate::cost::BULK_RD_MAX`]): one call of each that
-    /// connects the pairs and warms the buffers, then [`BULK_ROUNDS`] rounds, each size's
+    /// (recursive doubling up to [`crate::cost::BULK_RD_MAX`]): a warm round of two calls of
+    /// each (the first connects the pairs, the second gives the estimate below), then
+    /// [`BULK_ROUNDS`] rounds, each size's
     /// candidates in a rotating order, each candidate [`bulk_calls`] calls back to back after
     /// a barrier (as a training step's buckets, or a benchmark, run them: on 3 ranks of 2
     /// cores the tree took 0.96 of the ring's time one call at a time, 0.72 three calls at a
@@ -268,7 +266,8 @@ impl Communicator {
     /// rounds of the slowest rank's time per call for each candidate (the others an empty
     /// list). The forced algorithm is put back whatever happens.
     ///
-    /// The timing stays within [`BULK_BUDGET`]. First a ring all-reduce of a sixteenth of the
+    /// The timing stays within `budget` (`GRADSYNC_CALIBRATE_BUDGET`, 3 s unless set: 3 and
+    /// 4 ranks of shared memory on 2 cores take 0.6-0.9 s; 24-byte chunks would take hours). First a ring all-reduce of a sixteenth of the
     /// largest size (the fastest of [`BULK_PROBE_CALLS`]), scaled to every call to come by
     /// its bytes, rules out in milliseconds a timing that would take [`BULK_PROBE_MARGIN`]
     /// times the budget or more (latency counts for more at the probe's size, hence the
@@ -278,14 +277,17 @@ impl Communicator {
     /// Over either, nothing more is timed and rank 0 gets the reason instead (tiny chunks, a
     /// slow transport, far more ranks than cores): the per-pair model stays, and the next init
     /// of the layout tries again.
-    fn calibration_candidates(&mut self) -> Result<Result<TimedCandidates, String>> {
+    fn calibration_candidates(
+        &mut self,
+        budget: std::time::Duration,
+    ) -> Result<Result<TimedCandidates, String>> {
         let saved = self.algorithm;
-        let res = self.time_candidates();
+        let res = self.time_candidates(budget.as_secs_f64());
         self.algorithm = saved;
         res
     }
 
-    fn time_candidates(&mut self) -> Result<Result<TimedCandidates, String>> {
+    fn time_candidates(&mut self, budget: f64) -> Result<Result<TimedCandidates, String>> {
         use crate::cost::{BULK_BYTES, BULK_RD_MAX, BULK_SIZES};
         use gradsync_core::ReduceOp;
         let all = crate::cost::all_reduce_candidates(self.world, self.layout.local_size);
@@ -302,7 +304,6 @@ impl Communicator {
         let n = elems(BULK_BYTES);
         let input = vec![1.0f32; n];
         let mut output = vec![0.0f32; n];
-        let budget = BULK_BUDGET.as_secs_f64();
         let timed_calls = |size: usize| (BULK_ROUNDS * bulk_calls(size)) as f64;
         // The slowest rank's figure: every rank compares the same number with the budget.
         let slowest = |c: &mut Self, secs: f64| -> Result<f64> {
@@ -350,6 +351,10 @@ impl Communicator {
                 for i in 0..count {
                     let k = first + (i + round) % count;
                     self.algorithm = Some(cells[k].1);
+                    // The warm round's first call connects the pairs; its second is timed.
+                    if round == 0 {
+                        self.all_reduce_into(&input[..m], &mut output[..m], ReduceOp::Sum)?;
+                    }
                     let calls = if round == 0 { 1 } else { bulk_calls(size) };
                     self.barrier()?;
                     let t = Instant::now();
