@@ -118,15 +118,6 @@ pub const BULK_BYTES: usize = 8 << 20;
 /// stands for the sizes up to the next.
 pub const BULK_SIZES: [usize; 5] = [32 << 10, 128 << 10, 512 << 10, 2 << 20, BULK_BYTES];
 
-/// A size as people read it: `32 KiB`, `8 MiB`.
-pub fn size_text(bytes: usize) -> String {
-    if bytes >= 1 << 20 {
-        format!("{} MiB", bytes >> 20)
-    } else {
-        format!("{} KiB", bytes >> 10)
-    }
-}
-
 /// All-reduces from this size on take measured proportions: the smallest of [`BULK_SIZES`].
 /// Below it the eager path and the latency terms decide.
 pub const BULK_FROM: usize = BULK_SIZES[0];

@@ -43,6 +43,15 @@ const BULK_PROBE_MARGIN: f64 = 10.0;
 /// at once), or both rounds are the burst's and the slope is the memory's rate, not the link's.
 const CALIBRATION_MIN_BULK: usize = 512 << 10;
 
+/// A timed size as people read it: `32 KiB`, `8 MiB`.
+fn size_text(bytes: usize) -> String {
+    if bytes >= 1 << 20 {
+        format!("{} MiB", bytes >> 20)
+    } else {
+        format!("{} KiB", bytes >> 10)
+    }
+}
+
 /// The timing's entries (on rank 0; empty elsewhere), and which sizes it left out and why.
 type TimedCandidates = (Vec<crate::cost::Bulk>, Option<String>);
 
@@ -200,8 +209,8 @@ impl Communicator {
                         let last = entries[entries.len() - 1].bytes;
                         from += &format!(
                             ", candidates timed at {} to {} in {:.0} ms",
-                            crate::cost::size_text(crate::cost::BULK_SIZES[0]),
-                            crate::cost::size_text(last),
+                            size_text(crate::cost::BULK_SIZES[0]),
+                            size_text(last),
                             (t0.elapsed() - t_links).as_secs_f64() * 1e3
                         );
                         if let Some(note) = note {
@@ -258,25 +267,26 @@ impl Communicator {
     /// Every rank times each all-reduce candidate at each of [`crate::cost::BULK_SIZES`]
     /// (recursive doubling up to [`crate::cost::BULK_RD_MAX`]): a warm round of two calls of
     /// each (the first connects the pairs, the second gives the estimate below), then
-    /// [`BULK_ROUNDS`] rounds, each size's
-    /// candidates in a rotating order, each candidate [`bulk_calls`] calls back to back after
-    /// a barrier (as a training step's buckets, or a benchmark, run them: on 3 ranks of 2
-    /// cores the tree took 0.96 of the ring's time one call at a time, 0.72 three calls at a
-    /// time and 0.64 twenty). Returns, on rank 0, one entry per size with the median over the
-    /// rounds of the slowest rank's time per call for each candidate (the others an empty
-    /// list). The forced algorithm is put back whatever happens.
+    /// [`BULK_ROUNDS`] rounds, each size's candidates in a rotating order, each candidate
+    /// [`bulk_calls`] calls back to back after a barrier (as a training step's buckets, or a
+    /// benchmark, run them: on 3 ranks of 2 cores the tree took 0.96 of the ring's time one
+    /// call at a time, 0.72 three calls at a time and 0.64 twenty). Returns, on rank 0, one
+    /// entry per size with the median over the rounds of the slowest rank's time per call for
+    /// each candidate (the others an empty list). The forced algorithm is put back whatever
+    /// happens.
     ///
-    /// The timing stays within `budget` (`GRADSYNC_CALIBRATE_BUDGET`, 3 s unless set: 3 and
-    /// 4 ranks of shared memory on 2 cores take 0.6-0.9 s; 24-byte chunks would take hours). First a ring all-reduce of a sixteenth of the
-    /// largest size (the fastest of [`BULK_PROBE_CALLS`]), scaled to every call to come by
-    /// its bytes, rules out in milliseconds a timing that would take [`BULK_PROBE_MARGIN`]
-    /// times the budget or more (latency counts for more at the probe's size, hence the
-    /// margin); then the warm round's times, scaled to the calls to come, are held to the
-    /// budget itself: the rounds time the sizes from the smallest on while their sum fits it
-    /// (8 ranks on 2 cores: 32 KiB to 2 MiB). Both use the slowest rank's figure, so that every rank decides alike.
-    /// Over either, nothing more is timed and rank 0 gets the reason instead (tiny chunks, a
-    /// slow transport, far more ranks than cores): the per-pair model stays, and the next init
-    /// of the layout tries again.
+    /// The timing stays within `budget` (`GRADSYNC_CALIBRATE_BUDGET`, 3 s unless set: 3 and 4
+    /// ranks of shared memory on 2 cores take 0.6-0.9 s; 24-byte chunks would take hours).
+    /// First a ring all-reduce of a sixteenth of the largest size (the fastest of
+    /// [`BULK_PROBE_CALLS`]), scaled to every call to come by its bytes, rules out in
+    /// milliseconds a timing that would take [`BULK_PROBE_MARGIN`] times the budget or more
+    /// (latency counts for more at the probe's size, hence the margin); then the warm round's
+    /// times, scaled to the calls to come, are held to the budget itself: the rounds time the
+    /// sizes from the smallest on while their sum fits it (8 ranks on 2 cores: 32 KiB to
+    /// 2 MiB). Both use the slowest rank's figures ([`slowest`](Self::slowest)), so that every
+    /// rank decides alike. Over either, nothing more is timed and rank 0 gets the reason
+    /// instead (tiny chunks, a slow transport, far more ranks than cores): the per-pair model
+    /// stays, and the next init of the layout tries again.
     fn calibration_candidates(
         &mut self,
         budget: std::time::Duration,
@@ -305,12 +315,6 @@ impl Communicator {
         let input = vec![1.0f32; n];
         let mut output = vec![0.0f32; n];
         let timed_calls = |size: usize| (BULK_ROUNDS * bulk_calls(size)) as f64;
-        // The slowest rank's figure: every rank compares the same number with the budget.
-        let slowest = |c: &mut Self, secs: f64| -> Result<f64> {
-            let mut out = [0.0f64];
-            c.all_reduce_into(&[secs], &mut out, ReduceOp::Max)?;
-            Ok(out[0])
-        };
         self.algorithm = Some(crate::Algorithm::Ring);
         let probe = n / BULK_PROBE_PART;
         self.all_reduce_into(&input[..probe], &mut output[..probe], ReduceOp::Sum)?;
@@ -320,7 +324,9 @@ impl Communicator {
             self.all_reduce_into(&input[..probe], &mut output[..probe], ReduceOp::Sum)?;
             fastest = fastest.min(t.elapsed().as_secs_f64());
         }
-        let t_probe = slowest(self, fastest)?;
+        let mut t_probe = [fastest];
+        self.slowest(&mut t_probe)?;
+        let [t_probe] = t_probe;
         let estimate: f64 = cells
             .iter()
             .map(|&(s, _)| t_probe * (elems(s) as f64 / probe as f64) * (1.0 + timed_calls(s)))
@@ -338,7 +344,7 @@ impl Communicator {
         }
         // Seconds per call, cell by cell, round after round.
         let mut secs = vec![0.0f64; cells.len() * BULK_ROUNDS];
-        let mut skipped = None;
+        let mut note = None;
         // The sizes the rounds time: all of them until the warm round has spoken.
         let mut sizes = BULK_SIZES.len();
         for round in 0..=BULK_ROUNDS {
@@ -372,8 +378,7 @@ impl Communicator {
             if round == 0 {
                 // The slowest rank's estimates; the sizes from the smallest on while their
                 // sum fits the budget.
-                let mine = warm;
-                self.all_reduce_into(&mine, &mut warm, ReduceOp::Max)?;
+                self.slowest(&mut warm)?;
                 let mut sum = 0.0;
                 sizes = warm
                     .iter()
@@ -391,14 +396,17 @@ impl Communicator {
                     )));
                 }
                 if sizes < BULK_SIZES.len() {
-                    skipped = Some((BULK_SIZES[sizes], warm.iter().sum::<f64>()));
+                    note = Some(format!(
+                        "not from {} on: all sizes would take about {:.1} s, over the budget \
+                         of {budget:.1} s",
+                        size_text(BULK_SIZES[sizes]),
+                        warm.iter().sum::<f64>()
+                    ));
                 }
             }
         }
         // The slowest rank's time, as a training step waits for it.
-        self.algorithm = Some(crate::Algorithm::Ring);
-        let mine = secs.clone();
-        self.all_reduce_into(&mine, &mut secs, ReduceOp::Max)?;
+        self.slowest(&mut secs)?;
         if self.rank != 0 {
             return Ok(Ok((Vec::new(), None)));
         }
@@ -424,14 +432,15 @@ impl Communicator {
                 }
             })
             .collect();
-        let note = skipped.map(|(from, total)| {
-            format!(
-                "not from {} on: all sizes would take about {total:.1} s, over the budget of \
-                 {budget:.1} s",
-                crate::cost::size_text(from)
-            )
-        });
         Ok(Ok((entries, note)))
+    }
+
+    /// Puts in each of `secs` the largest value any rank has there (a ring all-reduce), so
+    /// that every rank goes on with the slowest rank's figures and decides alike.
+    fn slowest(&mut self, secs: &mut [f64]) -> Result<()> {
+        self.algorithm = Some(crate::Algorithm::Ring);
+        let mine = secs.to_vec();
+        self.all_reduce_into(&mine, secs, gradsync_core::ReduceOp::Max)
     }
 
     /// The calibration of a single host, on every rank at once: ring all-gathers, which keep
