@@ -59,9 +59,10 @@ pub(crate) struct SimRank {
 }
 
 /// The remote key of buffer `b` of operation `index` of `rank`: a key names one operation's
-/// buffer, so a write meant for an older operation is caught.
+/// buffer, so a write meant for an older operation is caught. Never 0, and distinct for every
+/// buffer (an Input and an Output key must not coincide).
 pub(crate) fn rkey(rank: usize, index: usize, b: usize) -> u32 {
-    (((rank * 1_000_003 + index) * 3 + b) as u32) | 1
+    ((rank * 1_000_003 + index) * 3 + b + 1) as u32
 }
 
 fn buf_index(b: Buf) -> usize {
