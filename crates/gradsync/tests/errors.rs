@@ -172,6 +172,19 @@ fn slot_settings_that_differ_between_ranks_fail_init_naming_them() {
 }
 
 #[test]
+fn shared_memory_direct_thresholds_that_differ_fail_init_naming_them() {
+    // All-to-all and all-gather senders wait for their receivers' offers from this size, and
+    // the all-to-all's message size follows it: ranks with other values would not agree.
+    let res = init_two_ranks(|cfg| cfg.shm_move_direct_min = usize::MAX);
+    let all = every_rank_failed(&res);
+    assert!(
+        all.contains("rank 0: GRADSYNC_SHM_DIRECT_MIN is 65536 on rank 0 but off on rank 1; set them alike on every rank")
+            && all.contains("rank 1: GRADSYNC_SHM_DIRECT_MIN is 65536 on rank 0 but off on rank 1"),
+        "{all}"
+    );
+}
+
+#[test]
 fn receive_budgets_that_differ_between_ranks_fail_init_naming_them() {
     // The budget sets the slots per peer: ranks with other budgets would lay out their inboxes
     // differently, so init refuses and names the budget as well as the slots.

@@ -63,6 +63,9 @@ pub(crate) struct Link {
     pub(crate) offers: IdMap<(u64, u32), Cts>,
     /// Copy-receives from the peer of at least this many bytes are direct writes.
     pub(crate) direct_min: usize,
+    /// The same in the collectives whose every receive copies (see `receives_only_copy`),
+    /// where the sender waits for the offer.
+    pub(crate) move_direct_min: usize,
 }
 
 impl Link {
@@ -78,6 +81,16 @@ impl Link {
             last_heard: None,
             offers: IdMap::default(),
             direct_min,
+            move_direct_min: direct_min,
+        }
+    }
+
+    /// The direct-write threshold of a call: `move_direct_min` where every receive copies.
+    pub(crate) fn direct_min_for(&self, copies_only: bool) -> usize {
+        if copies_only {
+            self.direct_min.min(self.move_direct_min)
+        } else {
+            self.direct_min
         }
     }
 

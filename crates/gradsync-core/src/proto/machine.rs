@@ -48,6 +48,10 @@ impl Config {
 /// Idle time after which a waiting rank returns every credit it holds.
 pub const IDLE_CREDIT_RETURN: Duration = Duration::from_micros(20);
 
+/// How long a sender waits, with nothing moving, for the clear-to-send of a message its
+/// receiver copies into place (all-to-all(v), all-gather) before it sends through a slot.
+pub const OFFER_PATIENCE: Duration = Duration::from_micros(100);
+
 /// How often a rank that waits in a scheduled collective looks at its peers' boards for a
 /// posting of the same operation (a mismatch: the peer runs it eagerly).
 pub const BOARD_CHECK_EVERY: Duration = Duration::from_millis(1);
@@ -98,6 +102,9 @@ pub struct Protocol {
     /// When nothing last moved, for the idle credit return.
     pub(super) idle_since: Option<Instant>,
     pub(super) credits_flushed: bool,
+    /// Sends of the running operation still wait for their receivers' clear-to-send (until
+    /// [`OFFER_PATIENCE`] passes with nothing moving).
+    pub(super) patient: bool,
     pub(super) moved: bool,
     /// Something happened since the last pass over the operation: another may do more.
     pub(super) dirty: bool,
@@ -114,6 +121,15 @@ pub struct Protocol {
     pub(super) board_wanted: Vec<usize>,
     /// The driver's clock at its last event or round (when peers were last heard from).
     pub(super) now: Instant,
+}
+
+/// Whether every receive of `coll` copies what arrives into place (none reduces it), so that a
+/// receiver asks for every large enough message to be written straight into place.
+fn receives_only_copy(coll: Collective) -> bool {
+    matches!(
+        coll,
+        Collective::AllToAll | Collective::AllToAllV | Collective::AllGather
+    )
 }
 
 fn buf_index(b: Buf) -> usize {
@@ -151,6 +167,7 @@ impl Protocol {
             next_board_check: now,
             idle_since: None,
             credits_flushed: false,
+            patient: false,
             moved: false,
             dirty: false,
             retry: false,
@@ -192,11 +209,23 @@ impl Protocol {
         self.links.get(peer).map_or(0, |l| l.window)
     }
 
+    /// The size from which the messages of a collective that only moves data (all-to-all(v),
+    /// all-gather) between this rank and `peer` are direct writes (`usize::MAX`: never).
+    pub fn move_direct_min(&self, peer: usize) -> usize {
+        self.links
+            .get(peer)
+            .map_or(usize::MAX, |l| l.direct_min_for(true))
+    }
+
     /// Sets the size from which copy-receives from `peer` ask for direct writes
-    /// (`usize::MAX`: never).
-    pub fn set_direct_min(&mut self, peer: usize, min: usize) {
+    /// (`usize::MAX`: never): `min` in every collective, `move_min` in the collectives that
+    /// only move data (all-to-all(v), all-gather), whose senders wait for the offer. Both
+    /// ranks of a pair must set the same values, or the sends wait [`OFFER_PATIENCE`] for
+    /// offers that do not come.
+    pub fn set_direct_min(&mut self, peer: usize, min: usize, move_min: usize) {
         if let Some(l) = self.links.get_mut(peer) {
             l.direct_min = min;
+            l.move_direct_min = move_min;
         }
     }
 
@@ -236,6 +265,7 @@ impl Protocol {
         self.released = false;
         self.idle_since = None;
         self.credits_flushed = false;
+        self.patient = true;
         self.dirty = true;
         self.board_wanted.clear();
         if let Some(seq) = self.release_due.take() {
@@ -361,6 +391,12 @@ impl Protocol {
             return;
         }
         let since = *self.idle_since.get_or_insert(now);
+        if self.patient && now - since >= OFFER_PATIENCE {
+            // No clear-to-send came: the receiver may not offer one (configured otherwise);
+            // the sends waiting for one go through slots.
+            self.patient = false;
+            self.dirty = true;
+        }
         if now - since < IDLE_CREDIT_RETURN {
             return;
         }
@@ -502,6 +538,7 @@ impl Protocol {
         };
         let mut moved = false;
         let dsize = c.sig.dtype.size();
+        let copies_only = receives_only_copy(c.sig.coll);
         while let Some(id) = c.sched.poll_id() {
             moved = true;
             match *c.sched.op(id) {
@@ -526,7 +563,7 @@ impl Protocol {
                         && reduce_with.is_none()
                         && !self.cfg.checksum
                         && bytes > 0
-                        && bytes >= self.links[peer].direct_min
+                        && bytes >= self.links[peer].direct_min_for(copies_only)
                         && bytes <= u32::MAX as usize;
                     if direct {
                         let cts = Cts {
@@ -562,7 +599,9 @@ impl Protocol {
     }
 
     /// Sends of a slot-mode operation: straight into the receiver's buffer where it offered,
-    /// else into the next slot while credits last.
+    /// else into the next slot while credits last; in a collective whose receives all copy, a
+    /// message the receiver will offer to take in place waits for the offer while the
+    /// operation is patient (see [`OFFER_PATIENCE`]).
     fn post_sends(&mut self) -> Result<bool, ProtoError> {
         let Some(c) = self.call.as_mut() else {
             return Ok(false);
@@ -570,6 +609,7 @@ impl Protocol {
         let mut moved = false;
         let (rank, nslots, stride) = (self.cfg.rank, self.cfg.nslots, self.stride);
         let dsize = c.sig.dtype.size();
+        let copies_only = receives_only_copy(c.sig.coll);
         for peer in 0..self.cfg.world {
             while let Some(&PostedSend { id, src, len }) = self.q.sendq[peer].front() {
                 let l = &mut self.links[peer];
@@ -616,6 +656,17 @@ impl Protocol {
                     self.q.inflight.insert(wr, (id, peer, usize::MAX));
                     moved = true;
                     continue;
+                }
+                if self.patient
+                    && copies_only
+                    && !self.cfg.checksum
+                    && bytes > 0
+                    && bytes >= l.direct_min_for(true)
+                    && bytes <= u32::MAX as usize
+                {
+                    // The receiver offers to take this message in place (it decides from the
+                    // same rule): wait for the offer rather than copy it twice through a slot.
+                    break;
                 }
                 let Some(k) = l.send_slot() else {
                     break;

@@ -65,6 +65,13 @@
 //! direct receive too. A direct write nobody offered is a [`Violation::UnsolicitedDirect`]. With
 //! checksums on there are no direct writes (they carry no header).
 //!
+//! In the collectives whose every receive copies (all-to-all(v) and all-gather: no receive
+//! reduces) the sender knows the receiver's rule — the pair's threshold for them, set alike on
+//! both ranks — so a message of at least that size *waits* for its offer instead of taking a
+//! slot: every byte is copied once, by the sender, into place. The wait is bounded: once
+//! nothing has moved for [`OFFER_PATIENCE`](super::OFFER_PATIENCE) (a receiver configured
+//! otherwise, which never offers), the operation's waiting sends go through slots.
+//!
 //! # Eager all-reduces and the board
 //!
 //! An all-reduce of a few KiB (at most [`crate::schedule::Algorithm::Eager`]'s limit in the

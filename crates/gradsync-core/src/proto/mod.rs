@@ -31,7 +31,9 @@ pub use eager::EAGER_AHEAD_MAX;
 pub use error::{ProtoError, Violation};
 pub use fast::FastStart;
 pub use link::IMM_DIRECT;
-pub use machine::{BOARD_CHECK_EVERY, Config, Finished, IDLE_CREDIT_RETURN, Protocol, loc_bytes};
+pub use machine::{
+    BOARD_CHECK_EVERY, Config, Finished, IDLE_CREDIT_RETURN, OFFER_PATIENCE, Protocol, loc_bytes,
+};
 pub use probe::{Verdict, VerdictWithin};
 
 #[cfg(test)]

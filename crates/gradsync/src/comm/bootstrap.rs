@@ -39,11 +39,15 @@ struct SlotLayout {
     board: u32,
     /// `GRADSYNC_RECV_BUDGET`, which `nslots` was fitted to: named when the slots differ.
     budget: u64,
+    /// The shared-memory direct-write threshold of all-to-all and all-gather
+    /// (`GRADSYNC_SHM_DIRECT_MIN`): senders wait for their receivers' offers from it, and the
+    /// all-to-all's message size depends on it.
+    move_direct: u64,
 }
 
 impl SlotLayout {
     /// Length of [`to_bytes`](Self::to_bytes), which follows the inbox descriptor.
-    const LEN: usize = 28;
+    const LEN: usize = 36;
 
     fn of(c: &Config, board: usize) -> Self {
         SlotLayout {
@@ -56,6 +60,7 @@ impl SlotLayout {
                 0
             },
             budget: c.recv_budget as u64,
+            move_direct: c.shm_move_direct_min as u64,
         }
     }
 
@@ -65,7 +70,8 @@ impl SlotLayout {
         b[8..12].copy_from_slice(&self.nslots.to_le_bytes());
         b[12..16].copy_from_slice(&self.tcp_nslots.to_le_bytes());
         b[16..20].copy_from_slice(&self.board.to_le_bytes());
-        b[20..].copy_from_slice(&self.budget.to_le_bytes());
+        b[20..28].copy_from_slice(&self.budget.to_le_bytes());
+        b[28..].copy_from_slice(&self.move_direct.to_le_bytes());
         b
     }
 
@@ -75,7 +81,8 @@ impl SlotLayout {
             nslots: u32::from_le_bytes(b[8..12].try_into().expect("4")),
             tcp_nslots: u32::from_le_bytes(b[12..16].try_into().expect("4")),
             board: u32::from_le_bytes(b[16..20].try_into().expect("4")),
-            budget: u64::from_le_bytes(b[20..].try_into().expect("8")),
+            budget: u64::from_le_bytes(b[20..28].try_into().expect("8")),
+            move_direct: u64::from_le_bytes(b[28..].try_into().expect("8")),
         })
     }
 
@@ -90,7 +97,7 @@ impl SlotLayout {
     /// Every setting that differs between this layout (of `rank`) and `theirs` (of `peer`),
     /// with what to do; `None` when they agree (the board may differ).
     fn differences(&self, rank: usize, peer: usize, theirs: &SlotLayout) -> Option<String> {
-        let settings = |l: &SlotLayout| (l.chunk, l.nslots, l.tcp_nslots);
+        let settings = |l: &SlotLayout| (l.chunk, l.nslots, l.tcp_nslots, l.move_direct);
         if settings(self) == settings(theirs) {
             return None;
         }
@@ -103,11 +110,18 @@ impl SlotLayout {
                 self.tcp_nslots.into(),
                 theirs.tcp_nslots.into(),
             ),
+            (
+                "GRADSYNC_SHM_DIRECT_MIN",
+                self.move_direct,
+                theirs.move_direct,
+            ),
         ] {
             if a != b {
-                // GRADSYNC_TCP_NSLOTS unset is 0: the default by host.
+                // GRADSYNC_TCP_NSLOTS unset is 0: the default by host; a threshold of
+                // usize::MAX is off.
                 let show = |v: u64| match v {
-                    0 => "unset".to_string(),
+                    0 if name == "GRADSYNC_TCP_NSLOTS" => "unset".to_string(),
+                    u64::MAX => "off".to_string(),
                     v => v.to_string(),
                 };
                 diff.push(format!(
@@ -1060,14 +1074,14 @@ pub(super) fn apply_caps(engine: &mut Engine, config: &Config, host_of: Option<&
         } else if let Some(w) = caps.window {
             engine.set_window(p, w);
         }
-        let direct_min = if !caps.direct_writes {
-            usize::MAX
+        let (direct_min, move_direct_min) = if !caps.direct_writes {
+            (usize::MAX, usize::MAX)
         } else if caps.mapped {
-            config.shm_direct_min
+            (config.shm_direct_min, config.shm_move_direct_min)
         } else {
-            config.direct_min
+            (config.direct_min, config.direct_min)
         };
-        engine.set_direct_min(p, direct_min);
+        engine.set_direct_min(p, direct_min, move_direct_min);
     }
 }
 

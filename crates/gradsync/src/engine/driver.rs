@@ -228,8 +228,8 @@ impl Engine {
 
     /// Sets the size from which copy-receives from `peer` are direct writes (`usize::MAX`:
     /// never), overriding [`EngineOptions::direct_min`] for that peer.
-    pub(crate) fn set_direct_min(&mut self, peer: usize, min: usize) {
-        self.proto.set_direct_min(peer, min);
+    pub(crate) fn set_direct_min(&mut self, peer: usize, min: usize, move_min: usize) {
+        self.proto.set_direct_min(peer, min, move_min);
     }
 
     /// Limits the messages in flight to `peer` (and the slots this rank holds back from it) to
@@ -242,6 +242,11 @@ impl Engine {
     /// The messages in flight to `peer` at most (see [`Engine::set_window`]).
     pub(crate) fn window(&self, peer: usize) -> usize {
         self.proto.window(peer)
+    }
+
+    /// See [`Protocol::move_direct_min`](gradsync_core::proto::Protocol::move_direct_min).
+    pub(crate) fn move_direct_min(&self, peer: usize) -> usize {
+        self.proto.move_direct_min(peer)
     }
 
     /// Records every rank's inbox descriptor (index = rank).

@@ -45,6 +45,8 @@ fn mix(world: usize) -> Vec<CallSpec> {
         },
         call(ReduceScatter, Ring, 70),
         call(AllGather, Ring, 65),
+        call(AllToAll, Pairwise, 150),
+        call(AllToAll, Bruck, 3),
         CallSpec {
             root: world - 1,
             ..call(Broadcast, Tree, 300)
@@ -163,6 +165,24 @@ fn credit_starvation_one_slot_per_pair() {
             cfg.slot_bytes = 64;
             cfg.direct_min = usize::MAX;
             check(&cfg, world, &mix(world));
+        }
+    }
+}
+
+/// A rank that never offers direct writes (configured otherwise): the sends that wait for its
+/// offers go through slots once nothing moves for a while, and every call completes.
+#[test]
+fn a_rank_that_never_offers() {
+    for world in [2, 3, 5] {
+        for seed in 0..4 {
+            let mut cfg = SimConfig::new(seed + 200);
+            // Messages up to 1 KiB, direct from 512 bytes: all-to-all blocks of 150 floats
+            // wait for offers.
+            cfg.slot_bytes = 1024;
+            cfg.no_offers_from = Some(seed as usize % world);
+            cfg.fifo = seed % 2 == 1;
+            let s = check(&cfg, world, &mix(world));
+            assert!(s.writes > 0, "{s:?}");
         }
     }
 }

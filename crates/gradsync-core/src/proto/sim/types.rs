@@ -32,6 +32,9 @@ pub struct SimConfig {
     /// Every pair's message counters start near this value instead of 0 (each direction a
     /// little apart), to cross the wrap of the 31 bits a write's immediate carries.
     pub counters_from: u64,
+    /// This rank never asks for direct writes (a rank configured otherwise): its peers' sends
+    /// that wait for its offers go through slots once their patience is over.
+    pub no_offers_from: Option<usize>,
 }
 
 impl SimConfig {
@@ -49,6 +52,7 @@ impl SimConfig {
             fifo: false,
             max_steps: 50_000_000,
             counters_from: 0,
+            no_offers_from: None,
         }
     }
 }

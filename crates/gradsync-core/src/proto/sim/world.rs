@@ -70,6 +70,9 @@ pub fn run(cfg: &SimConfig, world: usize, calls: &[CallSpec]) -> Result<SimStats
                 checksum: cfg.checksum,
             };
             let mut r = SimRank::new(pc, t0);
+            if cfg.no_offers_from == Some(rank) {
+                (0..world).for_each(|p| r.proto.set_direct_min(p, usize::MAX, usize::MAX));
+            }
             if let Some(w) = cfg.window {
                 (0..world).for_each(|p| r.proto.set_window(p, w));
             }
