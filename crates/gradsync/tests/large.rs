@@ -32,8 +32,9 @@ fn run_rank(mut c: Communicator) {
         }
         out.fill(-1.0);
     }
-    // Blocks of 8 MiB (a local copy with non-temporal stores), and of about 1 MiB (split into
-    // messages of a quarter of a block, with a remainder, where every peer is on shared memory).
+    // Blocks of 8 MiB (a local copy with non-temporal stores), and of about 1 MiB (with a
+    // remainder): over shared memory written straight into place, a slot's size at a time, or
+    // with direct writes off split into messages of a quarter of a block.
     for block in [COUNT, (1 << 18) + 3] {
         let input: Vec<f32> = (0..block * w).map(|k| val(r, k)).collect();
         let mut out = vec![f32::NAN; block * w];
@@ -57,7 +58,12 @@ fn run_rank(mut c: Communicator) {
 }
 
 fn run(world: usize, transport: Option<TransportMode>) {
+    run_with(world, transport, |_| {});
+}
+
+fn run_with(world: usize, transport: Option<TransportMode>, tweak: impl Fn(&mut Config)) {
     let mut base = Config::new("unused:0", 0, 1);
+    tweak(&mut base);
     base.timeout = Duration::from_secs(120);
     let Some(transport) = transport else {
         let comms = Communicator::mem_group(world, &base).unwrap();
@@ -106,6 +112,16 @@ fn large_shm_w2() {
 #[test]
 fn large_shm_w3() {
     run(3, Some(TransportMode::Shm));
+}
+
+/// Shared memory with direct writes off: all-to-all and all-gather messages go through the
+/// inbox slots, the all-to-all's blocks split in four.
+#[test]
+fn large_shm_w3_through_slots() {
+    run_with(3, Some(TransportMode::Shm), |c| {
+        c.shm_direct_min = usize::MAX;
+        c.shm_move_direct_min = usize::MAX;
+    });
 }
 
 #[test]
