@@ -559,6 +559,12 @@ impl Protocol {
                     let msg = self.q.recv_issued[peer];
                     self.q.recv_issued[peer] += 1;
                     let bytes = len * dsize;
+                    // Senders of these collectives wait for offers on that promise.
+                    debug_assert!(
+                        !copies_only || reduce_with.is_none(),
+                        "a {} program reduces on receipt",
+                        c.sig.coll
+                    );
                     let direct = c.mode == Mode::Slots
                         && reduce_with.is_none()
                         && !self.cfg.checksum
