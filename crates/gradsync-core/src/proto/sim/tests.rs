@@ -169,6 +169,29 @@ fn credit_starvation_one_slot_per_pair() {
     }
 }
 
+/// In all-to-all and all-gather every message large enough goes straight into place: its
+/// sender waits for the receiver's offer rather than taking a slot.
+#[test]
+fn moves_wait_for_the_offer_and_land_in_place() {
+    use Algorithm::*;
+    use Collective::*;
+    for world in [2, 3, 4] {
+        for seed in 0..8 {
+            let mut cfg = SimConfig::new(seed + 300);
+            // Blocks of 600 bytes: one message each, direct from 512 bytes.
+            cfg.slot_bytes = 1024;
+            cfg.fifo = seed % 2 == 1;
+            let calls = [call(AllToAll, Pairwise, 150), call(AllGather, Ring, 150)];
+            let s = check(&cfg, world, &calls);
+            let messages = 2 * world * (world - 1);
+            assert_eq!(
+                s.direct_writes, messages as u64,
+                "world {world} seed {seed}: {s:?}"
+            );
+        }
+    }
+}
+
 /// A rank that never offers direct writes (configured otherwise): the sends that wait for its
 /// offers go through slots once nothing moves for a while, and every call completes.
 #[test]

@@ -214,6 +214,8 @@ pub struct SimStats {
     pub steps: u64,
     /// Writes that landed.
     pub writes: u64,
+    /// Of those, direct writes (straight into the receiver's buffer after its offer).
+    pub direct_writes: u64,
     /// Two-sided messages delivered.
     pub messages: u64,
 }

@@ -325,6 +325,7 @@ impl Sim {
                         DATA_HEADER_LEN + payload.len()
                     }
                     (Target::Direct { rkey: key, offset }, _) => {
+                        self.stats.direct_writes += 1;
                         let rank = &mut self.ranks[l.to];
                         let run = rank.running.as_mut().ok_or(SimError::BadKey {
                             from: l.from,
