@@ -94,6 +94,16 @@ impl Link {
         }
     }
 
+    /// Whether a copy-receive of `bytes` from the peer asks for a direct write, in a call
+    /// whose receives all copy or not, with checksums on or off: the receiver's rule, which a
+    /// sender that waits for the offer applies too.
+    pub(crate) fn offers_direct(&self, copies_only: bool, bytes: usize, checksum: bool) -> bool {
+        !checksum
+            && bytes > 0
+            && bytes >= self.direct_min_for(copies_only)
+            && bytes <= u32::MAX as usize
+    }
+
     /// The slot message `ctr` of the pair uses.
     pub(crate) fn slot(&self, ctr: u64) -> usize {
         (ctr % self.window as u64) as usize

@@ -169,6 +169,15 @@ fn credit_starvation_one_slot_per_pair() {
     }
 }
 
+/// Messages up to 1 KiB, direct from 512 bytes (all-to-all and all-gather blocks of 150
+/// floats go as one message each, in place where the receiver offers).
+fn with_direct_moves(seed: u64) -> SimConfig {
+    let mut cfg = SimConfig::new(seed);
+    cfg.slot_bytes = 1024;
+    cfg.fifo = seed % 2 == 1;
+    cfg
+}
+
 /// In all-to-all and all-gather every message large enough goes straight into place: its
 /// sender waits for the receiver's offer rather than taking a slot.
 #[test]
@@ -177,10 +186,7 @@ fn moves_wait_for_the_offer_and_land_in_place() {
     use Collective::*;
     for world in [2, 3, 4] {
         for seed in 0..8 {
-            let mut cfg = SimConfig::new(seed + 300);
-            // Blocks of 600 bytes: one message each, direct from 512 bytes.
-            cfg.slot_bytes = 1024;
-            cfg.fifo = seed % 2 == 1;
+            let cfg = with_direct_moves(seed + 300);
             let calls = [call(AllToAll, Pairwise, 150), call(AllGather, Ring, 150)];
             let s = check(&cfg, world, &calls);
             let messages = 2 * world * (world - 1);
@@ -198,12 +204,8 @@ fn moves_wait_for_the_offer_and_land_in_place() {
 fn a_rank_that_never_offers() {
     for world in [2, 3, 5] {
         for seed in 0..4 {
-            let mut cfg = SimConfig::new(seed + 200);
-            // Messages up to 1 KiB, direct from 512 bytes: all-to-all blocks of 150 floats
-            // wait for offers.
-            cfg.slot_bytes = 1024;
+            let mut cfg = with_direct_moves(seed + 200);
             cfg.no_offers_from = Some(seed as usize % world);
-            cfg.fifo = seed % 2 == 1;
             let s = check(&cfg, world, &mix(world));
             assert!(s.writes > 0, "{s:?}");
         }
