@@ -632,8 +632,10 @@ fn init_calibrates_once_and_caches_per_host() {
 }
 
 /// On one host of 3 ranks the first init also times every candidate at 32 KiB to 8 MiB and
-/// keeps the times in the cache for its layout; later inits of that layout reuse them, and a forced
-/// algorithm skips the timing, as does a setting that would take it over its budget.
+/// keeps the times in the cache for its layout, with how busy other processes kept the host;
+/// later inits of that layout reuse them (times of a busy host only while the host is still
+/// busy), and a forced algorithm skips the timing, as does a setting that would take it over
+/// its budget.
 #[test]
 fn init_times_the_candidates_once_per_layout() {
     let dir = std::env::temp_dir().join(format!("gradsync-bulk-{}", std::process::id()));
@@ -694,11 +696,51 @@ fn init_times_the_candidates_once_per_layout() {
             assert_eq!(names, ["double_tree", "rabenseifner", "ring", "tree"]);
         }
         assert!(us.values().all(|t| t.as_f64().unwrap() > 0.0), "{us:?}");
+        // How much of the CPUs other processes took meanwhile (the test suite, here).
+        let others = entry["others"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&others), "{entry}");
     }
+    // Sets how busy the host was when the candidates were timed, as the cache says.
+    let set_others = |o: f64| {
+        let path = std::fs::read_dir(dir.join("gradsync"))
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
+        let mut v = cache();
+        for e in v["bulk"].as_array_mut().unwrap() {
+            e["others"] = serde_json::json!(o);
+        }
+        std::fs::write(&path, serde_json::to_string(&v).unwrap()).unwrap();
+        v["bulk"].clone()
+    };
+    // Times taken on a quiet host are reused.
+    let bulk = set_others(0.0);
     let second = run("3", &[]);
     assert!(second.contains("(cached in"), "{second}");
     assert!(!second.contains("candidates timed at 32 KiB"), "{second}");
     assert!(second.contains("# candidates timed at init"), "{second}");
+    assert_eq!(cache()["bulk"], bulk);
+    // Times taken on a busy host are timed again only on a quiet one: with every CPU kept
+    // busy, the init reuses them rather than time the load again.
+    let bulk = set_others(0.9);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let spinners: Vec<_> = (0..std::thread::available_parallelism().map_or(2, |n| n.get()))
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    let busy = run("3", &[]);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    spinners.into_iter().for_each(|t| t.join().unwrap());
+    assert!(busy.contains("(cached in"), "{busy}");
+    assert!(!busy.contains("candidates timed at 32 KiB"), "{busy}");
     assert_eq!(cache()["bulk"], bulk);
     // Two ranks are never timed.
     let two = run("2", &[]);

@@ -198,6 +198,68 @@ pub fn allowed_cpus() -> Vec<usize> {
     }
 }
 
+/// Busy and total clock ticks of the CPUs in `cpus` since boot (all of them when `cpus` is
+/// empty), from `/proc/stat`; `None` where it cannot be read. Busy counts user, nice, system,
+/// interrupt and steal time (a hypervisor's other guests); total adds idle and I/O wait.
+pub fn cpu_ticks(cpus: &[usize]) -> Option<(u64, u64)> {
+    parse_cpu_ticks(&std::fs::read_to_string("/proc/stat").ok()?, cpus)
+}
+
+/// [`cpu_ticks`] of the text of a `/proc/stat`.
+pub fn parse_cpu_ticks(stat: &str, cpus: &[usize]) -> Option<(u64, u64)> {
+    let (mut busy, mut total, mut seen) = (0u64, 0u64, false);
+    for line in stat.lines() {
+        let mut f = line.split_ascii_whitespace();
+        let Some(n) = f.next().and_then(|name| name.strip_prefix("cpu")) else {
+            continue;
+        };
+        let Ok(cpu) = n.parse::<usize>() else {
+            continue;
+        };
+        if !cpus.is_empty() && !cpus.contains(&cpu) {
+            continue;
+        }
+        let v: Vec<u64> = f.take(8).map_while(|x| x.parse().ok()).collect();
+        let [user, nice, system, idle, iowait, irq, softirq, steal] = v[..] else {
+            return None;
+        };
+        let b = user + nice + system + irq + softirq + steal;
+        busy += b;
+        total += b + idle + iowait;
+        seen = true;
+    }
+    seen.then_some((busy, total))
+}
+
+/// Clock ticks per second of [`cpu_ticks`].
+pub fn ticks_per_second() -> f64 {
+    // SAFETY: sysconf reads a configuration value.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 { t as f64 } else { 100.0 }
+}
+
+/// CPU seconds the calling thread has used (user and system).
+pub fn thread_cpu_seconds() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return 0.0;
+    }
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// The part of the CPUs in `cpus` that was busy over `over` (a sample of `/proc/stat` before
+/// and after a sleep); `None` where it cannot be read.
+pub fn busy_share(cpus: &[usize], over: std::time::Duration) -> Option<f64> {
+    let (b0, t0) = cpu_ticks(cpus)?;
+    std::thread::sleep(over);
+    let (b1, t1) = cpu_ticks(cpus)?;
+    (t1 > t0).then(|| (b1.saturating_sub(b0)) as f64 / (t1 - t0) as f64)
+}
+
 /// A CPU set of `cpus` (numbers from `CPU_SETSIZE` up are left out), for `sched_setaffinity`.
 pub fn cpu_set(cpus: &[usize]) -> libc::cpu_set_t {
     // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET only writes inside it for CPU
@@ -449,6 +511,30 @@ pub fn interfaces() -> io::Result<Vec<(String, IpAddr)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_ticks_of_chosen_cpus() {
+        let stat = "cpu  30 0 10 100 5 0 0 0 0 0\n\
+                    cpu0 10 0 5 50 5 0 0 0 0 0\n\
+                    cpu1 20 0 5 50 0 0 0 3 0 0\n\
+                    intr 12345\nctxt 99\n";
+        assert_eq!(parse_cpu_ticks(stat, &[]), Some((43, 148)));
+        assert_eq!(parse_cpu_ticks(stat, &[0]), Some((15, 70)));
+        assert_eq!(parse_cpu_ticks(stat, &[1]), Some((28, 78)));
+        assert_eq!(parse_cpu_ticks(stat, &[7]), None);
+        assert_eq!(parse_cpu_ticks("cpu0 1 2\n", &[]), None, "a short line");
+        // This machine's own.
+        let (busy, total) = cpu_ticks(&allowed_cpus()).expect("/proc/stat");
+        assert!(busy <= total && total > 0);
+        let share = busy_share(&[], std::time::Duration::from_millis(30)).unwrap();
+        assert!((0.0..=1.0).contains(&share), "{share}");
+        let t0 = thread_cpu_seconds();
+        let mut x = 0u64;
+        while thread_cpu_seconds() - t0 < 0.01 {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+        assert!(x > 0);
+    }
 
     #[test]
     fn grouping() {

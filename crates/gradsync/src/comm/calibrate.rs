@@ -43,6 +43,18 @@ const BULK_PROBE_MARGIN: f64 = 10.0;
 /// at once), or both rounds are the burst's and the slope is the memory's rate, not the link's.
 const CALIBRATION_MIN_BULK: usize = 512 << 10;
 
+/// How long rank 0 watches the host's CPUs before it times candidates again that were timed
+/// on a busy host.
+const QUIET_SAMPLE: Duration = Duration::from_millis(50);
+
+/// Whether the CPUs this rank may use are quiet now: other processes keep them busy for at
+/// most [`crate::cost::BULK_BUSY_HOST`] of [`QUIET_SAMPLE`] (the other ranks wait for rank 0
+/// meanwhile, so what runs is someone else's).
+fn host_quiet() -> bool {
+    crate::topology::busy_share(&crate::topology::allowed_cpus(), QUIET_SAMPLE)
+        .is_some_and(|b| b <= crate::cost::BULK_BUSY_HOST)
+}
+
 /// A timed size as people read it: `32 KiB`, `8 MiB`.
 fn size_text(bytes: usize) -> String {
     if bytes >= 1 << 20 {
@@ -109,17 +121,20 @@ impl Communicator {
                 ));
             }
             // Bit 0: measure the links; bit 1: time the candidates at BULK_SIZES, where this
-            // layout has no such times yet (a model from the cache, measured on another world)
-            // or the links are measured anew. Never for a pinned file or with calibration off.
+            // layout has no such times yet (a model from the cache, measured on another world),
+            // or only times taken on a busy host while the host is quiet now, or the links are
+            // measured anew. Never for a pinned file or with calibration off.
             let pinned = config.cost_file.as_ref().is_some_and(|f| f.exists());
+            let (world, local_size) = (self.world, self.layout.local_size);
             let bulk = inter_peer.is_none()
-                && (3..=crate::cost::BULK_WORLD_MAX).contains(&self.world)
+                && (3..=crate::cost::BULK_WORLD_MAX).contains(&world)
                 && config.calibrate != crate::Calibrate::Off
                 && config.algorithm.is_none()
                 && !pinned
-                && decided
-                    .as_ref()
-                    .is_none_or(|(l, _, _)| !l.has_bulk(self.world, self.layout.local_size));
+                && decided.as_ref().is_none_or(|(l, _, _)| {
+                    !l.has_bulk(world, local_size)
+                        || (l.bulk_loaded(world, local_size) && host_quiet())
+                });
             let plan = [u8::from(decided.is_none()) | (u8::from(bulk) << 1)];
             let store = self.store.as_mut().expect("init keeps its store");
             store
@@ -216,6 +231,10 @@ impl Communicator {
                         if let Some(note) = note {
                             from += &format!(" ({note})");
                         }
+                        // The new times replace all of the layout's: a size the budget
+                        // left out this time keeps no older (perhaps busier) entry.
+                        let (w, ls) = (self.world, self.layout.local_size);
+                        links.bulk.retain(|b| (b.world, b.local_size) != (w, ls));
                         for b in entries {
                             links.set_bulk(b);
                         }
@@ -347,7 +366,19 @@ impl Communicator {
         let mut note = None;
         // The sizes the rounds time: all of them until the warm round has spoken.
         let mut sizes = BULK_SIZES.len();
+        // How much of the host other processes take while the rounds run: this rank's
+        // thread's CPU time and, on rank 0, the host's busy time of the CPUs it may use.
+        let cpus = crate::topology::allowed_cpus();
+        let mut load_from = (0.0, None);
         for round in 0..=BULK_ROUNDS {
+            if round == 1 {
+                load_from = (
+                    crate::topology::thread_cpu_seconds(),
+                    (self.rank == 0)
+                        .then(|| crate::topology::cpu_ticks(&cpus))
+                        .flatten(),
+                );
+            }
             // Each size's rounds to come, estimated from this rank's warm calls.
             let mut warm = [0.0f64; BULK_SIZES.len()];
             for (w, &size) in BULK_SIZES[..sizes].iter().enumerate() {
@@ -405,10 +436,34 @@ impl Communicator {
                 }
             }
         }
+        let host_to = load_from.1.and(crate::topology::cpu_ticks(&cpus));
+        let mut ours = [crate::topology::thread_cpu_seconds() - load_from.0];
+        self.algorithm = Some(crate::Algorithm::Ring);
+        let mine = ours;
+        self.all_reduce_into(&mine, &mut ours, ReduceOp::Sum)?;
         // The slowest rank's time, as a training step waits for it.
         self.slowest(&mut secs)?;
         if self.rank != 0 {
             return Ok(Ok((Vec::new(), None)));
+        }
+        let others = match (load_from.1, host_to) {
+            (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => {
+                let tick = crate::topology::ticks_per_second();
+                let busy = b1.saturating_sub(b0) as f64 / tick;
+                let total = (t1 - t0) as f64 / tick;
+                Some(((busy - ours[0]) / total).clamp(0.0, 1.0))
+            }
+            _ => None,
+        };
+        if let Some(o) = others.filter(|&o| o > crate::cost::BULK_BUSY_HOST) {
+            let why = format!(
+                "other processes took {:.0}% of the CPUs meanwhile: timed again at a later init on a quiet host",
+                o * 100.0
+            );
+            note = Some(match note {
+                Some(n) => format!("{n}; {why}"),
+                None => why,
+            });
         }
         let entries = BULK_SIZES[..sizes]
             .iter()
@@ -429,6 +484,7 @@ impl Communicator {
                     local_size: self.layout.local_size,
                     bytes: size,
                     us,
+                    others,
                 }
             })
             .collect();
