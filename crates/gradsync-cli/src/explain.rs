@@ -65,7 +65,7 @@ pub fn render(comm: &Communicator, rows: &[(DataType, Row)]) -> anyhow::Result<S
         .bulk_of(comm.world_size(), comm.local_size())
         .collect();
     if !timed.is_empty() {
-        s += "# candidates timed at init (us per call); from each size up to the next, each prediction takes the proportion to the ring measured there\n";
+        s += "# candidates timed at init (us per call); between two timed sizes each prediction takes the proportion to the ring interpolated from theirs\n";
         for b in timed {
             s += &format!(
                 "# {:>12}{}\n",

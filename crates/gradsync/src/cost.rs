@@ -114,8 +114,8 @@ pub const BULK_BYTES: usize = 8 << 20;
 
 /// The sizes at which the calibration times the candidates, a factor of 4 apart: the
 /// proportions change with the size (4 ranks on 2 cores: Rabenseifner 1.1-1.6 times the
-/// ring's time at 512 KiB to 1 MiB, 0.84-0.92 of it from 2 MiB on), and each timed size
-/// stands for the sizes up to the next.
+/// ring's time at 512 KiB to 1 MiB, 0.84-0.92 of it from 2 MiB on); between two of them the
+/// proportions are interpolated ([`LinkCosts::bulk_ratio`]).
 pub const BULK_SIZES: [usize; 5] = [32 << 10, 128 << 10, 512 << 10, 2 << 20, BULK_BYTES];
 
 /// All-reduces from this size on take measured proportions: the smallest of [`BULK_SIZES`].
