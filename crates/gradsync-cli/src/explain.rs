@@ -126,6 +126,7 @@ mod tests {
             transport: "shm".into(),
             alpha_us: 1.5,
             gbytes_per_s: 3.25,
+            others: None,
         };
         let text = serde_json::to_string_pretty(&m).unwrap();
         assert_eq!(serde_json::from_str::<CostModel>(&text).unwrap(), m);

@@ -599,7 +599,28 @@ fn explain_once(nproc: &str, dir: &std::path::Path, env: &[(&str, &str)]) -> Str
     text
 }
 
-/// Init measures the links once per host and caches the model; the next init reads the cache,
+/// Runs `f` while a thread per CPU of this machine spins: the host is busy throughout.
+fn with_every_cpu_busy<T>(f: impl FnOnce() -> T) -> T {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let spinners: Vec<_> = (0..std::thread::available_parallelism().map_or(2, |n| n.get()))
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    let out = f();
+    stop.store(true, Ordering::Relaxed);
+    spinners.into_iter().for_each(|t| t.join().unwrap());
+    out
+}
+
+/// Init measures the links once per host and caches the model, with how busy the host was; the
+/// next init reads the cache (a model of a busy host only while the host is still busy),
 /// `GRADSYNC_CALIBRATE=always` measures again and `off` never measures.
 #[test]
 fn init_calibrates_once_and_caches_per_host() {
@@ -619,10 +640,29 @@ fn init_calibrates_once_and_caches_per_host() {
         name.starts_with("cost-") && name.ends_with("-shm-shm.json"),
         "{name}"
     );
+    // How busy the host was just before the links were measured; set as if it was quiet.
+    let set_others = |o: f64| {
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&files[0]).unwrap()).unwrap();
+        let others = v["intra"]["others"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&others), "{v}");
+        for link in ["intra", "inter"] {
+            v[link]["others"] = serde_json::json!(o);
+        }
+        std::fs::write(&files[0], serde_json::to_string(&v).unwrap()).unwrap();
+    };
+    set_others(0.0);
     let second = run("auto");
     assert!(
         second.contains(&format!("(cached in {}", files[0].display())),
         "{second}"
+    );
+    // Links measured on a busy host are measured again only on a quiet one.
+    set_others(0.9);
+    let busy = with_every_cpu_busy(|| run("auto"));
+    assert!(
+        busy.contains(&format!("(cached in {}", files[0].display())),
+        "{busy}"
     );
     assert!(run("always").contains("(measured at init in"));
     assert!(run("off").contains("(cached in"));
@@ -700,7 +740,8 @@ fn init_times_the_candidates_once_per_layout() {
         let others = entry["others"].as_f64().unwrap();
         assert!((0.0..=1.0).contains(&others), "{entry}");
     }
-    // Sets how busy the host was when the candidates were timed, as the cache says.
+    // Sets how busy the host was when the candidates were timed, as the cache says, and
+    // makes each entry the median of three timings.
     let set_others = |o: f64| {
         let path = std::fs::read_dir(dir.join("gradsync"))
             .unwrap()
@@ -711,11 +752,23 @@ fn init_times_the_candidates_once_per_layout() {
         let mut v = cache();
         for e in v["bulk"].as_array_mut().unwrap() {
             e["others"] = serde_json::json!(o);
+            let runs: serde_json::Map<_, _> = e["us"]
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, t)| (k.clone(), serde_json::json!([t, t, t])))
+                .collect();
+            e["runs"] = serde_json::Value::Object(runs);
         }
         std::fs::write(&path, serde_json::to_string(&v).unwrap()).unwrap();
         v["bulk"].clone()
     };
-    // Times taken on a quiet host are reused.
+    // A first quiet timing is one run of three.
+    assert!(
+        first.contains("the median of 1 of 3 quiet timings") || !first.contains("quiet timings"),
+        "{first}"
+    );
+    // Times settled on a quiet host are reused.
     let bulk = set_others(0.0);
     let second = run("3", &[]);
     assert!(second.contains("(cached in"), "{second}");
@@ -725,20 +778,7 @@ fn init_times_the_candidates_once_per_layout() {
     // Times taken on a busy host are timed again only on a quiet one: with every CPU kept
     // busy, the init reuses them rather than time the load again.
     let bulk = set_others(0.9);
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let spinners: Vec<_> = (0..std::thread::available_parallelism().map_or(2, |n| n.get()))
-        .map(|_| {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    std::hint::spin_loop();
-                }
-            })
-        })
-        .collect();
-    let busy = run("3", &[]);
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    spinners.into_iter().for_each(|t| t.join().unwrap());
+    let busy = with_every_cpu_busy(|| run("3", &[]));
     assert!(busy.contains("(cached in"), "{busy}");
     assert!(!busy.contains("candidates timed at 32 KiB"), "{busy}");
     assert_eq!(cache()["bulk"], bulk);

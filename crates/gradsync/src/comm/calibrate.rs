@@ -47,12 +47,11 @@ const CALIBRATION_MIN_BULK: usize = 512 << 10;
 /// on a busy host.
 const QUIET_SAMPLE: Duration = Duration::from_millis(50);
 
-/// Whether the CPUs this rank may use are quiet now: other processes keep them busy for at
-/// most [`crate::cost::BULK_BUSY_HOST`] of [`QUIET_SAMPLE`] (the other ranks wait for rank 0
-/// meanwhile, so what runs is someone else's).
-fn host_quiet() -> bool {
+/// The part of the CPUs this rank may use that is busy over [`QUIET_SAMPLE`] (the other
+/// ranks wait for rank 0 meanwhile, so what runs is someone else's); quiet at most
+/// [`crate::cost::BULK_BUSY_HOST`].
+fn host_busy() -> Option<f64> {
     crate::topology::busy_share(&crate::topology::allowed_cpus(), QUIET_SAMPLE)
-        .is_some_and(|b| b <= crate::cost::BULK_BUSY_HOST)
 }
 
 /// A timed size as people read it: `32 KiB`, `8 MiB`.
@@ -93,6 +92,15 @@ impl Communicator {
         let inter_t = inter_peer.map_or(intra_t, |p| self.peer_transport(p));
         // Rank 0 decides: a model it already has, or a measurement (the plan byte's bits).
         let mut decided: Option<(LinkCosts, String, Option<std::path::PathBuf>)> = None;
+        // How busy rank 0's CPUs are just before anything is measured, sampled when first
+        // asked (the other ranks wait for rank 0's plan meanwhile).
+        let mut busy_now: Option<Option<f64>> = None;
+        let mut busy = || *busy_now.get_or_insert_with(host_busy);
+        let quiet = |b: Option<f64>| b.is_some_and(|b| b <= crate::cost::BULK_BUSY_HOST);
+        // A cached model whose links were measured on a busy host, measured again now.
+        let mut relinked: Option<LinkCosts> = None;
+        // How busy the host was just before the links are measured (rank 0).
+        let mut links_busy = None;
         if rank == 0 {
             let cache = crate::cost::cache_path(self.host_name(0), intra_t.name(), inter_t.name());
             if let Some(f) = config.cost_file.as_ref().filter(|f| f.exists()) {
@@ -104,6 +112,14 @@ impl Communicator {
                 && let Some(c) = cache.as_ref().filter(|c| c.exists())
             {
                 match LinkCosts::load(c) {
+                    Ok(links)
+                        if config.calibrate == crate::Calibrate::Auto
+                            && self.world >= 2
+                            && links.links_loaded()
+                            && quiet(busy()) =>
+                    {
+                        relinked = Some(links)
+                    }
                     Ok(links) => {
                         decided =
                             Some((links, format!("cached in {}", c.display()), Some(c.clone())))
@@ -120,10 +136,11 @@ impl Communicator {
                     None,
                 ));
             }
-            // Bit 0: measure the links; bit 1: time the candidates at BULK_SIZES, where this
-            // layout has no such times yet (a model from the cache, measured on another world),
-            // or only times taken on a busy host while the host is quiet now, or the links are
-            // measured anew. Never for a pinned file or with calibration off.
+            // Bit 0: measure the links (none cached, or cached from a busy host while this one
+            // is quiet); bit 1: time the candidates at BULK_SIZES, where this layout has no
+            // such times yet (a model from the cache, measured on another world), or fewer
+            // than BULK_RUNS quiet timings while the host is quiet now, or the links are
+            // measured anew without a cache. Never for a pinned file or with calibration off.
             let pinned = config.cost_file.as_ref().is_some_and(|f| f.exists());
             let (world, local_size) = (self.world, self.layout.local_size);
             let bulk = inter_peer.is_none()
@@ -131,10 +148,18 @@ impl Communicator {
                 && config.calibrate != crate::Calibrate::Off
                 && config.algorithm.is_none()
                 && !pinned
-                && decided.as_ref().is_none_or(|(l, _, _)| {
-                    !l.has_bulk(world, local_size)
-                        || (l.bulk_loaded(world, local_size) && host_quiet())
-                });
+                && decided
+                    .as_ref()
+                    .map(|d| &d.0)
+                    .or(relinked.as_ref())
+                    .is_none_or(|l| {
+                        !l.has_bulk(world, local_size)
+                            || (!l.bulk_settled(world, local_size) && quiet(busy()))
+                    });
+            // The links to be measured: how busy the host was just before.
+            if decided.is_none() {
+                links_busy = busy();
+            }
             let plan = [u8::from(decided.is_none()) | (u8::from(bulk) << 1)];
             let store = self.store.as_mut().expect("init keeps its store");
             store
@@ -195,7 +220,8 @@ impl Communicator {
                 let fresh = measured.is_some();
                 let mut saved = decided.as_ref().and_then(|d| d.2.clone());
                 let (mut links, mut from) = match (measured, decided.take()) {
-                    (Some((intra, inter)), _) => {
+                    (Some((mut intra, mut inter)), _) => {
+                        (intra.others, inter.others) = (links_busy, links_busy);
                         let mut links = LinkCosts {
                             intra,
                             inter,
@@ -208,8 +234,17 @@ impl Communicator {
                             links.measured = old.measured;
                             links.bulk = old.bulk;
                         }
-                        let from =
+                        let mut from =
                             format!("measured at init in {:.0} ms", t_links.as_secs_f64() * 1e3);
+                        if relinked.is_some() {
+                            from += " (the cached links were measured on a busy host)";
+                        }
+                        if let Some(b) = links_busy.filter(|&b| !quiet(Some(b))) {
+                            from += &format!(
+                                " (other processes kept {:.0}% of the CPUs busy: measured again at a later init on a quiet host)",
+                                b * 100.0
+                            );
+                        }
                         (links, from)
                     }
                     (None, Some((links, from, _))) => (links, from),
@@ -231,12 +266,23 @@ impl Communicator {
                         if let Some(note) = note {
                             from += &format!(" ({note})");
                         }
-                        // The new times replace all of the layout's: a size the budget
-                        // left out this time keeps no older (perhaps busier) entry.
                         let (w, ls) = (self.world, self.layout.local_size);
-                        links.bulk.retain(|b| (b.world, b.local_size) != (w, ls));
-                        for b in entries {
-                            links.set_bulk(b);
+                        let busy = !entries.iter().all(crate::cost::Bulk::quiet);
+                        let kept = busy && links.has_bulk(w, ls) && !links.bulk_loaded(w, ls);
+                        links.merge_bulk(w, ls, entries);
+                        let runs = links
+                            .bulk_of(w, ls)
+                            .map(crate::cost::Bulk::quiet_runs)
+                            .min()
+                            .unwrap_or(0);
+                        if kept {
+                            from += ", the earlier quiet times kept";
+                        }
+                        if runs > 0 {
+                            from += &format!(
+                                ", the median of {runs} of {} quiet timings",
+                                crate::cost::BULK_RUNS
+                            );
                         }
                     }
                     Ok(_) => {}
@@ -485,6 +531,7 @@ impl Communicator {
                     bytes: size,
                     us,
                     others,
+                    runs: Default::default(),
                 }
             })
             .collect();
@@ -576,6 +623,7 @@ impl Communicator {
             transport: self.peer_transport(1).name().to_string(),
             alpha_us: small / steps * 1e6,
             gbytes_per_s: (b - 8.0) / per_step / 1e9,
+            others: None,
         }))
     }
 
@@ -642,6 +690,7 @@ impl Communicator {
             transport: self.peer_transport(peer).name().to_string(),
             alpha_us: rtt / 2.0 * 1e6,
             gbytes_per_s: bw / 1e9,
+            others: None,
         })
     }
 
