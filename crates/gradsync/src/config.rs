@@ -5,9 +5,16 @@ use gradsync_core::Collective;
 use gradsync_core::schedule::plan::Algorithm;
 use std::time::Duration;
 
-/// The largest all-reduce that goes eagerly through a shared-memory board (the default there,
-/// and the most `GRADSYNC_EAGER_MAX` accepts).
+/// The largest all-reduce that can go eagerly through a shared-memory board (the board's
+/// capacity, and the most `GRADSYNC_EAGER_MAX` accepts).
 pub(crate) const BOARD_EAGER_MAX: usize = 16 * 1024;
+
+/// The largest all-reduce that goes eagerly through the board unless `GRADSYNC_EAGER_MAX`
+/// says otherwise: above it recursive doubling is faster (`gradsync bench --compare
+/// auto,recursive_doubling -b 8K -e 16K -i 2K`, one host of 2 cores: eager 0.84-0.91 of its
+/// time at 8 KiB on 2 and 4 ranks, 0.99-1.06 at 10 KiB on 2 and 3 ranks, 1.17-1.30 at 16 KiB
+/// on 2 to 4 ranks).
+pub(crate) const BOARD_EAGER_DEFAULT: usize = 8 * 1024;
 
 /// How to build a [`Communicator`](crate::Communicator) explicitly.
 ///

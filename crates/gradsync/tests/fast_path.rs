@@ -246,3 +246,37 @@ fn a_mismatch_on_the_fast_path_names_the_peer_and_both_calls() {
         );
     }
 }
+
+/// On the board, all-reduces of up to 8 KiB go eagerly by default and larger ones through a
+/// schedule (above 8 KiB recursive doubling measured faster than the eager path);
+/// `GRADSYNC_EAGER_MAX` raises the limit up to the board's 16 KiB.
+#[test]
+fn the_board_runs_eagerly_up_to_8_kib_unless_told_otherwise() {
+    use gradsync::Collective::AllReduce;
+    for eager_max in [None, Some(16 << 10)] {
+        let limits = common::run_ranks(
+            3,
+            move |cfg: &mut Config| {
+                cfg.transport = TransportMode::Shm;
+                cfg.timeout = Duration::from_secs(30);
+                if let Some(m) = eager_max {
+                    cfg.eager_max = m;
+                }
+            },
+            |c| {
+                assert!(c.eager_board(), "rank {}: no board", c.rank());
+                let eager = |b: usize| c.algorithm_for(AllReduce, b).is_none();
+                let limit = (1..=32usize)
+                    .map(|k| k << 10)
+                    .take_while(|&b| eager(b))
+                    .last();
+                // Every size up to the limit runs eagerly, the next byte does not.
+                let l = limit.unwrap();
+                assert!(eager(1) && eager(l) && !eager(l + 1), "rank {}", c.rank());
+                l
+            },
+        );
+        let want = eager_max.unwrap_or(8 << 10);
+        assert_eq!(limits, vec![want; 3], "GRADSYNC_EAGER_MAX {eager_max:?}");
+    }
+}

@@ -1,7 +1,7 @@
 //! The engine: its state, the start of an operation, and the loop that drives it (spin, then
 //! sleep in the transport, with a deadline).
 
-use crate::config::BOARD_EAGER_MAX;
+use crate::config::{BOARD_EAGER_DEFAULT, BOARD_EAGER_MAX};
 use crate::error::Error;
 use crate::recorder::{FlightRecorder, OpState};
 use gradsync_core::proto::{self, Mode, Protocol};
@@ -40,7 +40,7 @@ pub(crate) struct EngineOptions {
     /// (`GRADSYNC_CHECKSUM`). Direct writes carry no header, so the direct path is off with it.
     pub checksum: bool,
     /// All-reduces of at most this many bytes run eagerly (`GRADSYNC_EAGER_MAX`, 0: never),
-    /// at most [`BOARD_EAGER_MAX`].
+    /// at most [`BOARD_EAGER_MAX`]; `usize::MAX` when unset (each path's default).
     pub eager_max: usize,
     /// Floating-point all-reduces reduce every element in rank order, whatever the algorithm,
     /// chunking or size (`GRADSYNC_DETERMINISTIC`).
@@ -305,12 +305,16 @@ impl Engine {
     }
 
     /// The largest all-reduce that runs eagerly (with no forced algorithm and at most
-    /// [`EAGER_WORLD_MAX`] ranks): the path's own limit, lowered by `GRADSYNC_EAGER_MAX`.
+    /// [`EAGER_WORLD_MAX`] ranks): the path's own limit, lowered by `GRADSYNC_EAGER_MAX`; on
+    /// the board [`BOARD_EAGER_DEFAULT`] unless `GRADSYNC_EAGER_MAX` is set, up to the board's
+    /// capacity.
     pub(crate) fn eager_limit(&self) -> usize {
-        let path = if self.board() {
-            self.board_eager
-        } else {
+        let path = if !self.board() {
             EAGER_MAX
+        } else if self.opts.eager_max == usize::MAX {
+            self.board_eager.min(BOARD_EAGER_DEFAULT)
+        } else {
+            self.board_eager
         };
         path.min(self.opts.eager_max)
     }
