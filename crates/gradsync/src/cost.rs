@@ -339,8 +339,9 @@ impl LinkCosts {
     /// the layout's earlier quiet ones: each entry keeps the last [`BULK_RUNS`] times of every
     /// algorithm and their median. A busy one replaces the layout's entries only where they
     /// are busy or unknown too, as does any timing of a layout that had none. Sizes not in
-    /// `entries` (the budget left them out) lose their older entries.
-    pub fn merge_bulk(&mut self, world: usize, local_size: usize, entries: Vec<Bulk>) {
+    /// `entries` (the budget left them out) lose their older entries. Returns whether it took
+    /// the timing (not: a busy one beside quiet times).
+    pub fn merge_bulk(&mut self, world: usize, local_size: usize, entries: Vec<Bulk>) -> bool {
         bulk::merge(&mut self.bulk, world, local_size, entries)
     }
 

@@ -218,6 +218,8 @@ impl Communicator {
                     crate::cost::cache_path(self.host_name(0), intra_t.name(), inter_t.name());
                 let file = config.cost_file.as_ref().or(cache.as_ref());
                 let fresh = measured.is_some();
+                let relinked = relinked.take();
+                let was_busy = relinked.is_some();
                 let mut saved = decided.as_ref().and_then(|d| d.2.clone());
                 let (mut links, mut from) = match (measured, decided.take()) {
                     (Some((mut intra, mut inter)), _) => {
@@ -229,14 +231,16 @@ impl Communicator {
                             bulk: Vec::new(),
                         };
                         // Algorithms timed on this host stay valid when its links are
-                        // measured again: keep them.
-                        if let Some(old) = file.and_then(|f| LinkCosts::load(f).ok()) {
+                        // measured again: keep them (from the cache read above, if it was).
+                        if let Some(old) =
+                            relinked.or_else(|| file.and_then(|f| LinkCosts::load(f).ok()))
+                        {
                             links.measured = old.measured;
                             links.bulk = old.bulk;
                         }
                         let mut from =
                             format!("measured at init in {:.0} ms", t_links.as_secs_f64() * 1e3);
-                        if relinked.is_some() {
+                        if was_busy {
                             from += " (the cached links were measured on a busy host)";
                         }
                         if let Some(b) = links_busy.filter(|&b| !quiet(Some(b))) {
@@ -267,9 +271,7 @@ impl Communicator {
                             from += &format!(" ({note})");
                         }
                         let (w, ls) = (self.world, self.layout.local_size);
-                        let busy = !entries.iter().all(crate::cost::Bulk::quiet);
-                        let kept = busy && links.has_bulk(w, ls) && !links.bulk_loaded(w, ls);
-                        links.merge_bulk(w, ls, entries);
+                        let kept = !links.merge_bulk(w, ls, entries);
                         let runs = links
                             .bulk_of(w, ls)
                             .map(crate::cost::Bulk::quiet_runs)
@@ -484,9 +486,7 @@ impl Communicator {
         }
         let host_to = load_from.1.and(crate::topology::cpu_ticks(&cpus));
         let mut ours = [crate::topology::thread_cpu_seconds() - load_from.0];
-        self.algorithm = Some(crate::Algorithm::Ring);
-        let mine = ours;
-        self.all_reduce_into(&mine, &mut ours, ReduceOp::Sum)?;
+        self.across(&mut ours, ReduceOp::Sum)?;
         // The slowest rank's time, as a training step waits for it.
         self.slowest(&mut secs)?;
         if self.rank != 0 {
@@ -541,9 +541,15 @@ impl Communicator {
     /// Puts in each of `secs` the largest value any rank has there (a ring all-reduce), so
     /// that every rank goes on with the slowest rank's figures and decides alike.
     fn slowest(&mut self, secs: &mut [f64]) -> Result<()> {
+        self.across(secs, gradsync_core::ReduceOp::Max)
+    }
+
+    /// Puts in each of `v` the values of every rank there combined by `op` (a ring
+    /// all-reduce, whatever algorithm is forced for the calibration's calls).
+    fn across(&mut self, v: &mut [f64], op: gradsync_core::ReduceOp) -> Result<()> {
         self.algorithm = Some(crate::Algorithm::Ring);
-        let mine = secs.to_vec();
-        self.all_reduce_into(&mine, secs, gradsync_core::ReduceOp::Max)
+        let mine = v.to_vec();
+        self.all_reduce_into(&mine, v, op)
     }
 
     /// The calibration of a single host, on every rank at once: ring all-gathers, which keep

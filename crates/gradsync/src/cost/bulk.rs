@@ -138,20 +138,26 @@ pub(super) fn of(bulk: &[Bulk], world: usize, local_size: usize) -> impl Iterato
 /// the layout's earlier quiet ones: each entry keeps the last [`BULK_RUNS`] times of every
 /// algorithm and their median. A busy one replaces the layout's entries only where they
 /// are busy or unknown too, as does any timing of a layout that had none. Sizes not in
-/// `entries` (the budget left them out) lose their older entries.
-pub(super) fn merge(bulk: &mut Vec<Bulk>, world: usize, local_size: usize, entries: Vec<Bulk>) {
+/// `entries` (the budget left them out) lose their older entries. Returns whether it took
+/// the timing.
+pub(super) fn merge(
+    bulk: &mut Vec<Bulk>,
+    world: usize,
+    local_size: usize,
+    entries: Vec<Bulk>,
+) -> bool {
     let old: Vec<Bulk> = of(bulk, world, local_size).cloned().collect();
     let old_quiet = !old.is_empty() && old.iter().all(Bulk::quiet);
-    let new_quiet = entries.iter().all(Bulk::quiet);
-    if old_quiet && !new_quiet {
-        return;
+    if old_quiet && !entries.iter().all(Bulk::quiet) {
+        return false;
     }
     bulk.retain(|b| (b.world, b.local_size) != (world, local_size));
     for mut e in entries {
+        // Past the return above, quiet old times meet a quiet timing: it joins them.
         let before = old
             .iter()
             .find(|o| o.bytes == e.bytes)
-            .filter(|_| old_quiet && new_quiet);
+            .filter(|_| old_quiet);
         let mut runs = std::collections::BTreeMap::new();
         for (name, &t) in &e.us {
             let mut v: Vec<f64> = before
@@ -174,6 +180,7 @@ pub(super) fn merge(bulk: &mut Vec<Bulk>, world: usize, local_size: usize, entri
         e.runs = runs;
         set(bulk, e);
     }
+    true
 }
 
 /// The entry of the layout that stands for `bytes`: the one timed at the largest size at
@@ -206,7 +213,7 @@ pub(super) fn ratio(
     algo: Algorithm,
     bytes: usize,
 ) -> Option<f64> {
-    let ratio = |b: &Bulk| {
+    let proportion = |b: &Bulk| {
         let (t_a, t_ring) = (b.us.get(algo.name())?, b.us.get(Algorithm::Ring.name())?);
         let r = t_a / t_ring;
         if !(r.is_finite() && r > 0.0) {
@@ -214,17 +221,17 @@ pub(super) fn ratio(
         }
         Some(if (r - 1.0).abs() < BULK_NOISE { 1.0 } else { r })
     };
+    // `lo.bytes <= bytes < hi.bytes`.
     let lo = at(bulk, world, local_size, bytes)?;
-    let r_lo = ratio(lo)?;
+    let r_lo = proportion(lo)?;
     let hi = of(bulk, world, local_size)
         .filter(|b| b.bytes > bytes)
         .min_by_key(|b| b.bytes);
-    let Some((hi, r_hi)) = hi.and_then(|h| Some((h, ratio(h)?))) else {
+    let Some((hi, r_hi)) = hi.and_then(|h| Some((h, proportion(h)?))) else {
         return Some(r_lo);
     };
-    let span = (hi.bytes as f64 / lo.bytes as f64).ln();
-    let at = (bytes.max(lo.bytes) as f64 / lo.bytes as f64).ln();
-    Some(r_lo + (r_hi - r_lo) * (at / span).clamp(0.0, 1.0))
+    let part = (bytes as f64 / lo.bytes as f64).ln() / (hi.bytes as f64 / lo.bytes as f64).ln();
+    Some(r_lo + (r_hi - r_lo) * part)
 }
 
 #[cfg(test)]
