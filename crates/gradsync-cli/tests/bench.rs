@@ -671,7 +671,7 @@ fn init_calibrates_once_and_caches_per_host() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// On one host of 3 ranks the first init also times every candidate at 32 KiB to 8 MiB and
+/// On one host of 3 ranks the first init also times every candidate at 32 KiB to 32 MiB and
 /// keeps the times in the cache for its layout, with how busy other processes kept the host;
 /// later inits of that layout reuse them (times of a busy host only while the host is still
 /// busy), and a forced algorithm skips the timing, as does a setting that would take it over
@@ -697,11 +697,11 @@ fn init_times_the_candidates_once_per_layout() {
     assert!(forced.contains("(measured at init in"), "{forced}");
     assert!(!forced.contains("candidates timed"), "{forced}");
     assert!(cache().get("bulk").is_none());
-    // The model is cached: only the candidates are timed, once, at all five sizes within a
+    // The model is cached: only the candidates are timed, once, at all six sizes within a
     // budget that a busy machine cannot exceed.
     let first = run("3", &[("GRADSYNC_CALIBRATE_BUDGET", "120")]);
     assert!(
-        first.contains("candidates timed at 32 KiB to 8 MiB in"),
+        first.contains("candidates timed at 32 KiB to 32 MiB in"),
         "{first}"
     );
     assert!(
@@ -714,7 +714,7 @@ fn init_times_the_candidates_once_per_layout() {
     let sizes: Vec<_> = entries.iter().map(|e| e["bytes"].as_u64()).collect();
     assert_eq!(
         sizes,
-        [32 << 10, 128 << 10, 512 << 10, 2 << 20, 8 << 20].map(Some)
+        [32 << 10, 128 << 10, 512 << 10, 2 << 20, 8 << 20, 32 << 20].map(Some)
     );
     for entry in entries {
         assert_eq!(entry["world"].as_u64(), Some(3));
@@ -799,7 +799,7 @@ fn init_times_the_candidates_once_per_layout() {
         .iter()
         .map(|b| b["world"].as_u64())
         .collect();
-    assert_eq!(layouts, [Some(3); 5]);
+    assert_eq!(layouts, [Some(3); 6]);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -41,8 +41,8 @@ use serde::{Deserialize, Serialize};
 
 mod bulk;
 pub use bulk::{
-    BULK_BUSY_HOST, BULK_BYTES, BULK_FROM, BULK_NOISE, BULK_RD_MAX, BULK_RUNS, BULK_SIZES,
-    BULK_WORLD_MAX, Bulk, median,
+    BULK_BUSY_HOST, BULK_BYTES, BULK_FROM, BULK_LARGE, BULK_NOISE, BULK_RD_MAX, BULK_RUNS,
+    BULK_SIZES, BULK_WORLD_MAX, Bulk, median,
 };
 
 /// One link's alpha-beta model.

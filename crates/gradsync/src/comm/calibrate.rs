@@ -378,8 +378,9 @@ impl Communicator {
             })
             .collect();
         let elems = |bytes: usize| bytes / std::mem::size_of::<f32>();
+        // Buffers for the sizes up to BULK_BYTES; they grow if the warm round goes past it.
         let n = elems(BULK_BYTES);
-        let input = vec![1.0f32; n];
+        let mut input = vec![1.0f32; n];
         let mut output = vec![0.0f32; n];
         let timed_calls = |size: usize| (BULK_ROUNDS * bulk_calls(size)) as f64;
         self.algorithm = Some(crate::Algorithm::Ring);
@@ -394,8 +395,10 @@ impl Communicator {
         let mut t_probe = [fastest];
         self.slowest(&mut t_probe)?;
         let [t_probe] = t_probe;
+        // The sizes past BULK_BYTES are left to the warm round's budget.
         let estimate: f64 = cells
             .iter()
+            .filter(|&&(s, _)| s <= BULK_BYTES)
             .map(|&(s, _)| t_probe * (elems(s) as f64 / probe as f64) * (1.0 + timed_calls(s)))
             .sum();
         if estimate > BULK_PROBE_MARGIN * budget {
@@ -429,7 +432,28 @@ impl Communicator {
             }
             // Each size's rounds to come, estimated from this rank's warm calls.
             let mut warm = [0.0f64; BULK_SIZES.len()];
+            // The sizes the warm round reached: past BULK_BYTES only where the sizes below
+            // and this one, guessed from BULK_BYTES by its bytes, fit the budget.
+            let mut warmed = sizes;
             for (w, &size) in BULK_SIZES[..sizes].iter().enumerate() {
+                if round == 0 && size > BULK_BYTES {
+                    let mut so_far = warm;
+                    self.slowest(&mut so_far[..w])?;
+                    let below: f64 = so_far[..w].iter().sum();
+                    let guess = so_far[w - 1] * (size / BULK_SIZES[w - 1]) as f64;
+                    if below + guess > budget {
+                        warmed = w;
+                        note = Some(format!(
+                            "not from {} on: about {:.1} s with it, over the budget of \
+                             {budget:.1} s",
+                            size_text(size),
+                            below + guess
+                        ));
+                        break;
+                    }
+                    input.resize(elems(size), 1.0);
+                    output.resize(elems(size), 0.0);
+                }
                 let first = cells.iter().position(|c| c.0 == size).unwrap_or(0);
                 let count = cells.iter().filter(|c| c.0 == size).count();
                 let m = elems(size);
@@ -457,9 +481,9 @@ impl Communicator {
             if round == 0 {
                 // The slowest rank's estimates; the sizes from the smallest on while their
                 // sum fits the budget.
-                self.slowest(&mut warm)?;
+                self.slowest(&mut warm[..warmed])?;
                 let mut sum = 0.0;
-                sizes = warm
+                sizes = warm[..warmed]
                     .iter()
                     .take_while(|&&w| {
                         sum += w;
@@ -474,7 +498,7 @@ impl Communicator {
                         warm[0]
                     )));
                 }
-                if sizes < BULK_SIZES.len() {
+                if sizes < warmed {
                     note = Some(format!(
                         "not from {} on: all sizes would take about {:.1} s, over the budget \
                          of {budget:.1} s",

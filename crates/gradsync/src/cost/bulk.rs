@@ -7,17 +7,30 @@ use gradsync_core::schedule::plan::Algorithm;
 use serde::{Deserialize, Serialize};
 
 /// Largest size at which the calibration of a single host of 3 to [`BULK_WORLD_MAX`] ranks
-/// times every all-reduce candidate: the size from which the engine streams copies past the
-/// cache (`STREAMING_OP_MIN`), so the sizes from here on move their bytes alike (3 ranks on 2
-/// cores: the tree takes 0.61-0.65 of the ring's time from 8 MiB on, 0.91-0.94 at 1 and 4
-/// MiB).
+/// times every all-reduce candidate whenever it times any: the size from which the engine
+/// streams copies past the cache (`STREAMING_OP_MIN`).
 pub const BULK_BYTES: usize = 8 << 20;
+
+/// The size past [`BULK_BYTES`] that the calibration also times where its budget allows (the
+/// warm round guesses its cost from [`BULK_BYTES`]'s). The proportions still move there: 3
+/// ranks of shared memory on 2 cores, 8 calls at a time (6 runs of each, out of place and in
+/// place), the tree took as long as the double tree at 8 MiB (means of 3.39 ms both) and
+/// 0.90 of its time at 32 MiB (13.1 against 14.5 ms); `gradsync bench --compare` measured
+/// the tree at 0.83 of the double tree's time at 32 MiB and 128 MiB.
+pub const BULK_LARGE: usize = 32 << 20;
 
 /// The sizes at which the calibration times the candidates, a factor of 4 apart: the
 /// proportions change with the size (4 ranks on 2 cores: Rabenseifner 1.1-1.6 times the
 /// ring's time at 512 KiB to 1 MiB, 0.84-0.92 of it from 2 MiB on); between two of them the
 /// proportions are interpolated ([`super::LinkCosts::bulk_ratio`]).
-pub const BULK_SIZES: [usize; 5] = [32 << 10, 128 << 10, 512 << 10, 2 << 20, BULK_BYTES];
+pub const BULK_SIZES: [usize; 6] = [
+    32 << 10,
+    128 << 10,
+    512 << 10,
+    2 << 20,
+    BULK_BYTES,
+    BULK_LARGE,
+];
 
 /// All-reduces from this size on take measured proportions: the smallest of [`BULK_SIZES`].
 /// Below it the eager path and the latency terms decide.
