@@ -671,7 +671,7 @@ fn init_calibrates_once_and_caches_per_host() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// On one host of 3 ranks the first init also times every candidate at 32 KiB to 32 MiB and
+/// On one host of 3 ranks the first init also times every candidate at 8 KiB to 32 MiB and
 /// keeps the times in the cache for its layout, with how busy other processes kept the host;
 /// later inits of that layout reuse them (times of a busy host only while the host is still
 /// busy), and a forced algorithm skips the timing, as does a setting that would take it over
@@ -697,11 +697,11 @@ fn init_times_the_candidates_once_per_layout() {
     assert!(forced.contains("(measured at init in"), "{forced}");
     assert!(!forced.contains("candidates timed"), "{forced}");
     assert!(cache().get("bulk").is_none());
-    // The model is cached: only the candidates are timed, once, at all six sizes within a
+    // The model is cached: only the candidates are timed, once, at all seven sizes within a
     // budget that a busy machine cannot exceed.
     let first = run("3", &[("GRADSYNC_CALIBRATE_BUDGET", "120")]);
     assert!(
-        first.contains("candidates timed at 32 KiB to 32 MiB in"),
+        first.contains("candidates timed at 8 KiB to 32 MiB in"),
         "{first}"
     );
     assert!(
@@ -714,7 +714,16 @@ fn init_times_the_candidates_once_per_layout() {
     let sizes: Vec<_> = entries.iter().map(|e| e["bytes"].as_u64()).collect();
     assert_eq!(
         sizes,
-        [32 << 10, 128 << 10, 512 << 10, 2 << 20, 8 << 20, 32 << 20].map(Some)
+        [
+            8 << 10,
+            32 << 10,
+            128 << 10,
+            512 << 10,
+            2 << 20,
+            8 << 20,
+            32 << 20
+        ]
+        .map(Some)
     );
     for entry in entries {
         assert_eq!(entry["world"].as_u64(), Some(3));
@@ -772,7 +781,7 @@ fn init_times_the_candidates_once_per_layout() {
     let bulk = set_others(0.0);
     let second = run("3", &[]);
     assert!(second.contains("(cached in"), "{second}");
-    assert!(!second.contains("candidates timed at 32 KiB"), "{second}");
+    assert!(!second.contains("candidates timed at 8 KiB"), "{second}");
     assert!(second.contains("# candidates timed at init"), "{second}");
     assert_eq!(cache()["bulk"], bulk);
     // Times taken on a busy host are timed again only on a quiet one: with every CPU kept
@@ -780,7 +789,7 @@ fn init_times_the_candidates_once_per_layout() {
     let bulk = set_others(0.9);
     let busy = with_every_cpu_busy(|| run("3", &[]));
     assert!(busy.contains("(cached in"), "{busy}");
-    assert!(!busy.contains("candidates timed at 32 KiB"), "{busy}");
+    assert!(!busy.contains("candidates timed at 8 KiB"), "{busy}");
     assert_eq!(cache()["bulk"], bulk);
     // Two ranks are never timed.
     let two = run("2", &[]);
@@ -799,7 +808,7 @@ fn init_times_the_candidates_once_per_layout() {
         .iter()
         .map(|b| b["world"].as_u64())
         .collect();
-    assert_eq!(layouts, [Some(3); 6]);
+    assert_eq!(layouts, [Some(3); 7]);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -22,8 +22,12 @@ pub const BULK_LARGE: usize = 32 << 20;
 /// The sizes at which the calibration times the candidates, a factor of 4 apart: the
 /// proportions change with the size (4 ranks on 2 cores: Rabenseifner 1.1-1.6 times the
 /// ring's time at 512 KiB to 1 MiB, 0.84-0.92 of it from 2 MiB on); between two of them the
-/// proportions are interpolated ([`super::LinkCosts::bulk_ratio`]).
-pub const BULK_SIZES: [usize; 6] = [
+/// proportions are interpolated ([`super::LinkCosts::bulk_ratio`]). The smallest is the
+/// board's eager limit: above it and under 32 KiB the per-pair model alone chose the ring for
+/// 16 KiB on 3 ranks, 1.52 times recursive doubling's time over shared memory and 2.02 times
+/// the tree's over TCP.
+pub const BULK_SIZES: [usize; 7] = [
+    8 << 10,
     32 << 10,
     128 << 10,
     512 << 10,
