@@ -138,9 +138,12 @@ impl Communicator {
             }
             // Bit 0: measure the links (none cached, or cached from a busy host while this one
             // is quiet); bit 1: time the candidates at BULK_SIZES, where this layout has no
-            // such times yet (a model from the cache, measured on another world), or fewer
-            // than BULK_RUNS quiet timings while the host is quiet now, or the links are
-            // measured anew without a cache. Never for a pinned file or with calibration off.
+            // times yet (a model from the cache, measured on another world), or fewer than
+            // BULK_RUNS quiet timings, or times from fewer sizes than BULK_SIZES starts with
+            // (an older file), while the host is quiet now, or the links are measured anew
+            // without a cache. Never for a pinned file or with calibration off. (On a busy
+            // host a timing would not replace quiet times, and an older file's would be timed
+            // at every init.)
             let pinned = config.cost_file.as_ref().is_some_and(|f| f.exists());
             let (world, local_size) = (self.world, self.layout.local_size);
             let bulk = inter_peer.is_none()
@@ -153,7 +156,7 @@ impl Communicator {
                     .map(|d| &d.0)
                     .or(relinked.as_ref())
                     .is_none_or(|l| {
-                        !l.has_bulk(world, local_size)
+                        l.bulk_of(world, local_size).next().is_none()
                             || (!l.bulk_settled(world, local_size) && quiet(busy()))
                     });
             // The links to be measured: how busy the host was just before.
