@@ -791,6 +791,25 @@ fn init_times_the_candidates_once_per_layout() {
     assert!(busy.contains("(cached in"), "{busy}");
     assert!(!busy.contains("candidates timed at 8 KiB"), "{busy}");
     assert_eq!(cache()["bulk"], bulk);
+    // Quiet times from a file without the smallest size (written before it was timed): not
+    // timed again on a busy host either, where the timing would be dropped beside them.
+    set_others(0.0);
+    let path = std::fs::read_dir(dir.join("gradsync"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let mut v = cache();
+    v["bulk"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|e| e["bytes"].as_u64() != Some(8 << 10));
+    std::fs::write(&path, serde_json::to_string(&v).unwrap()).unwrap();
+    let older = with_every_cpu_busy(|| run("3", &[]));
+    assert!(older.contains("(cached in"), "{older}");
+    assert!(!older.contains("candidates timed at 8 KiB"), "{older}");
+    assert_eq!(cache()["bulk"], v["bulk"]);
     // Two ranks are never timed.
     let two = run("2", &[]);
     assert!(!two.contains("candidates timed"), "{two}");
@@ -808,7 +827,8 @@ fn init_times_the_candidates_once_per_layout() {
         .iter()
         .map(|b| b["world"].as_u64())
         .collect();
-    assert_eq!(layouts, [Some(3); 7]);
+    // (The 3-rank layout without its 8 KiB entry, as left above.)
+    assert_eq!(layouts, [Some(3); 6]);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
