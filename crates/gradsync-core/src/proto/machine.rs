@@ -366,6 +366,16 @@ impl Protocol {
         self.links.get(peer).and_then(|l| l.last_heard)
     }
 
+    /// Numbers operations again from `last_coll_seq`, the last collective (and operation)
+    /// finished before operations that every rank has finished since, and numbered past it
+    /// (the calibration at init). Without it an eager message for the next collective, from
+    /// a peer already past it, reads as late while this rank is between operations.
+    pub fn renumber(&mut self, last_coll_seq: u64) {
+        assert!(self.call.is_none(), "an operation is running");
+        self.last_coll_seq = last_coll_seq;
+        self.last_seq = last_coll_seq;
+    }
+
     /// The sequence number of the running operation, else of the last one.
     #[inline]
     pub fn current_seq(&self) -> u64 {

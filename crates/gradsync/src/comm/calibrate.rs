@@ -215,6 +215,7 @@ impl Communicator {
             // Every rank has finished every calibration operation: none of their messages is
             // still on its way, so the numbering can start again where init left it.
             (self.seq, self.p2p_seq) = (seq, p2p_seq);
+            self.engine.renumber(seq);
             self.engine.recorder.clear();
             if rank == 0 {
                 let cache =

@@ -283,6 +283,12 @@ impl Engine {
         }
     }
 
+    /// Numbers operations again from `last_coll_seq` (see [`Protocol::renumber`]); every
+    /// rank has finished the operations numbered past it.
+    pub(crate) fn renumber(&mut self, last_coll_seq: u64) {
+        self.proto.renumber(last_coll_seq);
+    }
+
     /// Whether an all-reduce of `bytes` runs eagerly here. The answer must be the same on
     /// every rank, so it depends only on the call and on settings that are alike everywhere.
     pub(crate) fn eager_fits(&self, bytes: usize) -> bool {
