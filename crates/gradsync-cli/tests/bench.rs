@@ -749,15 +749,18 @@ fn init_times_the_candidates_once_per_layout() {
         let others = entry["others"].as_f64().unwrap();
         assert!((0.0..=1.0).contains(&others), "{entry}");
     }
-    // Sets how busy the host was when the candidates were timed, as the cache says, and
-    // makes each entry the median of three timings.
-    let set_others = |o: f64| {
-        let path = std::fs::read_dir(dir.join("gradsync"))
+    let cache_file = || {
+        std::fs::read_dir(dir.join("gradsync"))
             .unwrap()
             .next()
             .unwrap()
             .unwrap()
-            .path();
+            .path()
+    };
+    // Sets how busy the host was when the candidates were timed, as the cache says, and
+    // makes each entry the median of three timings.
+    let set_others = |o: f64| {
+        let path = cache_file();
         let mut v = cache();
         for e in v["bulk"].as_array_mut().unwrap() {
             e["others"] = serde_json::json!(o);
@@ -794,18 +797,12 @@ fn init_times_the_candidates_once_per_layout() {
     // Quiet times from a file without the smallest size (written before it was timed): not
     // timed again on a busy host either, where the timing would be dropped beside them.
     set_others(0.0);
-    let path = std::fs::read_dir(dir.join("gradsync"))
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
     let mut v = cache();
     v["bulk"]
         .as_array_mut()
         .unwrap()
         .retain(|e| e["bytes"].as_u64() != Some(8 << 10));
-    std::fs::write(&path, serde_json::to_string(&v).unwrap()).unwrap();
+    std::fs::write(cache_file(), serde_json::to_string(&v).unwrap()).unwrap();
     let older = with_every_cpu_busy(|| run("3", &[]));
     assert!(older.contains("(cached in"), "{older}");
     assert!(!older.contains("candidates timed at 8 KiB"), "{older}");
