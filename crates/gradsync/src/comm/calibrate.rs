@@ -152,33 +152,27 @@ impl Communicator {
             // at every init.)
             let pinned = config.cost_file.as_ref().is_some_and(|f| f.exists());
             let (world, local_size) = (self.world, self.layout.local_size);
+            // The model this init starts from, if any (the cache, or the one re-measured).
+            let known = decided.as_ref().map(|d| &d.0).or(relinked.as_ref());
             let bulk = inter_peer.is_none()
                 && (3..=crate::cost::BULK_WORLD_MAX).contains(&world)
                 && config.calibrate != crate::Calibrate::Off
                 && config.algorithm.is_none()
                 && !pinned
-                && decided
-                    .as_ref()
-                    .map(|d| &d.0)
-                    .or(relinked.as_ref())
-                    .is_none_or(|l| {
-                        l.bulk_of(world, local_size).next().is_none()
-                            || (!l.bulk_settled(world, local_size) && quiet(busy()))
-                    });
+                && known.is_none_or(|l| {
+                    l.bulk_of(world, local_size).next().is_none()
+                        || (!l.bulk_settled(world, local_size) && quiet(busy()))
+                });
             // The links to be measured: how busy the host was just before.
             if decided.is_none() {
                 links_busy = busy();
             }
             // Bit 2: the layout has times at BULK_LARGE, which the timing then keeps unless
             // its guess passes the budget by LARGE_KEEP.
-            let large = decided
-                .as_ref()
-                .map(|d| &d.0)
-                .or(relinked.as_ref())
-                .is_some_and(|l| {
-                    l.bulk_of(world, local_size)
-                        .any(|b| b.bytes == crate::cost::BULK_LARGE)
-                });
+            let large = known.is_some_and(|l| {
+                l.bulk_of(world, local_size)
+                    .any(|b| b.bytes == crate::cost::BULK_LARGE)
+            });
             let plan = [u8::from(decided.is_none())
                 | (u8::from(bulk) << 1)
                 | (u8::from(bulk && large) << 2)];
