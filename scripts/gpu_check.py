@@ -331,7 +331,10 @@ def main() -> int:
         print("gpu-check: no CUDA GPU here (torch.cuda.is_available() is False): nothing was checked")
         return NO_GPU
     where = torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU"
+    import gradsync.distributed as gd
+
     print(f"gpu-check: torch {torch.__version__}, {where}, {WORLD} ranks, {args.steps} steps, tolerance {TOL:g}")
+    print(f"gpu-check: the gradsync backend is a c10d {gd._BASE.__name__} written in Python")
     rows, report = [], {}
     ref_one = _one_process(args)
     for kind in ("ddp", "fsdp2"):

@@ -42,9 +42,18 @@ def test_ddp_fsdp2_and_collectives_on_cuda_tensors_match_gloo(tmp_path):
     assert {r[0] for r in rows} >= {"ddp", "fsdp2"}, rows
 
 
-def test_the_harness_compares_gradsync_and_gloo_on_cpu_tensors(tmp_path):
-    p, rows = run_check(tmp_path, "--device", "cpu", "--steps", "3", "--width", "129", "--mib", "1")
+@pytest.mark.parametrize("how", ["default", "process_group"])
+def test_the_harness_compares_gradsync_and_gloo_on_cpu_tensors(tmp_path, how):
+    # "process_group": the class that torch releases without a c10d Backend built in Python
+    # get (2.11), taken here on purpose; the header line says which class ran.
+    import gradsync.distributed as gd
+
+    default = "Backend" if gd._backends_in_python() else "ProcessGroup"
+    base = default if how == "default" else "ProcessGroup"
+    env = {"GRADSYNC_TORCH_BASE": "process_group"} if how == "process_group" else None
+    p, rows = run_check(tmp_path, "--device", "cpu", "--steps", "3", "--width", "129", "--mib", "1", env=env)
     assert p.returncode == 0, p.stdout + p.stderr
+    assert f"the gradsync backend is a c10d {base} written in Python" in p.stdout, p.stdout
     # A Gloo reference run that crashed is tried once more and named "gloo cpu (2nd try)".
     for kind in ("ddp", "fsdp2"):
         for against in ("gloo cpu", "one process (cpu)"):

@@ -40,6 +40,12 @@ too (torch reports it as a ``RuntimeError`` that quotes the ``GradsyncError``). 
 torch returns for ``async_op=True`` does not pass ``is_completed()`` on to a backend written in
 Python (torch 2.15 answers ``False``); ``work.get_future().done()`` tells.
 
+torch releases: where torch builds a c10d ``Backend`` written in Python (2.15 does), the group
+is a ``ProcessGroup`` with this backend registered for CPU and CUDA tensors. Some releases bind
+``Backend`` without a constructor (2.11 does: "No constructor defined!"); there the class
+derives from ``ProcessGroup`` instead, and torch uses the object as the group itself, with the
+same operations. ``GRADSYNC_TORCH_BASE=process_group`` takes that path on any torch.
+
 Deadlines: gradsync bounds each operation by the communicator's timeout, and every wait here has
 a deadline of its own as well: the communicator's timeout for the operation and for each one
 queued before it and not yet finished, plus 60 seconds. A ``wait()`` that reaches it, and a
@@ -840,9 +846,36 @@ def _close_all(comm: Optional[Communicator], server: Optional[StoreServer]) -> N
 # The backend
 
 
-class GradsyncBackend(_C10dBackend):
-    """A ``torch.distributed`` backend (a c10d ``Backend`` implemented in Python) that runs
-    collectives on a :class:`gradsync.Communicator`.
+def _backends_in_python() -> bool:
+    """Whether this torch builds a c10d ``Backend`` written in Python. Some releases (2.11, for
+    one) bind ``Backend`` without a constructor ("No constructor defined!"); there the group is
+    a ``ProcessGroup`` written in Python, which those releases build and use as it is."""
+
+    class _Probe(_C10dBackend):
+        pass
+
+    try:
+        _Probe(0, 1)
+    except TypeError:
+        return False
+    return True
+
+
+#: The class the backend derives from: c10d's ``Backend`` where torch builds one written in
+#: Python, else its ``ProcessGroup`` (see :func:`_backends_in_python`). The environment
+#: variable ``GRADSYNC_TORCH_BASE=process_group`` takes the ``ProcessGroup`` on any torch (so
+#: that the tests run that path where torch has both).
+_BASE = (
+    dist.ProcessGroup
+    if os.environ.get("GRADSYNC_TORCH_BASE") == "process_group" or not _backends_in_python()
+    else _C10dBackend
+)
+
+
+class GradsyncBackend(_BASE):
+    """A ``torch.distributed`` backend (a c10d ``Backend`` implemented in Python; a
+    ``ProcessGroup`` where torch cannot build such a ``Backend``) that runs collectives on a
+    :class:`gradsync.Communicator`.
 
     Built by ``init_process_group("gradsync")`` / ``new_group(backend="gradsync")`` after
     ``import gradsync.distributed``; see the module's documentation.
@@ -890,6 +923,40 @@ class GradsyncBackend(_C10dBackend):
 
     def __repr__(self) -> str:
         return f"<gradsync.distributed.GradsyncBackend rank={self.rank()} size={self.size()}>"
+
+    # -- a ProcessGroup's own names --------------------------------------------------------
+    #
+    # Where the class is a ``ProcessGroup`` (see ``_BASE``), torch's functions call the group's
+    # methods by these names rather than the backend's.
+
+    def _allgather_base(self, output, input, opts):
+        return self.all_gather_single(output, input, opts)
+
+    def _reduce_scatter_base(self, output, input, opts):
+        return self.reduce_scatter_single(output, input, opts)
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts):
+        return self.all_to_all_single(output, input, output_split_sizes, input_split_sizes, opts)
+
+    if _BASE is not _C10dBackend:
+        # A ProcessGroup keeps its name and description in its backends, which this one has
+        # none of; torch's own calls (``group_name``, DeviceMesh) reach these.
+
+        def getGroupName(self) -> str:  # noqa: N802 - torch's name
+            return getattr(self, "_group_name", "")
+
+        def setGroupName(self, name: str) -> None:  # noqa: N802 - torch's name
+            self._group_name = name
+
+        def getGroupDesc(self) -> str:  # noqa: N802 - torch's name
+            return getattr(self, "_group_desc", "")
+
+        def setGroupDesc(self, desc: str) -> None:  # noqa: N802 - torch's name
+            self._group_desc = desc
+
+        def _get_backend(self, device: torch.device):
+            # The group is its own backend, for every device.
+            return self
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -1082,7 +1149,7 @@ class GradsyncBackend(_C10dBackend):
     def allgather_coalesced(self, output_lists, input_tensors, opts):
         return self.allgather(output_lists, input_tensors, opts)
 
-    def all_gather_single_coalesced(self, outputs, inputs, opts, name="all_gather_into_tensor_coalesced"):
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None, name="all_gather_into_tensor_coalesced"):
         device = _device_of([*outputs, *inputs], name)
         parts = [self._all_gather_single(o, i, name) for o, i in zip(outputs, inputs)]
         staged = [s for _, s in parts if s is not None]
@@ -1426,8 +1493,9 @@ def _split_from_default(ranks: Sequence[int], timeout: Optional[datetime.timedel
     for the default group itself, or when the default group does not run on gradsync."""
     if not ranks or not dist.is_initialized():
         return None
+    default = dist.distributed_c10d._get_default_group()
     try:
-        parent = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+        parent = default if isinstance(default, GradsyncBackend) else default._get_backend(torch.device("cpu"))
     except (RuntimeError, ValueError):
         return None
     if not isinstance(parent, GradsyncBackend) or parent._shut:
