@@ -12,8 +12,11 @@
 # directory, never into the Python environment. PYTHON picks the interpreter (default python3),
 # which must have torch.
 #
-# Exit status: 0 every check passed; 1 a check failed; 2 no torch or no wheel; 3 no CUDA GPU
-# (nothing was checked).
+# After a check that passed, scripts/gpu_bench.py times all-reduce, all-gather and reduce-scatter
+# on CUDA tensors against Gloo and against gradsync on CPU tensors (GPU_BENCH=0 skips it).
+#
+# Exit status: 0 every check passed (and the timings ran); 1 a check or a timing run failed;
+# 2 no torch or no wheel; 3 no CUDA GPU (nothing was checked).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/.." && pwd)"
@@ -62,5 +65,9 @@ export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 set +e
 "$py" "$here/gpu_check.py" "$@"
 status=$?
+if [ $status -eq 0 ] && [ "${GPU_BENCH:-1}" != "0" ]; then
+    "$py" "$here/gpu_bench.py"
+    status=$?
+fi
 set -e
 exit $status

@@ -64,6 +64,22 @@ def test_the_harness_compares_gradsync_and_gloo_on_cpu_tensors(tmp_path, how):
     assert "gpu-check: PASS" in p.stdout, p.stdout
 
 
+def test_the_timings_run_on_cpu_tensors(tmp_path):
+    bench = launch.REPO / "scripts" / "gpu_bench.py"
+    out = tmp_path / "bench.json"
+    args = ["--device", "cpu", "--reps", "1", "--sizes", "1", "--iters", "2", "--json", str(out)]
+    e = launch.job_env()
+    p = subprocess.run([sys.executable, str(bench), *args], env=e, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    ms = json.loads(out.read_text())["ms"]
+    assert set(ms) == {"all_reduce 1", "all_gather 1", "reduce_scatter 1"}, ms
+    for cells in ms.values():
+        assert set(cells) == {"gradsync cpu", "gloo cpu"} and all(v > 0 for v in cells.values()), ms
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    p = subprocess.run([sys.executable, str(bench)], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 3 and "nothing was timed" in p.stdout, p.stdout + p.stderr
+
+
 @pytest.mark.parametrize("how", ["script", "shell"])
 def test_without_a_gpu_the_check_says_so_and_exits_3(tmp_path, how):
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
