@@ -847,18 +847,22 @@ def _close_all(comm: Optional[Communicator], server: Optional[StoreServer]) -> N
 
 
 def _backends_in_python() -> bool:
-    """Whether this torch builds a c10d ``Backend`` written in Python. Some releases (2.11, for
-    one) bind ``Backend`` without a constructor ("No constructor defined!"); there the group is
-    a ``ProcessGroup`` written in Python, which those releases build and use as it is."""
+    """Whether this torch builds a c10d ``Backend`` written in Python and calls its methods from
+    C++ (where DDP and the group's own dispatch call them). Some releases (2.11, for one) bind
+    ``Backend`` without a constructor ("No constructor defined!"); a binding with a constructor
+    but no way back into Python would build the object and then run c10d's own methods. Either
+    way the group is a ``ProcessGroup`` written in Python instead, which torch builds and uses
+    as it is."""
 
     class _Probe(_C10dBackend):
-        pass
+        def getBackendName(self) -> str:  # noqa: N802 - torch's name
+            return "gradsync-probe"
 
     try:
-        _Probe(0, 1)
-    except TypeError:
+        # ``name()`` is c10d's, and calls the virtual getBackendName.
+        return _Probe(0, 1).name() == "gradsync-probe"
+    except Exception:  # noqa: BLE001 - any failure means: not this way
         return False
-    return True
 
 
 #: The class the backend derives from: c10d's ``Backend`` where torch builds one written in
