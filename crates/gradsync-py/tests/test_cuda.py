@@ -45,7 +45,7 @@ def test_ddp_fsdp2_and_collectives_on_cuda_tensors_match_gloo(tmp_path):
 @pytest.mark.parametrize("how", ["default", "process_group"])
 def test_the_harness_compares_gradsync_and_gloo_on_cpu_tensors(tmp_path, how):
     # "process_group": the class that torch releases without a c10d Backend built in Python
-    # get (2.11), taken here on purpose; the header line says which class ran.
+    # get (2.8, 2.11), taken here on purpose; the header line says which class ran.
     import gradsync.distributed as gd
 
     default = "Backend" if gd._backends_in_python() else "ProcessGroup"

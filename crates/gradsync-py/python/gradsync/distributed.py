@@ -42,7 +42,7 @@ Python (torch 2.15 answers ``False``); ``work.get_future().done()`` tells.
 
 torch releases: where torch builds a c10d ``Backend`` written in Python (2.15 does), the group
 is a ``ProcessGroup`` with this backend registered for CPU and CUDA tensors. Some releases bind
-``Backend`` without a constructor (2.11 does: "No constructor defined!"); there the class
+``Backend`` without a constructor (2.8 and 2.11 do: "No constructor defined!"); there the class
 derives from ``ProcessGroup`` instead, and torch uses the object as the group itself, with the
 same operations. ``GRADSYNC_TORCH_BASE=process_group`` takes that path on any torch.
 
@@ -848,7 +848,7 @@ def _close_all(comm: Optional[Communicator], server: Optional[StoreServer]) -> N
 
 def _backends_in_python() -> bool:
     """Whether this torch builds a c10d ``Backend`` written in Python and calls its methods from
-    C++ (where DDP and the group's own dispatch call them). Some releases (2.11, for one) bind
+    C++ (where DDP and the group's own dispatch call them). Some releases (2.8 and 2.11) bind
     ``Backend`` without a constructor ("No constructor defined!"); a binding with a constructor
     but no way back into Python would build the object and then run c10d's own methods. Either
     way the group is a ``ProcessGroup`` written in Python instead, which torch builds and uses
@@ -1556,7 +1556,10 @@ class HookState:
                     "first, or pass a gradsync.Communicator"
                 )
             pg = process_group if process_group is not None else dist.group.WORLD
-            store = dist.PrefixStore("gradsync-hook/", pg.get_group_store())
+            # torch 2.8 has no ProcessGroup.get_group_store; its module keeps the store.
+            get_store = getattr(pg, "get_group_store", None)
+            group_store = get_store() if get_store is not None else dist.distributed_c10d._get_process_group_store(pg)
+            store = dist.PrefixStore("gradsync-hook/", group_store)
             key = f"comm{next(_hook_counter)}"
             comm, self._server = _connect(store, pg.rank(), pg.size(), timeout, key=key)
         self.comm = comm
