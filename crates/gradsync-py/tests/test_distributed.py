@@ -89,6 +89,15 @@ def test_import_registers_the_backend():
     gd.register()  # idempotent
 
 
+def test_torch_older_than_the_backend_supports_is_refused_at_import_saying_why():
+    from torch.torch_version import TorchVersion
+
+    with pytest.raises(ImportError, match=r"needs torch 2\.7 or later, and this is torch 2\.6\.0.*DDP hangs"):
+        gd._require_torch(TorchVersion("2.6.0"))
+    for ok in ("2.7.0", "2.7.1+cu126", "2.8.0", "2.11.0+cu130", "2.15.0"):
+        gd._require_torch(TorchVersion(ok))
+
+
 def test_one_rank_group_in_process():
     port = launch.free_port()
     dist.init_process_group(

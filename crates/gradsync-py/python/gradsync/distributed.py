@@ -40,11 +40,13 @@ too (torch reports it as a ``RuntimeError`` that quotes the ``GradsyncError``). 
 torch returns for ``async_op=True`` does not pass ``is_completed()`` on to a backend written in
 Python (torch 2.15 answers ``False``); ``work.get_future().done()`` tells.
 
-torch releases: where torch builds a c10d ``Backend`` written in Python (2.15 does), the group
-is a ``ProcessGroup`` with this backend registered for CPU and CUDA tensors. Some releases bind
-``Backend`` without a constructor (2.8 and 2.11 do: "No constructor defined!"); there the class
-derives from ``ProcessGroup`` instead, and torch uses the object as the group itself, with the
-same operations. ``GRADSYNC_TORCH_BASE=process_group`` takes that path on any torch.
+torch releases: 2.7 or later (older ones are refused at import, saying why; see
+:data:`MIN_TORCH`). Where torch builds a c10d ``Backend`` written in Python (2.15 does), the
+group is a ``ProcessGroup`` with this backend registered for CPU and CUDA tensors. Some
+releases bind ``Backend`` without a constructor (2.7, 2.8 and 2.11 do: "No constructor
+defined!"); there the class derives from ``ProcessGroup`` instead, and torch uses the object as
+the group itself, with the same operations. ``GRADSYNC_TORCH_BASE=process_group`` takes that
+path on any torch.
 
 Deadlines: gradsync bounds each operation by the communicator's timeout, and every wait here has
 a deadline of its own as well: the communicator's timeout for the operation and for each one
@@ -135,6 +137,26 @@ from torch._C._distributed_c10d import ReduceOp
 from . import Communicator, GradsyncError, StoreServer, _staging
 from ._staging import Call as _Call
 from ._staging import wait_event
+
+#: The oldest torch the backend runs on. On 2.6, c10d's C++ side waits on a work written in
+#: Python through c10d's own ``Work.wait`` once the work's Python object is gone, so it never
+#: returns: DDP's construction hangs in its first collective.
+MIN_TORCH = (2, 7)
+
+
+def _require_torch(version) -> None:
+    """Raises ``ImportError`` for a torch older than :data:`MIN_TORCH` (``version`` is a
+    ``torch.__version__``)."""
+    if version < MIN_TORCH:
+        raise ImportError(
+            f"gradsync.distributed needs torch {MIN_TORCH[0]}.{MIN_TORCH[1]} or later, and this is "
+            f"torch {version}: on older releases c10d waits on gradsync's operations without "
+            "ever seeing them finish (DDP hangs at its first collective). Upgrade torch, or use "
+            "gradsync.Communicator on tensors directly"
+        )
+
+
+_require_torch(torch.__version__)
 
 __all__ = [
     "BACKEND_NAME",
@@ -848,7 +870,7 @@ def _close_all(comm: Optional[Communicator], server: Optional[StoreServer]) -> N
 
 def _backends_in_python() -> bool:
     """Whether this torch builds a c10d ``Backend`` written in Python and calls its methods from
-    C++ (where DDP and the group's own dispatch call them). Some releases (2.8 and 2.11) bind
+    C++ (where DDP and the group's own dispatch call them). Some releases (2.7, 2.8, 2.11) bind
     ``Backend`` without a constructor ("No constructor defined!"); a binding with a constructor
     but no way back into Python would build the object and then run c10d's own methods. Either
     way the group is a ``ProcessGroup`` written in Python instead, which torch builds and uses
