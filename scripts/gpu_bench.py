@@ -22,14 +22,12 @@ import argparse
 import json
 import os
 import secrets
-import socket
 import statistics
 import subprocess
 import sys
 import time
 
-NO_GPU = 3
-WORLD = 2
+from gpu_check import NO_GPU, WORLD, _free_port, device_name
 
 
 def _worker(args) -> dict:
@@ -88,12 +86,6 @@ def _worker(args) -> dict:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run(backend: str, device: str, args) -> dict:
     """One run of WORLD ranks; rank 0's times, or ``{"error": ...}``."""
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(WORLD))
@@ -140,10 +132,9 @@ def main() -> int:
 
     import torch
 
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("gpu-bench: no CUDA GPU here (torch.cuda.is_available() is False): nothing was timed")
+    where = device_name(torch, args.device, "gpu-bench", "timed")
+    if where is None:
         return NO_GPU
-    where = torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU"
     print(f"gpu-bench: torch {torch.__version__}, {where}, {WORLD} ranks, {args.reps} runs of {args.iters} calls")
     columns = [("gradsync", args.device), ("gloo", args.device)]
     if args.device == "cuda":

@@ -221,6 +221,15 @@ def _collectives(torch, dist, device, mib) -> dict:
 # The driver
 
 
+def device_name(torch, device: str, tool: str, done: str):
+    """The name of the device the runs use; ``None``, after saying that nothing was ``done``,
+    when ``device`` is "cuda" and there is no CUDA GPU."""
+    if device == "cuda" and not torch.cuda.is_available():
+        print(f"{tool}: no CUDA GPU here (torch.cuda.is_available() is False): nothing was {done}")
+        return None
+    return torch.cuda.get_device_name(0) if device == "cuda" else "CPU"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -327,10 +336,9 @@ def main() -> int:
 
     import torch
 
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("gpu-check: no CUDA GPU here (torch.cuda.is_available() is False): nothing was checked")
+    where = device_name(torch, args.device, "gpu-check", "checked")
+    if where is None:
         return NO_GPU
-    where = torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU"
     import gradsync.distributed as gd
 
     print(f"gpu-check: torch {torch.__version__}, {where}, {WORLD} ranks, {args.steps} steps, tolerance {TOL:g}")
