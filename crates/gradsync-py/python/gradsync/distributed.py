@@ -1122,7 +1122,8 @@ class GradsyncBackend(_BASE):
                 calls.append(_Call(fn, _2d(buf), None))
         return self._run("reduce", device, calls, list(tensors), _chain(*afters))
 
-    def allgather(self, output_tensors, input_tensors, opts):
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        # torch 2.7 calls it without options (all_gather, all_gather_object).
         world = self.size()
         device = _device_of([*input_tensors, *(o for outs in output_tensors for o in outs)], "allgather")
         comm = self._comm
@@ -1172,7 +1173,7 @@ class GradsyncBackend(_BASE):
 
     _allgather_base = all_gather_single
 
-    def allgather_coalesced(self, output_lists, input_tensors, opts):
+    def allgather_coalesced(self, output_lists, input_tensors, opts=None):
         return self.allgather(output_lists, input_tensors, opts)
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None, name="all_gather_into_tensor_coalesced"):
