@@ -153,6 +153,9 @@ def train_ddp(args: argparse.Namespace) -> dict:
         print(f"time {args.steps} steps in {elapsed:.3f} s on {world} ranks ({backend}{' + gradsync hook' if args.hook else ''}, {len(buckets) or '?'} gradient buckets)", flush=True)
     if state is not None:
         state.close()
+    # Every rank done before any tears down: Gloo aborts a process (std::terminate) whose
+    # connections the other side closes while they still run.
+    dist.barrier()
     dist.destroy_process_group()
     return {"losses": losses, "params": params, "world_size": world, "rank": rank, "buckets": buckets}
 
