@@ -953,16 +953,7 @@ class GradsyncBackend(_BASE):
     # -- a ProcessGroup's own names --------------------------------------------------------
     #
     # Where the class is a ``ProcessGroup`` (see ``_BASE``), torch's functions call the group's
-    # methods by these names rather than the backend's.
-
-    def _allgather_base(self, output, input, opts):
-        return self.all_gather_single(output, input, opts)
-
-    def _reduce_scatter_base(self, output, input, opts):
-        return self.reduce_scatter_single(output, input, opts)
-
-    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts):
-        return self.all_to_all_single(output, input, output_split_sizes, input_split_sizes, opts)
+    # methods by a group's names (``_allgather_base`` and the other aliases below).
 
     if _BASE is not _C10dBackend:
         # A ProcessGroup keeps its name and description in its backends, which this one has
@@ -1520,9 +1511,8 @@ def _split_from_default(ranks: Sequence[int], timeout: Optional[datetime.timedel
     for the default group itself, or when the default group does not run on gradsync."""
     if not ranks or not dist.is_initialized():
         return None
-    default = dist.distributed_c10d._get_default_group()
     try:
-        parent = default if isinstance(default, GradsyncBackend) else default._get_backend(torch.device("cpu"))
+        parent = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
     except (RuntimeError, ValueError):
         return None
     if not isinstance(parent, GradsyncBackend) or parent._shut:
