@@ -479,7 +479,7 @@ impl Communicator {
                              {budget:.1} s{}",
                             size_text(size),
                             below + guess,
-                            if has_large {
+                            if cap(w) > budget {
                                 format!(" by more than x{LARGE_KEEP}")
                             } else {
                                 String::new()
