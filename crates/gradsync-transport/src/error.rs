@@ -122,6 +122,16 @@ pub enum TransportError {
         /// The cause, with the values involved.
         msg: String,
     },
+    /// The listening address of a peer to dial could not be had.
+    #[error("rank {rank}: no listening address of {peers}: {msg}")]
+    Address {
+        /// This rank.
+        rank: usize,
+        /// The peers, as `rank 3` or `ranks 3, 5`.
+        peers: String,
+        /// What failed.
+        msg: String,
+    },
     /// Connection setup did not finish in time.
     #[error("rank {rank}: connecting timed out after {timeout:?}: {msg}")]
     Timeout {

@@ -29,6 +29,7 @@
 //! backend shares are in [`wire`], each backend's own in its `wire` module. A peer that breaks
 //! a backend's protocol is a [`TransportError::Protocol`] naming what it did, a [`Violation`].
 
+mod addrs;
 mod caps;
 mod error;
 pub mod fault;
@@ -42,6 +43,7 @@ pub mod tcp;
 mod verbs;
 pub mod wire;
 
+pub use addrs::{AddressBook, AddressSource};
 pub use caps::{Board, PeerCaps, Route, SharedMemory};
 pub use error::{Result, TransportError, Violation};
 pub use verbs::{Access, Completion, Endpoint, MAX_SEND, MemoryRegion, Sge};

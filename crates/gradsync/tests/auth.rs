@@ -44,11 +44,9 @@ fn intruder_with_wrong_proof_is_refused_and_job_is_correct() {
             let cid = s.wait(&["gradsync/comm_id"], T).unwrap();
             let cid = u64::from_le_bytes(cid[0].as_slice().try_into().unwrap());
             let a0 = s
-                .wait(&[&format!("gradsync/{cid:016x}/peers/0")], T)
+                .wait(&[&format!("gradsync/{cid:016x}/addr/0")], T)
                 .unwrap();
-            // The record is the address, a newline and the host identity.
             let a0 = String::from_utf8(a0[0].clone()).unwrap();
-            let a0 = a0.split('\n').next().unwrap().to_string();
             let mut sock = TcpStream::connect(&a0).unwrap();
             sock.set_read_timeout(Some(T)).unwrap();
             sock.write_all(&hello(cid, 2, 0, 2)).unwrap();

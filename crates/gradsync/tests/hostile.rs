@@ -74,11 +74,10 @@ fn garbage_senders_do_not_disturb_the_job() {
                     let cid = s.wait(&["gradsync/comm_id"], T).unwrap();
                     let cid = u64::from_le_bytes(cid[0].as_slice().try_into().unwrap());
                     let a0 = s
-                        .wait(&[&format!("gradsync/{cid:016x}/peers/0")], T)
+                        .wait(&[&format!("gradsync/{cid:016x}/addr/0")], T)
                         .unwrap();
-                    // The record is the address, a newline and the host identity.
                     let a0 = String::from_utf8(a0[0].clone()).unwrap();
-                    spray(a0.split('\n').next().unwrap(), cid);
+                    spray(&a0, cid);
                 }
                 while !stop.load(Ordering::Relaxed) && rounds < 200 {
                     spray(&addr, 0);

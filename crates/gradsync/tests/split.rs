@@ -43,7 +43,7 @@ impl Kind {
 
 /// Runs `f` on every rank of a new world of `kind`, one thread per rank; returns the results
 /// in rank order. Over TCP and shared memory every rank inits through a store that is shut
-/// down once all of them are connected, before `f` runs.
+/// down once all of them are connected (an all-to-all connects every pair), before `f` runs.
 fn run<R: Send + 'static>(
     kind: Kind,
     world: usize,
@@ -80,7 +80,12 @@ fn run<R: Send + 'static>(
                     };
                     let (f, inited, closed) = (f.clone(), inited.clone(), closed.clone());
                     std::thread::spawn(move || {
-                        let c = Communicator::init(cfg).unwrap();
+                        let mut c = Communicator::init(cfg).unwrap();
+                        // Every pair of the parent connects while the store is up: a rank
+                        // reads the address of a rank it has not dialed yet from the store.
+                        let ones = vec![1u8; world];
+                        let mut got = vec![0u8; world];
+                        c.all_to_all(&ones, &mut got).unwrap();
                         inited.wait();
                         closed.wait();
                         f(c)

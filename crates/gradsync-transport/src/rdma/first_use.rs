@@ -142,8 +142,18 @@ impl RdmaEndpoint {
         let wanted = |ep: &RdmaEndpoint, p: usize| {
             p < world && p != rank && !ep.peers[p].joined && ep.peers[p].broken.is_none()
         };
-        for &p in peers {
-            if p < rank && wanted(self, p) {
+        let lower: Vec<usize> = peers
+            .iter()
+            .copied()
+            .filter(|&p| p < rank && wanted(self, p))
+            .collect();
+        if let Some(lz) = self.first_use.as_ref() {
+            // The addresses of the lower ranks to dial, fetched together where the book lacks
+            // them.
+            lz.addrs.resolve(&lower, deadline)?;
+        }
+        for p in lower {
+            if wanted(self, p) {
                 self.dial(p, deadline)?;
             }
         }
@@ -192,7 +202,7 @@ impl RdmaEndpoint {
     fn dial(&mut self, p: usize, deadline: Instant) -> Result<()> {
         let rank = self.rank;
         let lz = self.first_use.as_ref().expect("connect on first use");
-        let addr = lz.addrs[p];
+        let addr = lz.addrs.resolve(&[p], deadline)?[0];
         let sock = dial_stream(rank, p, addr, 0, lz.comm_id, &lz.topts, deadline)?;
         bound(&sock, deadline);
         let io_err = |op: &'static str| {

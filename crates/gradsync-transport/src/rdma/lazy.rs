@@ -4,7 +4,7 @@
 
 use crate::error::{Result, TransportError};
 use crate::tcp::TcpOptions;
-use std::net::{SocketAddr, TcpListener};
+use std::net::TcpListener;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
@@ -17,8 +17,9 @@ const ACCEPT_EVERY: u32 = 1024;
 /// What an endpoint needs to connect its pairs on first use.
 #[derive(Debug)]
 pub struct FirstUse {
-    /// The listening address of every rank (`addrs[rank]` is this rank's `listener`).
-    pub addrs: Vec<SocketAddr>,
+    /// The listening addresses of the ranks: known, or fetched when this rank first dials
+    /// them.
+    pub addrs: crate::AddressBook,
     /// This rank's listener, already published to the peers.
     pub listener: TcpListener,
     /// The communicator's id, which every hello carries.
@@ -33,7 +34,7 @@ pub struct FirstUse {
 #[derive(Debug)]
 pub(super) struct Lazy {
     pub(super) listener: TcpListener,
-    pub(super) addrs: Vec<SocketAddr>,
+    pub(super) addrs: crate::AddressBook,
     pub(super) comm_id: u64,
     pub(super) topts: TcpOptions,
     /// Peers not connected yet.
@@ -44,12 +45,12 @@ pub(super) struct Lazy {
 
 impl Lazy {
     pub(super) fn new(rank: usize, world: usize, f: FirstUse) -> Result<Lazy> {
-        if f.addrs.len() != world {
+        if f.addrs.world() != world {
             return Err(TransportError::Rdma {
                 rank,
                 peer: usize::MAX,
                 what: "connect",
-                msg: format!("{} addresses for a world of {world}", f.addrs.len()),
+                msg: format!("{} addresses for a world of {world}", f.addrs.world()),
             });
         }
         crate::tcp::setup::set_nonblocking(rank, &f.listener)?;

@@ -553,7 +553,7 @@ fn lazy_group(
             RdmaSetup::open(r, world, o)
                 .expect("open")
                 .first_use(FirstUse {
-                    addrs: addrs.clone(),
+                    addrs: crate::AddressBook::full(r, addrs.clone()),
                     listener,
                     comm_id: 0x5eed,
                     token: token(r),

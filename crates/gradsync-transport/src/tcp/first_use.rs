@@ -6,29 +6,31 @@ use super::lazy::Lazy;
 use super::options::TcpOptions;
 use super::setup::{accept_ready, accept_stream, dial_stream, set_nonblocking};
 use super::stream::{Stream, done_completion, flush};
+use crate::AddressBook;
 use crate::error::{Result, TransportError};
 use crate::verbs::Endpoint;
 use std::collections::HashMap;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 impl TcpEndpoint {
     /// An endpoint that connects to a peer only when [`Endpoint::connect`](crate::Endpoint::connect)
-    /// first names it (see [Connections on first use](super#connections-on-first-use)). `addrs[p]` is the listening address of
-    /// rank p; `listener` is this rank's, already published to the peers.
+    /// first names it (see [Connections on first use](super#connections-on-first-use)). `addrs` has the listening address of
+    /// every rank, or fetches those of the lower ranks this rank dials when it first dials them;
+    /// `listener` is this rank's, already published to the peers.
     pub fn lazy(
         rank: usize,
-        addrs: &[SocketAddr],
+        addrs: AddressBook,
         listener: TcpListener,
         comm_id: u64,
         opts: &TcpOptions,
     ) -> Result<TcpEndpoint> {
-        let world = addrs.len();
+        let world = addrs.world();
         set_nonblocking(rank, &listener)?;
         let mut ep = TcpEndpoint::new(rank, world, (0..world).map(|_| None).collect(), opts.window);
         ep.lazy = Some(Lazy {
             listener,
-            addrs: addrs.to_vec(),
+            addrs,
             comm_id,
             opts: opts.clone(),
             partial: HashMap::new(),
@@ -126,8 +128,13 @@ impl TcpEndpoint {
             .collect();
         lower.sort_unstable();
         lower.dedup();
-        for p in lower {
-            let addr = self.lazy.as_ref().expect("lazy").addrs[p];
+        let addrs = self
+            .lazy
+            .as_ref()
+            .expect("lazy")
+            .addrs
+            .resolve(&lower, deadline)?;
+        for (p, addr) in lower.into_iter().zip(addrs) {
             let socks = (0..opts.nsocks.max(1))
                 .map(|s| dial_stream(rank, p, addr, s, comm_id, &opts, deadline))
                 .collect::<Result<Vec<_>>>()?;

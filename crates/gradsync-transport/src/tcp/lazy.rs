@@ -17,7 +17,7 @@
 
 use super::options::TcpOptions;
 use std::collections::HashMap;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 
 /// Polls between two looks at the listener while some peer is not connected.
@@ -27,7 +27,7 @@ const ACCEPT_EVERY: u32 = 16;
 #[derive(Debug)]
 pub(super) struct Lazy {
     pub(super) listener: TcpListener,
-    pub(super) addrs: Vec<SocketAddr>,
+    pub(super) addrs: crate::AddressBook,
     pub(super) comm_id: u64,
     pub(super) opts: TcpOptions,
     /// Streams accepted from peers whose set is not complete yet.

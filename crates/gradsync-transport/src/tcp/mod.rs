@@ -50,7 +50,9 @@
 //! listener and the lower one accepts; a lazy endpoint accepts whenever it polls and while its
 //! own `connect` waits, so a dial is served as soon as the lower rank calls into the library,
 //! and chains of dials, which only go down in rank, always end. Messages to a peer not
-//! connected yet fail; [`PeerCaps::connected`](crate::PeerCaps::connected) tells.
+//! connected yet fail; [`PeerCaps::connected`](crate::PeerCaps::connected) tells. A lazy
+//! endpoint's [`AddressBook`](crate::AddressBook) may know only some addresses: those of the
+//! lower ranks a `connect` dials are fetched then, in one request.
 //!
 //! # Modules
 //!

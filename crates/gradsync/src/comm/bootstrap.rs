@@ -294,13 +294,20 @@ impl Communicator {
             ifname,
             placement,
         };
+        let fetch_traffic = std::sync::Arc::new(super::addresses::FetchTraffic::default());
         let mut ex = StoreExchange {
             store: &mut store,
             prefix: &prefix,
             rank,
             timeout: config.timeout,
+            reach: Some(super::addresses::Reach {
+                store_addr: config.store_addr.clone(),
+                token: config.token.as_ref().map(|t| t.as_bytes().to_vec()),
+            }),
+            fetch_traffic: fetch_traffic.clone(),
         };
         let mut c = Self::connect(&mut ex, comm_id, rank, world, config, net, t0)?;
+        c.fetch_traffic = Some(fetch_traffic);
         // Everyone is connected before anyone may leave (rank 0 keeps the store up until then).
         c.store = Some(store);
         c._store = server;
@@ -387,16 +394,10 @@ impl Communicator {
             .map(usize::to_string)
             .collect::<Vec<_>>()
             .join(",");
-        let everyone: Vec<usize> = (0..world).collect();
-        // Addresses and hosts of every rank, as one compact table (see `tables`); the CPUs
-        // only of the ranks of this host, which alone need them.
-        let peers = ex.table(
-            "peers",
-            &tables::peer_record(my_addr, &host_id),
-            &everyone,
-            &tables::pack_peers,
-        )?;
-        let (addrs, host_ids) = tables::unpack_peers(&peers, rank, world)?;
+        // The host of every rank, and the addresses of the ranks this one dials (through the
+        // store only those it dials first, the others when it first dials them; see
+        // `addresses`); the CPUs only of the ranks of this host, which alone need them.
+        let (host_ids, addrs) = ex.peers(rank, world, my_addr, &host_id)?;
         let topo = Topology::from_identities(&host_ids);
         let local = topo.local_ranks(rank);
         let cpus = ex.swap(&[("cpus", cpu_list.as_bytes())], &local)?;
@@ -435,9 +436,15 @@ impl Communicator {
                         window: Some(tcp_window(&config, true)),
                     };
                     let ep = if config.runtime_connect {
-                        TcpEndpoint::lazy(rank, &addrs, listener, comm_id, &topts)
+                        TcpEndpoint::lazy(rank, addrs.clone(), listener, comm_id, &topts)
                     } else {
-                        TcpEndpoint::establish(rank, &addrs, listener, comm_id, &topts)
+                        // Every pair connects now: every address is needed.
+                        let all: Vec<usize> = (0..world).collect();
+                        addrs
+                            .resolve(&all, Instant::now() + topts.timeout)
+                            .and_then(|all| {
+                                TcpEndpoint::establish(rank, &all, listener, comm_id, &topts)
+                            })
                     };
                     Box::new(ep.map_err(|e| Error::transport(rank, "connect", e))?)
                 }
@@ -477,7 +484,10 @@ impl Communicator {
                 "rank {rank} -> rank {p}: {t} ({} host {}, {})",
                 if topo.host_of[p] == topo.host_of[rank] { "same" } else { "other" },
                 topology::host_label(&host_ids[p]),
-                addrs[p]
+                addrs.known(p).map_or_else(
+                    || "address read on first use".to_string(),
+                    |a| a.to_string()
+                )
             );
         }
         let layout = Layout {
@@ -486,7 +496,7 @@ impl Communicator {
             local_size: topo.uniform_local_size(),
             routes,
             ifname: ifname.clone(),
-            addrs,
+            addrs: Some(addrs),
             placement,
         };
         let mut eopts = engine_options(&config);
@@ -676,7 +686,7 @@ impl Communicator {
                     .map_err(|e| Error::Config(format!("listener: {e}")))?;
                 setup
                     .first_use(gradsync_transport::rdma::FirstUse {
-                        addrs: first_use.addrs.to_vec(),
+                        addrs: first_use.addrs.clone(),
                         listener,
                         comm_id: first_use.comm_id,
                         token: first_use.token.map(<[u8]>::to_vec),
@@ -847,6 +857,7 @@ impl Communicator {
             store: None,
             via_store: false,
             store_traffic: None,
+            fetch_traffic: None,
             config: None,
             generation: 0,
             splits: 0,
@@ -1044,7 +1055,7 @@ pub(super) fn engine_options(c: &Config) -> EngineOptions {
 /// address, this rank's listener, the communicator and the job token.
 #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
 struct RdmaFirstUse<'a> {
-    addrs: &'a [std::net::SocketAddr],
+    addrs: &'a gradsync_transport::AddressBook,
     listener: &'a std::net::TcpListener,
     comm_id: u64,
     token: Option<&'a [u8]>,

@@ -222,6 +222,8 @@ impl Communicator {
                 prefix,
                 rank,
                 timeout,
+                reach: None,
+                fetch_traffic: Default::default(),
             }
             .table("cost/done", &[1], &everyone, &|_| vec![1])?;
             // Every rank has finished every calibration operation: none of their messages is

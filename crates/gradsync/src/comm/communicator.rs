@@ -38,6 +38,8 @@ pub struct Communicator {
     pub(super) via_store: bool,
     /// What this rank's init exchanged with the store (none without one).
     pub(super) store_traffic: Option<gradsync_store::Traffic>,
+    /// What this rank's address fetches after init's exchange sent and received.
+    pub(super) fetch_traffic: Option<std::sync::Arc<super::addresses::FetchTraffic>>,
     pub(super) config: Option<Config>,
     pub(super) generation: u64,
     /// Communicators split from this one so far by this rank (part of their ids).
@@ -134,9 +136,27 @@ impl Communicator {
             .map_or("", |s| topology::host_label(s))
     }
 
-    /// Listening address of `rank`'s data connections (`None` in process).
+    /// Listening address of `rank`'s data connections, where this rank knows it: its own,
+    /// every rank's in a split, and through the store those of the lower ranks it has dialed
+    /// or read at init to dial (`None` for the others, and in process).
     pub fn peer_addr(&self, rank: usize) -> Option<SocketAddr> {
-        self.layout.addrs.get(rank).copied()
+        self.layout.addrs.as_ref().and_then(|b| b.known(rank))
+    }
+
+    /// What this rank learned of the other ranks' listening addresses: how many it knows, how
+    /// many requests it made of the store for those it did not know when it first dialed them,
+    /// how many addresses they brought, and the bytes those requests sent and received (zeros
+    /// in process; the requests without bytes in a split, which knows every address).
+    pub fn address_fetches(&self) -> (usize, u64, u64, u64, u64) {
+        let known = self.layout.addrs.as_ref().map_or(0, |b| b.known_count());
+        let (requests, fetched) = self.layout.addrs.as_ref().map_or((0, 0), |b| b.fetches());
+        let (sent, received) = self.fetch_traffic.as_ref().map_or((0, 0), |t| {
+            (
+                t.sent.load(std::sync::atomic::Ordering::Relaxed),
+                t.received.load(std::sync::atomic::Ordering::Relaxed),
+            )
+        });
+        (known, requests, fetched, sent, received)
     }
 
     /// Network interface of this rank's data connections (empty in process).

@@ -17,10 +17,13 @@
 //! - `exchange`: all-to-all(v), gather, scatter, the in-place all-gather and reduce-scatter,
 //!   and the async form of every collective;
 //! - `group`: several operations started together and waited for together ([`Group`]);
+//! - `addresses`: the listening addresses of init through the store, each rank reading only
+//!   those of the peers it dials;
 //! - `records`: how the ranks of a communicator being built swap their setup records
 //!   (through the store at init, over the parent's messages in a split);
 //! - `split`: communicators made out of an existing one without a new rendezvous.
 
+mod addresses;
 mod bootstrap;
 mod calibrate;
 mod call;

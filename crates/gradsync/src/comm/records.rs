@@ -3,10 +3,15 @@
 //! rendezvous store at init ([`StoreExchange`]), or over the point-to-point messages of the
 //! communicator it is split from ([`ParentExchange`]), without any store.
 
+use super::addresses::{self, FetchTraffic, Reach};
 use super::communicator::Communicator;
+use super::tables;
 use crate::Result;
 use crate::error::Error;
 use gradsync_store::StoreClient;
+use gradsync_transport::AddressBook;
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Largest record a member accepts from another over the parent (a peer's claim beyond it is
@@ -66,6 +71,27 @@ pub(super) trait Exchange {
 
     /// This rank's index in `ranks`.
     fn me_in(&self, ranks: &[usize]) -> usize;
+
+    /// The host identity of every rank of `0..world` and this rank's book of their listening
+    /// addresses, this rank giving `my_addr` and `host_id`. By default every rank gets every
+    /// address (the peers table, 10 bytes a rank).
+    fn peers(
+        &mut self,
+        rank: usize,
+        world: usize,
+        my_addr: SocketAddr,
+        host_id: &str,
+    ) -> Result<(Vec<String>, AddressBook)> {
+        let everyone: Vec<usize> = (0..world).collect();
+        let t = self.table(
+            "peers",
+            &tables::peer_record(my_addr, host_id),
+            &everyone,
+            &tables::pack_peers,
+        )?;
+        let (addrs, ids) = tables::unpack_peers(&t, rank, world)?;
+        Ok((ids, AddressBook::full(rank, addrs)))
+    }
 }
 
 /// What is left of `full` for a setup step under `ex`'s deadline.
@@ -81,6 +107,11 @@ pub(super) struct StoreExchange<'a> {
     pub(super) prefix: &'a str,
     pub(super) rank: usize,
     pub(super) timeout: Duration,
+    /// How to reach the store again after init, for the listening addresses that a rank
+    /// fetches when it first dials a peer; `None` where init's exchange names no addresses.
+    pub(super) reach: Option<Reach>,
+    /// What this rank's address fetches after init send and receive (shared with its book).
+    pub(super) fetch_traffic: Arc<FetchTraffic>,
 }
 
 impl Exchange for StoreExchange<'_> {
@@ -170,6 +201,59 @@ impl Exchange for StoreExchange<'_> {
 
     fn me_in(&self, ranks: &[usize]) -> usize {
         ranks.iter().position(|&r| r == self.rank).unwrap_or(0)
+    }
+
+    /// Every rank publishes its address under a key of its own and its host identity for the
+    /// hosts table, which every rank reads; then each reads the addresses of the few lower
+    /// ranks it is likely to dial first, and its book fetches any other from the store when it
+    /// first dials it (see `addresses`).
+    fn peers(
+        &mut self,
+        rank: usize,
+        world: usize,
+        my_addr: SocketAddr,
+        host_id: &str,
+    ) -> Result<(Vec<String>, AddressBook)> {
+        let Some(reach) = self.reach.clone() else {
+            return Err(Error::Internal {
+                rank,
+                msg: "init's exchange has no way back to the store".into(),
+            });
+        };
+        let st = |source| Error::Store { rank, source };
+        let prefix = self.prefix;
+        self.store
+            .set(
+                &addresses::addr_key(prefix, rank),
+                my_addr.to_string().as_bytes(),
+            )
+            .map_err(st)?;
+        let everyone: Vec<usize> = (0..world).collect();
+        // Every address is published before the host identity it comes with, so every key
+        // read below is there once the table is.
+        let t = self.table("hosts", host_id.as_bytes(), &everyone, &tables::pack_hosts)?;
+        let ids = tables::unpack_hosts(&t, rank, world)?;
+        let likely = addresses::likely_dialed(rank, world);
+        let keys: Vec<String> = likely
+            .iter()
+            .map(|&p| addresses::addr_key(prefix, p))
+            .collect();
+        let krefs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let vals = self.store.wait(&krefs, self.timeout).map_err(st)?;
+        let mut known = vec![(rank, my_addr)];
+        for (&p, v) in likely.iter().zip(&vals) {
+            known.push((p, addresses::parse_addr(v, rank, p).map_err(Error::Config)?));
+        }
+        let source = addresses::StoreAddresses {
+            reach,
+            rank,
+            prefix: prefix.to_string(),
+            traffic: self.fetch_traffic.clone(),
+        };
+        Ok((
+            ids,
+            AddressBook::on_demand(rank, world, known, Box::new(source)),
+        ))
     }
 }
 
@@ -445,6 +529,8 @@ mod tests {
                         prefix: "p",
                         rank,
                         timeout: t,
+                        reach: None,
+                        fetch_traffic: Default::default(),
                     };
                     // A value of 1000 bytes each; rank i's part: byte i of every value.
                     let value = vec![rank as u8; 1000];

@@ -41,7 +41,6 @@ use crate::error::Error;
 use gradsync_transport::Endpoint;
 use gradsync_transport::mem::MemEndpoint;
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -213,8 +212,9 @@ impl Communicator {
                 ip: self
                     .layout
                     .addrs
-                    .get(rank)
-                    .map(SocketAddr::ip)
+                    .as_ref()
+                    .and_then(|b| b.known(rank))
+                    .map(|a| a.ip())
                     .ok_or_else(|| Error::Internal {
                         rank,
                         msg: format!("{op}: no listening address of this rank"),

@@ -4,9 +4,8 @@
 use crate::engine::{Planned, RawBuf};
 use crate::topology;
 use gradsync_core::wire::Signature;
-use gradsync_transport::{Endpoint, Route};
+use gradsync_transport::{AddressBook, Endpoint, Route};
 use std::any::Any;
-use std::net::SocketAddr;
 
 /// What init learned about the placement of ranks.
 #[derive(Clone, Debug)]
@@ -21,8 +20,9 @@ pub(super) struct Layout {
     pub(super) routes: Vec<Route>,
     /// Network interface of the data connections (empty in process).
     pub(super) ifname: String,
-    /// Listening address of every rank (empty in process).
-    pub(super) addrs: Vec<SocketAddr>,
+    /// The listening addresses of the ranks, as far as this rank knows them (`None` in
+    /// process).
+    pub(super) addrs: Option<AddressBook>,
     /// Where init placed this rank on the NUMA nodes.
     pub(super) placement: topology::Placement,
 }
@@ -37,7 +37,7 @@ impl Layout {
             local_size: world,
             routes: (0..world).map(|p| ep.caps(p).route).collect(),
             ifname: String::new(),
-            addrs: Vec::new(),
+            addrs: None,
             placement: topology::Placement::SingleNode,
         }
     }

@@ -5,6 +5,9 @@
 //! - [`pack_peers`]: each rank's listening address and host identity. Host identities (about 60
 //!   bytes each) and IP addresses are listed once, and each rank is a host index, an address
 //!   index and a port: 10 bytes.
+//! - [`pack_hosts`]: each rank's host identity alone, for init through the store, where a
+//!   rank fetches the listening addresses of the peers it dials when it first dials them
+//!   (`addresses`): identities once, then runs of consecutive ranks of one host.
 //! - The inbox table (in `bootstrap`): the slot settings once, then each rank's inbox
 //!   descriptor.
 //!
@@ -102,6 +105,79 @@ pub(super) fn pack_peers(records: &[Vec<u8>]) -> Vec<u8> {
     }
     t.extend_from_slice(&rows);
     t
+}
+
+/// Packs the host identities of ranks `0..n` (in rank order) into the hosts table: each
+/// identity once, then runs of consecutive ranks on one host (host index and length, 8 bytes
+/// a run), so a job whose hosts hold consecutive ranks costs a few bytes a host, not a rank.
+pub(super) fn pack_hosts(records: &[Vec<u8>]) -> Vec<u8> {
+    let mut hosts: Vec<&[u8]> = Vec::new();
+    let mut host_ix: HashMap<&[u8], u32> = HashMap::new();
+    let mut runs: Vec<(u32, u32)> = Vec::new();
+    for (r, host) in records.iter().enumerate() {
+        if host.is_empty()
+            || host.len() > usize::from(u16::MAX)
+            || std::str::from_utf8(host).is_err()
+        {
+            return failed(&format!(
+                "rank {r} published a malformed host identity {:?}",
+                String::from_utf8_lossy(host)
+            ));
+        }
+        let h = *host_ix.entry(host.as_slice()).or_insert_with(|| {
+            hosts.push(host);
+            hosts.len() as u32 - 1
+        });
+        match runs.last_mut() {
+            Some((last, n)) if *last == h => *n += 1,
+            _ => runs.push((h, 1)),
+        }
+    }
+    let mut t = vec![TABLE];
+    t.extend_from_slice(&(hosts.len() as u32).to_le_bytes());
+    for h in &hosts {
+        t.extend_from_slice(&(h.len() as u16).to_le_bytes());
+        t.extend_from_slice(h);
+    }
+    t.extend_from_slice(&(runs.len() as u32).to_le_bytes());
+    for (h, n) in runs {
+        t.extend_from_slice(&h.to_le_bytes());
+        t.extend_from_slice(&n.to_le_bytes());
+    }
+    t
+}
+
+/// The host identity of each of `world` ranks from the hosts table `t`.
+pub(super) fn unpack_hosts(t: &[u8], rank: usize, world: usize) -> Result<Vec<String>, Error> {
+    let malformed = || {
+        Error::Config(format!(
+            "rank {rank}: the hosts table of init is malformed ({} bytes for {world} ranks)",
+            t.len()
+        ))
+    };
+    let mut c = Cursor(body(t, "hosts", rank)?);
+    let nhosts = c.u32().ok_or_else(malformed)? as usize;
+    let mut hosts = Vec::with_capacity(nhosts.min(world));
+    for _ in 0..nhosts {
+        let len = usize::from(c.u16().ok_or_else(malformed)?);
+        let h = c.bytes(len).ok_or_else(malformed)?;
+        hosts.push(String::from_utf8(h.to_vec()).map_err(|_| malformed())?);
+    }
+    let nruns = c.u32().ok_or_else(malformed)? as usize;
+    let mut ids = Vec::with_capacity(world);
+    for _ in 0..nruns {
+        let h = c.u32().ok_or_else(malformed)? as usize;
+        let n = c.u32().ok_or_else(malformed)? as usize;
+        let host = hosts.get(h).ok_or_else(malformed)?;
+        if n == 0 || ids.len() + n > world {
+            return Err(malformed());
+        }
+        ids.extend(std::iter::repeat_n(host, n).cloned());
+    }
+    if ids.len() != world || !c.0.is_empty() {
+        return Err(malformed());
+    }
+    Ok(ids)
 }
 
 /// A reader over a table body; every read fails (as `None`) past its end.
@@ -203,6 +279,31 @@ mod tests {
         assert!(unpack_peers(&t, 0, world - 1).is_err());
         assert!(unpack_peers(&t, 0, world + 1).is_err());
         assert!(unpack_peers(&t[..t.len() - 1], 0, world).is_err());
+    }
+
+    #[test]
+    fn the_hosts_table_costs_a_run_of_ranks_not_a_rank() {
+        let host = |h: usize| format!("node{h}/0f2b6c1e-aaaa-bbbb-cccc-1234567890ab/net:[1]");
+        // 64 ranks on 8 hosts of 8 consecutive ranks, then ranks 64 and 65 back on host 0.
+        let mut records: Vec<Vec<u8>> = (0..64).map(|r| host(r / 8).into_bytes()).collect();
+        records.extend([host(0).into_bytes(), host(0).into_bytes()]);
+        let world = records.len();
+        let t = pack_hosts(&records);
+        let ids = unpack_hosts(&t, 3, world).unwrap();
+        for r in 0..world {
+            assert_eq!(ids[r].as_bytes(), records[r].as_slice(), "rank {r}");
+        }
+        assert_eq!(t.len(), 1 + 4 + 8 * (2 + host(0).len()) + 4 + 9 * 8);
+        assert!(unpack_hosts(&t, 0, world - 1).is_err());
+        assert!(unpack_hosts(&t, 0, world + 1).is_err());
+        assert!(unpack_hosts(&t[..t.len() - 1], 0, world).is_err());
+        let e = unpack_hosts(&pack_hosts(&[b"h".to_vec(), Vec::new()]), 0, 2)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("rank 0: rank 1 published a malformed host identity"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -1,0 +1,147 @@
+//! The listening addresses of init through the store: each rank publishes its own under
+//! `{prefix}/addr/{rank}`, reads at init those of the lower ranks its first operations are
+//! likely to dial ([`likely_dialed`]), and fetches any other when it first dials it
+//! ([`StoreAddresses`], through a connection of its own to the store). A rank thus reads a few
+//! dozen addresses at most in a ring, tree or recursive-doubling job of any size, and every
+//! rank's address only in a job that talks to every rank (all-to-all).
+
+use gradsync_store::StoreClient;
+use gradsync_transport::AddressSource;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// The rendezvous store as a rank reaches it anew: its address and the job's token.
+#[derive(Clone)]
+pub(super) struct Reach {
+    pub(super) store_addr: String,
+    pub(super) token: Option<Vec<u8>>,
+}
+
+/// The key rank `p` publishes its listening address under.
+pub(super) fn addr_key(prefix: &str, p: usize) -> String {
+    format!("{prefix}/addr/{p}")
+}
+
+/// Rank `p`'s address from the value `v` it published, as `rank` reports a bad one.
+pub(super) fn parse_addr(v: &[u8], rank: usize, p: usize) -> Result<SocketAddr, String> {
+    std::str::from_utf8(v)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| {
+            format!(
+                "rank {rank}: rank {p} published a malformed listening address {:?}",
+                String::from_utf8_lossy(v)
+            )
+        })
+}
+
+/// The lower ranks that `rank` of `world` dials first: rank 0 and every rank at a power-of-two
+/// distance below it, either way round the ring (its ring neighbour, the partners of
+/// recursive doubling and halving, its binomial-tree parent, and those of init's own barrier
+/// and calibration), about 2 log2 `world` ranks.
+pub(super) fn likely_dialed(rank: usize, world: usize) -> Vec<usize> {
+    let mut v = Vec::new();
+    if rank == 0 || rank >= world {
+        return v;
+    }
+    v.push(0);
+    let mut d = 1;
+    while d < world {
+        if d <= rank {
+            v.push(rank - d);
+        }
+        if rank + d >= world {
+            v.push(rank + d - world);
+        }
+        let x = rank ^ d;
+        if x < rank {
+            v.push(x);
+        }
+        d <<= 1;
+    }
+    v.retain(|&p| p < rank);
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// Bytes a rank's address fetches after init's own client moved, and how many fetches.
+#[derive(Debug, Default)]
+pub(super) struct FetchTraffic {
+    pub(super) sent: AtomicU64,
+    pub(super) received: AtomicU64,
+}
+
+/// An [`AddressSource`] that reads the published addresses from the rendezvous store, over a
+/// connection it opens for each request (a rank makes one request per operation that first
+/// dials ranks it has not read yet).
+pub(super) struct StoreAddresses {
+    pub(super) reach: Reach,
+    pub(super) rank: usize,
+    pub(super) prefix: String,
+    pub(super) traffic: Arc<FetchTraffic>,
+}
+
+impl std::fmt::Debug for StoreAddresses {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "StoreAddresses(rank {} at {} under {})",
+            self.rank, self.reach.store_addr, self.prefix
+        )
+    }
+}
+
+impl AddressSource for StoreAddresses {
+    fn fetch(&mut self, peers: &[usize], timeout: Duration) -> Result<Vec<SocketAddr>, String> {
+        let at = &self.reach.store_addr;
+        let start = std::time::Instant::now();
+        let mut store =
+            StoreClient::connect_with_token(at, timeout, self.reach.token.as_deref(), self.rank)
+                .map_err(|e| format!("cannot reach the store at {at}: {e}"))?;
+        let keys: Vec<String> = peers.iter().map(|&p| addr_key(&self.prefix, p)).collect();
+        let krefs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let left = timeout.saturating_sub(start.elapsed());
+        let got = store.wait(&krefs, left);
+        let t = store.traffic();
+        self.traffic.sent.fetch_add(t.sent, Ordering::Relaxed);
+        self.traffic
+            .received
+            .fetch_add(t.received, Ordering::Relaxed);
+        let vals = got.map_err(|e| format!("the store at {at}: {e}"))?;
+        peers
+            .iter()
+            .zip(&vals)
+            .map(|(&p, v)| parse_addr(v, self.rank, p))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rank_reads_at_init_a_few_lower_ranks_at_power_of_two_distances() {
+        assert!(likely_dialed(0, 16).is_empty());
+        assert_eq!(likely_dialed(1, 16), vec![0]);
+        assert_eq!(likely_dialed(5, 16), vec![0, 1, 3, 4]);
+        // Rank 12 of 16: 11, 10, 8, 4 below; 12 + 4 and 12 + 8 wrap to 0 and 4.
+        assert_eq!(likely_dialed(12, 16), vec![0, 4, 8, 10, 11]);
+        for world in [2usize, 3, 7, 64, 4096] {
+            let lg = world.next_power_of_two().trailing_zeros() as usize;
+            for rank in 0..world {
+                let v = likely_dialed(rank, world);
+                assert!(v.len() <= 3 * lg + 1, "{rank} of {world}: {v:?}");
+                assert!(v.iter().all(|&p| p < rank), "{rank} of {world}: {v:?}");
+                if rank > 0 {
+                    // The ring's left neighbour and the binomial-tree parent.
+                    assert!(v.contains(&(rank - 1)), "{rank} of {world}");
+                    assert!(v.contains(&(rank & (rank - 1))), "{rank} of {world}");
+                }
+            }
+        }
+    }
+}
