@@ -84,6 +84,13 @@ impl AddressBook {
         self.lock().known.get(p).copied().flatten()
     }
 
+    /// Records rank `p`'s address, read elsewhere (with another record of `p`).
+    pub fn learn(&self, p: usize, addr: SocketAddr) {
+        if let Some(slot) = self.lock().known.get_mut(p) {
+            *slot = Some(addr);
+        }
+    }
+
     /// How many addresses the book knows.
     pub fn known_count(&self) -> usize {
         self.lock().known.iter().flatten().count()

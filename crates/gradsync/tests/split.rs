@@ -82,7 +82,7 @@ fn run<R: Send + 'static>(
                     std::thread::spawn(move || {
                         let mut c = Communicator::init(cfg).unwrap();
                         // Every pair of the parent connects while the store is up: a rank
-                        // reads the address of a rank it has not dialed yet from the store.
+                        // reads the records of a rank it has not talked to from the store.
                         let ones = vec![1u8; world];
                         let mut got = vec![0u8; world];
                         c.all_to_all(&ones, &mut got).unwrap();

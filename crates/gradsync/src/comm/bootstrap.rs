@@ -4,6 +4,7 @@
 //! shared-memory and RDMA backends, the settings every rank's inbox must agree on,
 //! [`SlotLayout`]), in-process groups over given endpoints, and shrink.
 
+use super::addresses;
 use super::choice::no_choices;
 use super::communicator::Communicator;
 use super::records::{Exchange, StoreExchange, step_budget};
@@ -496,7 +497,7 @@ impl Communicator {
             local_size: topo.uniform_local_size(),
             routes,
             ifname: ifname.clone(),
-            addrs: Some(addrs),
+            addrs: Some(addrs.clone()),
             placement,
         };
         let mut eopts = engine_options(&config);
@@ -507,7 +508,7 @@ impl Communicator {
         }
         let (mut engine, inbox) = Engine::new(ep, comm_id, eopts)?;
         apply_caps(&mut engine, &config, Some(&topo.host_of));
-        meet_inboxes(ex, &mut engine, inbox, &config)?;
+        meet_inboxes(ex, &mut engine, inbox, &config, Some(&addrs))?;
         let (near, far) = (tcp_window(&config, true), tcp_window(&config, false));
         tracing::info!(
             target: "gradsync::init",
@@ -961,11 +962,17 @@ pub(super) struct NetSetup {
 /// Swaps the inbox descriptors through `ex`, each with the settings that shape every inbox
 /// (which must agree), records them in `engine`, and turns the board on where every rank has
 /// one.
+///
+/// Through the store, with connections on first use, the first rank checks every rank's
+/// settings and publishes only the agreed layout; each rank reads the descriptors of the few ranks it talks to first
+/// (`addresses::likely_talked`), and the engine reads any other from the store when an
+/// operation first talks to its rank (with the address of a lower one, from `book`'s view).
 pub(super) fn meet_inboxes(
     ex: &mut dyn Exchange,
     engine: &mut Engine,
     inbox: RemoteRegion,
     config: &Config,
+    book: Option<&gradsync_transport::AddressBook>,
 ) -> Result<()> {
     let (rank, world) = (engine.rank, engine.world);
     // Every rank lays out its inbox and picks slots from these three settings, so they travel
@@ -975,14 +982,61 @@ pub(super) fn meet_inboxes(
     let mut mine = inbox.to_bytes().to_vec();
     mine.extend_from_slice(&slots.to_bytes());
     let everyone: Vec<usize> = (0..world).collect();
-    let table = ex.table("inbox", &mine, &everyone, &pack_inboxes)?;
-    let (first, inboxes) = unpack_inboxes(&table, rank, world)?;
-    // The first rank checked every rank's settings against its own; this rank's too.
+    // Every pair connects at init without connections on first use: every rank then gets
+    // every descriptor, and the job needs the store no more after init.
+    if !config.runtime_connect || ex.on_demand().is_none() {
+        let table = ex.table("inbox", &mine, &everyone, &pack_inboxes)?;
+        let (first, inboxes) = unpack_inboxes(&table, rank, world)?;
+        // The first rank checked every rank's settings against its own; this rank's too.
+        slots.check(rank, 0, &first)?;
+        engine.connect_peers(&inboxes);
+        engine.enable_board(first.board as usize);
+        return Ok(());
+    }
+    let table = ex.table("inbox", &mine, &everyone, &pack_layout)?;
+    let (first, _) = unpack_inboxes(&table, rank, 0)?;
     slots.check(rank, 0, &first)?;
-    let board = first.board as usize;
-    engine.connect_peers(&inboxes);
-    engine.enable_board(board);
+    let od = ex.on_demand().expect("an exchange through the store");
+    let likely = addresses::likely_talked(rank, world);
+    let keys: Vec<String> = likely
+        .iter()
+        .map(|&p| addresses::inbox_key(od.prefix, p))
+        .collect();
+    let krefs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let vals = od
+        .store
+        .wait(&krefs, od.timeout)
+        .map_err(|source| Error::Store { rank, source })?;
+    let known = likely
+        .iter()
+        .zip(&vals)
+        .map(|(&p, v)| {
+            Ok((
+                p,
+                addresses::parse_inbox(v, rank, p).map_err(Error::Config)?,
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let source = addresses::StoreInboxes {
+        reach: od.reach,
+        rank,
+        prefix: od.prefix.to_string(),
+        traffic: od.traffic,
+        book: book.cloned(),
+    };
+    engine.connect_peers_on_demand(&known, Box::new(source));
+    engine.enable_board(first.board as usize);
     Ok(())
+}
+
+/// [`pack_inboxes`] without the descriptors: the first rank's layout with the least board
+/// of all, or the error of a record that does not parse or whose settings differ.
+fn pack_layout(records: &[Vec<u8>]) -> Vec<u8> {
+    let mut t = pack_inboxes(records);
+    if t.first() == Some(&0) {
+        t.truncate(1 + SlotLayout::LEN);
+    }
+    t
 }
 
 /// Packs the inbox records (descriptor, then [`SlotLayout`]) of ranks `0..n` into the inbox

@@ -143,20 +143,19 @@ impl Communicator {
         self.layout.addrs.as_ref().and_then(|b| b.known(rank))
     }
 
-    /// What this rank learned of the other ranks' listening addresses: how many it knows, how
-    /// many requests it made of the store for those it did not know when it first dialed them,
-    /// how many addresses they brought, and the bytes those requests sent and received (zeros
-    /// in process; the requests without bytes in a split, which knows every address).
-    pub fn address_fetches(&self) -> (usize, u64, u64, u64, u64) {
-        let known = self.layout.addrs.as_ref().map_or(0, |b| b.known_count());
-        let (requests, fetched) = self.layout.addrs.as_ref().map_or((0, 0), |b| b.fetches());
-        let (sent, received) = self.fetch_traffic.as_ref().map_or((0, 0), |t| {
-            (
-                t.sent.load(std::sync::atomic::Ordering::Relaxed),
-                t.received.load(std::sync::atomic::Ordering::Relaxed),
-            )
-        });
-        (known, requests, fetched, sent, received)
+    /// What this rank knows of the other ranks' records that init's tables leave out (see
+    /// [`PeerRecords`]).
+    pub fn peer_records(&self) -> PeerRecords {
+        let load = |f: fn(&super::addresses::FetchTraffic) -> u64| {
+            self.fetch_traffic.as_ref().map_or(0, |t| f(t))
+        };
+        PeerRecords {
+            addresses: self.layout.addrs.as_ref().map_or(0, |b| b.known_count()),
+            inboxes: self.engine.inboxes_known(),
+            requests: load(|t| t.requests.load(std::sync::atomic::Ordering::Relaxed)),
+            sent: load(|t| t.sent.load(std::sync::atomic::Ordering::Relaxed)),
+            received: load(|t| t.received.load(std::sync::atomic::Ordering::Relaxed)),
+        }
     }
 
     /// Network interface of this rank's data connections (empty in process).
@@ -262,4 +261,23 @@ impl Drop for Communicator {
             self.engine.ep.close(Duration::from_secs(2));
         }
     }
+}
+
+/// What a rank knows of the other ranks' listening addresses and inbox descriptors
+/// ([`Communicator::peer_records`]). Through the rendezvous store init gives a rank its own,
+/// those of the few ranks it talks to first, and every rank's host; the others it reads from
+/// the store when an operation first talks to their ranks, one request per operation. A
+/// split knows every member's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerRecords {
+    /// Listening addresses known, this rank's own included (a rank dials only lower ranks).
+    pub addresses: usize,
+    /// Inbox descriptors known, this rank's own included.
+    pub inboxes: usize,
+    /// Requests made of the store after init's tables.
+    pub requests: u64,
+    /// Bytes those requests sent.
+    pub sent: u64,
+    /// Bytes they received.
+    pub received: u64,
 }

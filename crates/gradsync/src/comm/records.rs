@@ -72,6 +72,12 @@ pub(super) trait Exchange {
     /// This rank's index in `ranks`.
     fn me_in(&self, ranks: &[usize]) -> usize;
 
+    /// Where per-rank records left out of init's tables can be read after init: the store,
+    /// for an exchange through one (`None` by default: every record is in the tables).
+    fn on_demand(&mut self) -> Option<OnDemand<'_>> {
+        None
+    }
+
     /// The host identity of every rank of `0..world` and this rank's book of their listening
     /// addresses, this rank giving `my_addr` and `host_id`. By default every rank gets every
     /// address (the peers table, 10 bytes a rank).
@@ -92,6 +98,15 @@ pub(super) trait Exchange {
         let (addrs, ids) = tables::unpack_peers(&t, rank, world)?;
         Ok((ids, AddressBook::full(rank, addrs)))
     }
+}
+
+/// The store of an exchange, for records a rank reads only for the ranks it talks to.
+pub(super) struct OnDemand<'a> {
+    pub(super) store: &'a mut StoreClient,
+    pub(super) prefix: &'a str,
+    pub(super) timeout: Duration,
+    pub(super) reach: Reach,
+    pub(super) traffic: Arc<FetchTraffic>,
 }
 
 /// What is left of `full` for a setup step under `ex`'s deadline.
@@ -201,6 +216,17 @@ impl Exchange for StoreExchange<'_> {
 
     fn me_in(&self, ranks: &[usize]) -> usize {
         ranks.iter().position(|&r| r == self.rank).unwrap_or(0)
+    }
+
+    fn on_demand(&mut self) -> Option<OnDemand<'_>> {
+        let reach = self.reach.clone()?;
+        Some(OnDemand {
+            store: self.store,
+            prefix: self.prefix,
+            timeout: self.timeout,
+            reach,
+            traffic: self.fetch_traffic.clone(),
+        })
     }
 
     /// Every rank publishes its address under a key of its own and its host identity for the

@@ -314,7 +314,7 @@ impl Communicator {
             engine_options(&config),
         )?;
         apply_caps(&mut engine, &config, None);
-        meet_inboxes(ex, &mut engine, inbox, &config)?;
+        meet_inboxes(ex, &mut engine, inbox, &config, None)?;
         let mut c = Communicator::assemble(engine, me, n, config.algorithm, None);
         c.coll_algorithms = config.collective_algorithms.clone();
         c.config = Some(config);

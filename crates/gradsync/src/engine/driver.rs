@@ -107,6 +107,11 @@ pub(crate) struct Engine {
     pub(super) hdrs: AlignedBuf,
     pub(super) hdr_mr: MemoryRegion,
     pub(super) remote_inboxes: Vec<RemoteRegion>,
+    /// Whether `remote_inboxes[p]` is rank p's descriptor (this rank's own counts as known).
+    pub(super) inbox_known: Vec<bool>,
+    /// Where the descriptors not known yet come from, when an operation first talks to their
+    /// ranks.
+    pub(super) inbox_source: Option<Box<dyn InboxSource>>,
     pub(super) comps: Vec<Completion>,
     pub(super) running: Option<Running>,
     pub(super) poisoned: Option<String>,
@@ -133,6 +138,13 @@ pub(crate) struct Engine {
     /// The operation whose board posting the fast path put up before handing it to the
     /// machine (see [`fast`](super::fast)).
     pub(super) fast_posted: Option<u64>,
+}
+
+/// Where an engine gets the inbox descriptors of the ranks it did not learn at setup.
+pub(crate) trait InboxSource: Send + std::fmt::Debug {
+    /// The inbox descriptors of `peers`, in their order, within `timeout`; an error says what
+    /// failed, naming the peers.
+    fn fetch(&mut self, peers: &[usize], timeout: Duration) -> Result<Vec<RemoteRegion>, String>;
 }
 
 impl Engine {
@@ -208,6 +220,8 @@ impl Engine {
                 hdrs,
                 hdr_mr,
                 remote_inboxes: vec![none; world],
+                inbox_known: (0..world).map(|p| p == rank).collect(),
+                inbox_source: None,
                 comps: Vec::new(),
                 running: None,
                 poisoned: None,
@@ -252,6 +266,28 @@ impl Engine {
     /// Records every rank's inbox descriptor (index = rank).
     pub(crate) fn connect_peers(&mut self, inboxes: &[RemoteRegion]) {
         self.remote_inboxes.copy_from_slice(inboxes);
+        self.inbox_known.fill(true);
+    }
+
+    /// Records the inbox descriptors of `known` ranks; those of the others come from `source`
+    /// when an operation first talks to them.
+    pub(crate) fn connect_peers_on_demand(
+        &mut self,
+        known: &[(usize, RemoteRegion)],
+        source: Box<dyn InboxSource>,
+    ) {
+        for &(p, r) in known {
+            if p < self.world {
+                self.remote_inboxes[p] = r;
+                self.inbox_known[p] = true;
+            }
+        }
+        self.inbox_source = Some(source);
+    }
+
+    /// How many ranks' inbox descriptors this rank knows, its own included.
+    pub(crate) fn inboxes_known(&self) -> usize {
+        self.inbox_known.iter().filter(|&&k| k).count()
     }
 
     pub(crate) fn segment_elems(&self, dtype: DataType) -> usize {
@@ -331,15 +367,38 @@ impl Engine {
         // The common case, every peer of the program already connected, allocates nothing:
         // a job whose ring never reaches most ranks stays partly connected for good.
         let all_there = prog.ops().iter().all(|op| match *op {
-            Op::Send { peer, .. } | Op::Recv { peer, .. } => self.ep.caps(peer).connected,
+            Op::Send { peer, .. } => self.ep.caps(peer).connected && self.inbox_known[peer],
+            Op::Recv { peer, .. } => self.ep.caps(peer).connected,
             Op::Post { .. } => !self.partly_connected,
             _ => true,
         });
         if all_there {
             return Ok(());
         }
-        let missing: Vec<usize> = prog
-            .peers(self.rank, self.world)
+        let peers = prog.peers(self.rank, self.world);
+        let unknown: Vec<usize> = peers
+            .iter()
+            .copied()
+            .filter(|&p| !self.inbox_known[p])
+            .collect();
+        if !unknown.is_empty() {
+            let rank = self.rank;
+            let Some(source) = self.inbox_source.as_mut() else {
+                return Err(Error::Internal {
+                    rank,
+                    msg: format!("{sig}: no inbox descriptor of rank(s) {unknown:?}"),
+                });
+            };
+            tracing::debug!(target: "gradsync::net", "rank {rank}: {sig}: fetching the inbox descriptors of rank(s) {unknown:?}");
+            let got = source
+                .fetch(&unknown, self.opts.timeout)
+                .map_err(|msg| Error::Config(format!("rank {rank}: {sig}: {msg}")))?;
+            for (p, r) in unknown.into_iter().zip(got) {
+                self.remote_inboxes[p] = r;
+                self.inbox_known[p] = true;
+            }
+        }
+        let missing: Vec<usize> = peers
             .into_iter()
             .filter(|&p| !self.ep.caps(p).connected)
             .collect();
@@ -349,7 +408,8 @@ impl Engine {
                 .connect(&missing, self.opts.timeout)
                 .map_err(|e| Error::transport(self.rank, "connect", e))?;
         }
-        self.partly_connected = self.connections() + 1 < self.world;
+        self.partly_connected =
+            self.connections() + 1 < self.world || self.inboxes_known() < self.world;
         Ok(())
     }
 

@@ -27,5 +27,5 @@ mod exec;
 mod fast;
 mod memory;
 
-pub(crate) use driver::{Engine, EngineOptions, Planned};
+pub(crate) use driver::{Engine, EngineOptions, InboxSource, Planned};
 pub(crate) use memory::RawBuf;
