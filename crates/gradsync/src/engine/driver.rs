@@ -135,6 +135,10 @@ pub(crate) struct Engine {
     /// Whether some peer may not be connected yet (the transport connects on first use): an
     /// operation then connects the peers of its program before it starts.
     pub(super) partly_connected: bool,
+    /// Whether the inbox descriptor of some rank is not known yet (read from the store when an
+    /// operation first talks to it). Apart from `partly_connected`: the board, which the fast
+    /// path posts to, needs every connection but no inbox descriptor.
+    pub(super) inboxes_partial: bool,
     /// The operation whose board posting the fast path put up before handing it to the
     /// machine (see [`fast`](super::fast)).
     pub(super) fast_posted: Option<u64>,
@@ -234,6 +238,7 @@ impl Engine {
                 batch: Vec::new(),
                 now_coarse: now,
                 partly_connected: true,
+                inboxes_partial: world > 1,
                 fast_posted: None,
             },
             remote,
@@ -267,6 +272,7 @@ impl Engine {
     pub(crate) fn connect_peers(&mut self, inboxes: &[RemoteRegion]) {
         self.remote_inboxes.copy_from_slice(inboxes);
         self.inbox_known.fill(true);
+        self.inboxes_partial = false;
     }
 
     /// Records the inbox descriptors of `known` ranks; those of the others come from `source`
@@ -283,6 +289,7 @@ impl Engine {
             }
         }
         self.inbox_source = Some(source);
+        self.inboxes_partial = self.inboxes_known() < self.world;
     }
 
     /// How many ranks' inbox descriptors this rank knows, its own included.
@@ -361,8 +368,9 @@ impl Engine {
         path.min(self.opts.eager_max)
     }
 
-    /// Connects the peers `prog` talks to that the transport has not connected yet (within
-    /// the operation timeout); then notes whether every peer is connected.
+    /// Connects the peers `prog` talks to that the transport has not connected yet, and reads
+    /// the inbox descriptors of the peers it sends to that are not known yet (within the
+    /// operation timeout); then notes whether every peer is connected and every inbox known.
     fn connect_for(&mut self, sig: &Signature, prog: &Program) -> Result<(), Error> {
         // The common case, every peer of the program already connected, allocates nothing:
         // a job whose ring never reaches most ranks stays partly connected for good.
@@ -376,11 +384,17 @@ impl Engine {
             return Ok(());
         }
         let peers = prog.peers(self.rank, self.world);
-        let unknown: Vec<usize> = peers
+        // Only a send writes into the peer's inbox; a board posting needs none.
+        let mut unknown: Vec<usize> = prog
+            .ops()
             .iter()
-            .copied()
-            .filter(|&p| !self.inbox_known[p])
+            .filter_map(|op| match *op {
+                Op::Send { peer, .. } if !self.inbox_known[peer] => Some(peer),
+                _ => None,
+            })
             .collect();
+        unknown.sort_unstable();
+        unknown.dedup();
         if !unknown.is_empty() {
             let rank = self.rank;
             let Some(source) = self.inbox_source.as_mut() else {
@@ -408,8 +422,8 @@ impl Engine {
                 .connect(&missing, self.opts.timeout)
                 .map_err(|e| Error::transport(self.rank, "connect", e))?;
         }
-        self.partly_connected =
-            self.connections() + 1 < self.world || self.inboxes_known() < self.world;
+        self.partly_connected = self.connections() + 1 < self.world;
+        self.inboxes_partial = self.inboxes_known() < self.world;
         Ok(())
     }
 
@@ -476,7 +490,7 @@ impl Engine {
             sched.restart();
         }
         let prog = sched.program();
-        if self.partly_connected {
+        if self.partly_connected || self.inboxes_partial {
             self.connect_for(&sig, prog)?;
         }
         let dsize = sig.dtype.size();
