@@ -485,10 +485,12 @@ impl Communicator {
                 "rank {rank} -> rank {p}: {t} ({} host {}, {})",
                 if topo.host_of[p] == topo.host_of[rank] { "same" } else { "other" },
                 topology::host_label(&host_ids[p]),
-                addrs.known(p).map_or_else(
-                    || "address read on first use".to_string(),
-                    |a| a.to_string()
-                )
+                match addrs.known(p) {
+                    Some(a) => a.to_string(),
+                    // The higher rank of a pair dials the lower one.
+                    None if p > rank => "dials this rank".to_string(),
+                    None => "address read on first use".to_string(),
+                }
             );
         }
         let layout = Layout {
