@@ -67,6 +67,12 @@ def one(binary, world, transport, iters, timeout):
     t0 = time.time()
     while p.poll() is None:
         if time.time() - t0 > timeout:
+            # The ranks too, not only the launcher: orphans would spin on and load the next run.
+            for c in children(p.pid):
+                try:
+                    os.kill(c, 9)
+                except OSError:
+                    pass
             p.kill()
             p.wait()
             return None, f"timed out after {timeout}s"
