@@ -156,13 +156,7 @@ pub(super) fn unpack_hosts(t: &[u8], rank: usize, world: usize) -> Result<Vec<St
         ))
     };
     let mut c = Cursor(body(t, "hosts", rank)?);
-    let nhosts = c.u32().ok_or_else(malformed)? as usize;
-    let mut hosts = Vec::with_capacity(nhosts.min(world));
-    for _ in 0..nhosts {
-        let len = usize::from(c.u16().ok_or_else(malformed)?);
-        let h = c.bytes(len).ok_or_else(malformed)?;
-        hosts.push(String::from_utf8(h.to_vec()).map_err(|_| malformed())?);
-    }
+    let hosts = c.hosts(world).ok_or_else(malformed)?;
     let nruns = c.u32().ok_or_else(malformed)? as usize;
     let mut ids = Vec::with_capacity(world);
     for _ in 0..nruns {
@@ -195,6 +189,18 @@ impl<'a> Cursor<'a> {
     fn u32(&mut self) -> Option<u32> {
         Some(u32::from_le_bytes(self.bytes(4)?.try_into().ok()?))
     }
+
+    /// A table's list of host identities: a count, then each as a length and its bytes (room
+    /// reserved for at most one per rank of `world`, whatever the count says).
+    fn hosts(&mut self, world: usize) -> Option<Vec<String>> {
+        let n = self.u32()? as usize;
+        let mut hosts = Vec::with_capacity(n.min(world));
+        for _ in 0..n {
+            let len = usize::from(self.u16()?);
+            hosts.push(String::from_utf8(self.bytes(len)?.to_vec()).ok()?);
+        }
+        Some(hosts)
+    }
 }
 
 /// The addresses and host identities of `world` ranks from the peers table `t`.
@@ -210,13 +216,7 @@ pub(super) fn unpack_peers(
         ))
     };
     let mut c = Cursor(body(t, "peers", rank)?);
-    let nhosts = c.u32().ok_or_else(malformed)? as usize;
-    let mut hosts = Vec::with_capacity(nhosts.min(world));
-    for _ in 0..nhosts {
-        let len = usize::from(c.u16().ok_or_else(malformed)?);
-        let h = c.bytes(len).ok_or_else(malformed)?;
-        hosts.push(String::from_utf8(h.to_vec()).map_err(|_| malformed())?);
-    }
+    let hosts = c.hosts(world).ok_or_else(malformed)?;
     let nips = c.u32().ok_or_else(malformed)? as usize;
     let mut ips = Vec::with_capacity(nips.min(world));
     for _ in 0..nips {
