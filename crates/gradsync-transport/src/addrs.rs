@@ -158,8 +158,8 @@ impl AddressBook {
     }
 }
 
-/// `rank 3` or `ranks 3, 5, 9`.
-fn rank_list(ranks: &[usize]) -> String {
+/// Ranks as errors name them: `rank 3` or `ranks 3, 5, 9`.
+pub fn rank_list(ranks: &[usize]) -> String {
     let list: Vec<String> = ranks.iter().map(usize::to_string).collect();
     format!(
         "rank{} {}",

@@ -43,7 +43,7 @@ pub mod tcp;
 mod verbs;
 pub mod wire;
 
-pub use addrs::{AddressBook, AddressSource};
+pub use addrs::{AddressBook, AddressSource, rank_list};
 pub use caps::{Board, PeerCaps, Route, SharedMemory};
 pub use error::{Result, TransportError, Violation};
 pub use verbs::{Access, Completion, Endpoint, MAX_SEND, MemoryRegion, Sge};

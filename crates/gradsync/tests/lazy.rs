@@ -416,3 +416,61 @@ fn a_tcp_all_to_all_inside_one_host_keeps_one_window_of_blocks_in_flight() {
     let got = exchange(|cfg| cfg.host_id = Some(format!("host-{}", cfg.rank / 2)));
     assert!(got.iter().all(|w| *w == [8; 5]), "{got:?}");
 }
+
+/// Records are read from the store when an operation first talks to a rank, so the store must
+/// serve while communicators live: once it is gone, a send and a receive between two ranks
+/// that have not read each other's records both fail within the timeout, naming the peer and
+/// the store.
+#[test]
+fn a_store_gone_after_init_is_named_by_the_first_operation_that_needs_it() {
+    use gradsync_store::StoreServer;
+    let world = 16;
+    let server = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let inited = Arc::new(Barrier::new(world + 1));
+    let closed = Arc::new(Barrier::new(world + 1));
+    let hs: Vec<_> = (0..world)
+        .map(|rank| {
+            let mut cfg = Config::new(server.local_addr().to_string(), rank, world);
+            cfg.host_store = false;
+            cfg.transport = TransportMode::Tcp;
+            cfg.timeout = Duration::from_secs(5);
+            let (inited, closed) = (inited.clone(), closed.clone());
+            std::thread::spawn(move || {
+                let mut c = Communicator::init(cfg).unwrap();
+                inited.wait();
+                closed.wait();
+                let t0 = Instant::now();
+                // Ranks 2 and 13, eleven apart, have not read each other's records.
+                let failed = match rank {
+                    2 => c.send(&[1u8, 2, 3], 13).err(),
+                    13 => c.recv(&mut [0u8; 3], 2).err(),
+                    _ => None,
+                };
+                let took = t0.elapsed();
+                (failed.map(|e| e.to_string()), took)
+            })
+        })
+        .collect();
+    inited.wait();
+    let store = server.local_addr().to_string();
+    drop(server);
+    closed.wait();
+    for (rank, h) in hs.into_iter().enumerate() {
+        let (failed, took) = h.join().expect("rank thread panicked");
+        let peer = match rank {
+            2 => 13,
+            13 => 2,
+            _ => {
+                assert!(failed.is_none(), "rank {rank}: {failed:?}");
+                continue;
+            }
+        };
+        let msg = failed.unwrap_or_else(|| panic!("rank {rank}: the operation did not fail"));
+        assert!(msg.contains(&format!("rank {peer}")), "rank {rank}: {msg}");
+        assert!(msg.contains(&store), "rank {rank}: {msg}");
+        assert!(
+            took < Duration::from_secs(15),
+            "rank {rank}: {took:?}: {msg}"
+        );
+    }
+}

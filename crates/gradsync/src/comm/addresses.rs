@@ -202,8 +202,10 @@ impl InboxSource for StoreInboxes {
         };
         let mut keys: Vec<String> = peers.iter().map(|&p| inbox_key(&self.prefix, p)).collect();
         keys.extend(dial.iter().map(|&p| addr_key(&self.prefix, p)));
-        let vals = read_keys(&self.reach, rank, &keys, timeout, &self.traffic)
-            .map_err(|e| format!("the inbox descriptors of ranks {peers:?}: {e}"))?;
+        let vals = read_keys(&self.reach, rank, &keys, timeout, &self.traffic).map_err(|e| {
+            let ranks = gradsync_transport::rank_list(peers);
+            format!("the inbox descriptors of {ranks}: {e}")
+        })?;
         let (inboxes, addrs) = vals.split_at(peers.len().min(vals.len()));
         if let Some(b) = &self.book {
             for (&p, v) in dial.iter().zip(addrs) {

@@ -400,10 +400,13 @@ impl Engine {
             let Some(source) = self.inbox_source.as_mut() else {
                 return Err(Error::Internal {
                     rank,
-                    msg: format!("{sig}: no inbox descriptor of rank(s) {unknown:?}"),
+                    msg: format!(
+                        "{sig}: no inbox descriptor of {}",
+                        gradsync_transport::rank_list(&unknown)
+                    ),
                 });
             };
-            tracing::debug!(target: "gradsync::net", "rank {rank}: {sig}: fetching the inbox descriptors of rank(s) {unknown:?}");
+            tracing::debug!(target: "gradsync::net", "rank {rank}: {sig}: fetching the inbox descriptors of {}", gradsync_transport::rank_list(&unknown));
             let got = source
                 .fetch(&unknown, self.opts.timeout)
                 .map_err(|msg| Error::Config(format!("rank {rank}: {sig}: {msg}")))?;
