@@ -419,8 +419,8 @@ fn a_tcp_all_to_all_inside_one_host_keeps_one_window_of_blocks_in_flight() {
 
 /// Records are read from the store when an operation first talks to a rank, so the store must
 /// serve while communicators live: once it is gone, a send and a receive between two ranks
-/// that have not read each other's records both fail within the timeout, naming the peer and
-/// the store.
+/// that have not read each other's records both fail, naming the peer and the store, after
+/// trying to reach it for 10 s, not for the whole operation timeout.
 #[test]
 fn a_store_gone_after_init_is_named_by_the_first_operation_that_needs_it() {
     use gradsync_store::StoreServer;
@@ -433,7 +433,8 @@ fn a_store_gone_after_init_is_named_by_the_first_operation_that_needs_it() {
             let mut cfg = Config::new(server.local_addr().to_string(), rank, world);
             cfg.host_store = false;
             cfg.transport = TransportMode::Tcp;
-            cfg.timeout = Duration::from_secs(5);
+            // Longer than the 10 s a read after init tries to reach the store.
+            cfg.timeout = Duration::from_secs(40);
             let (inited, closed) = (inited.clone(), closed.clone());
             std::thread::spawn(move || {
                 let mut c = Communicator::init(cfg).unwrap();
@@ -469,7 +470,7 @@ fn a_store_gone_after_init_is_named_by_the_first_operation_that_needs_it() {
         assert!(msg.contains(&format!("rank {peer}")), "rank {rank}: {msg}");
         assert!(msg.contains(&store), "rank {rank}: {msg}");
         assert!(
-            took < Duration::from_secs(15),
+            took < Duration::from_secs(20),
             "rank {rank}: {took:?}: {msg}"
         );
     }

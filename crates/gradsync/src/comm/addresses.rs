@@ -13,6 +13,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+/// How long a read after init keeps trying to reach the store. The store answered at init, so
+/// a store that refuses connections for this long is gone: the operation fails then, naming
+/// it, rather than at the end of the operation timeout (300 s by default).
+const RECONNECT_WITHIN: Duration = Duration::from_secs(10);
+
 /// The rendezvous store as a rank reaches it anew: its address and the job's token.
 #[derive(Clone)]
 pub(super) struct Reach {
@@ -144,7 +149,8 @@ fn read_keys(
 ) -> Result<Vec<Vec<u8>>, String> {
     let at = &reach.store_addr;
     let start = std::time::Instant::now();
-    let mut store = StoreClient::connect_with_token(at, timeout, reach.token.as_deref(), rank)
+    let within = timeout.min(RECONNECT_WITHIN);
+    let mut store = StoreClient::connect_with_token(at, within, reach.token.as_deref(), rank)
         .map_err(|e| format!("cannot reach the store at {at}: {e}"))?;
     let krefs: Vec<&str> = keys.iter().map(String::as_str).collect();
     let left = timeout.saturating_sub(start.elapsed());
