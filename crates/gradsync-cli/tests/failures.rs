@@ -214,7 +214,7 @@ fn survivors_of_a_killed_rank_shrink_and_go_on_correctly() {
             "-e",
             "4M",
             "-n",
-            "300",
+            "2000",
             "-w",
             "1",
             "-c",
@@ -225,7 +225,9 @@ fn survivors_of_a_killed_rank_shrink_and_go_on_correctly() {
         .env("GRADSYNC_FLIGHT_DIR", &dir);
     let job = spawn(cmd);
     let victim = pid_of(&job, 2);
-    std::thread::sleep(Duration::from_millis(1000));
+    // Early in the run: 300 calls of 4 MiB took about 1 s here, and a victim that had
+    // finished them could not be killed.
+    std::thread::sleep(Duration::from_millis(300));
     signal(victim, "-KILL");
     let lines = finish(job);
     let text: Vec<String> = lines.into_iter().map(|(_, l)| l).collect();
