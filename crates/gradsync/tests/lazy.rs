@@ -33,23 +33,28 @@ fn power_of_two_apart(rank: usize, p: usize, world: usize) -> bool {
     d.is_power_of_two() || (world - d).is_power_of_two()
 }
 
-#[test]
-fn a_ring_job_connects_its_neighbours_and_first_use_connects_the_rest() {
+/// What `snap` says of each of 16 ranks over TCP (ring all-reduces, no eager path, `tweak`
+/// applied) after init, after a ring all-reduce, after a send from `pair.0` to `pair.1`, and
+/// after an all-to-all, every result checked. Snapshots are taken between phases that every
+/// rank has finished (ranks that run ahead would otherwise already talk for the next one).
+fn phases<T: Send + 'static>(
+    pair: (usize, usize),
+    tweak: impl Fn(&mut Config) + Send + Sync + Clone + 'static,
+    snap: impl Fn(&Communicator) -> T + Send + Sync + Clone + 'static,
+) -> Vec<[T; 4]> {
     let world = 16;
-    // Snapshots are taken between phases that every rank has finished (ranks that run
-    // ahead would otherwise already dial for the next one).
     let phase = Arc::new(Barrier::new(world));
-    let res = run(
+    run(
         world,
-        |c| {
+        move |c| {
             c.algorithm = Some(Algorithm::Ring);
             c.eager_max = 0;
+            tweak(c)
         },
         move |mut c| {
             let rank = c.rank();
             phase.wait();
-            let after_init = c.connected_peers();
-            // A ring all-reduce, checked.
+            let after_init = snap(&c);
             let mut a: Vec<f32> = (0..1000).map(|i| (rank * 1000 + i) as f32).collect();
             c.all_reduce(&mut a, ReduceOp::Sum).unwrap();
             for (i, x) in a.iter().enumerate() {
@@ -57,30 +62,36 @@ fn a_ring_job_connects_its_neighbours_and_first_use_connects_the_rest() {
                 assert_eq!(*x, want as f32, "rank {rank} element {i}");
             }
             phase.wait();
-            let after_ring = c.connected_peers();
+            let after_ring = snap(&c);
             phase.wait();
-            // Point-to-point between ranks 0 and 5, five apart: never connected so far.
-            if rank == 0 {
-                c.send(&[7i32, 8, 9], 5).unwrap();
-            } else if rank == 5 {
+            if rank == pair.0 {
+                c.send(&[7i32, 8, 9], pair.1).unwrap();
+            } else if rank == pair.1 {
                 let mut b = [0i32; 3];
-                c.recv(&mut b, 0).unwrap();
+                c.recv(&mut b, pair.0).unwrap();
                 assert_eq!(b, [7, 8, 9]);
             }
             phase.wait();
-            let after_p2p = c.connected_peers();
+            let after_p2p = snap(&c);
             phase.wait();
-            // All-to-all needs every pair.
             let input: Vec<i64> = (0..world).map(|p| (rank * 100 + p) as i64).collect();
             let mut output = vec![0i64; world];
             c.all_to_all(&input, &mut output).unwrap();
             for (p, x) in output.iter().enumerate() {
                 assert_eq!(*x, (p * 100 + rank) as i64, "rank {rank} block {p}");
             }
-            (rank, after_init, after_ring, after_p2p, c.connected_peers())
+            [after_init, after_ring, after_p2p, snap(&c)]
         },
-    );
-    for (rank, init, ring, p2p, all) in res {
+    )
+}
+
+#[test]
+fn a_ring_job_connects_its_neighbours_and_first_use_connects_the_rest() {
+    let world = 16;
+    // Point-to-point between ranks 0 and 5, five apart: never connected before; all-to-all
+    // needs every pair.
+    let res = phases((0, 5), |_| {}, Communicator::connected_peers);
+    for (rank, [init, ring, p2p, all]) in res.into_iter().enumerate() {
         // Init's own operations (the first barrier, the cost model's ring) talk to ranks at
         // power-of-two distances; so does a ring.
         for p in init.iter().chain(&ring) {
@@ -115,45 +126,13 @@ fn a_ring_job_connects_its_neighbours_and_first_use_connects_the_rest() {
 #[test]
 fn a_rank_reads_only_the_records_of_the_ranks_it_talks_to() {
     let world = 16;
-    let phase = Arc::new(Barrier::new(world));
-    let res = run(
-        world,
-        |c| {
-            c.algorithm = Some(Algorithm::Ring);
-            c.eager_max = 0;
-            c.token = Some("a-secret".into());
-        },
-        move |mut c| {
-            let rank = c.rank();
-            phase.wait();
-            let after_init = c.peer_records();
-            let mut a = vec![rank as f32; 5000];
-            c.all_reduce(&mut a, ReduceOp::Sum).unwrap();
-            assert!(a.iter().all(|&x| x == 120.0), "rank {rank}");
-            phase.wait();
-            let after_ring = c.peer_records();
-            phase.wait();
-            // Ranks 13 and 2, eleven apart: neither has read the other's records yet.
-            if rank == 2 {
-                c.send(&[1u8, 2, 3], 13).unwrap();
-            } else if rank == 13 {
-                let mut b = [0u8; 3];
-                c.recv(&mut b, 2).unwrap();
-                assert_eq!(b, [1, 2, 3]);
-            }
-            phase.wait();
-            let after_p2p = c.peer_records();
-            phase.wait();
-            let input: Vec<i32> = (0..world).map(|p| (rank * 100 + p) as i32).collect();
-            let mut output = vec![0i32; world];
-            c.all_to_all(&input, &mut output).unwrap();
-            for (p, x) in output.iter().enumerate() {
-                assert_eq!(*x, (p * 100 + rank) as i32, "rank {rank} block {p}");
-            }
-            (rank, after_init, after_ring, after_p2p, c.peer_records())
-        },
+    // Ranks 2 and 13, eleven apart: neither has read the other's records before the send.
+    let res = phases(
+        (2, 13),
+        |c| c.token = Some("a-secret".into()),
+        Communicator::peer_records,
     );
-    for (rank, init, ring, p2p, all) in res {
+    for (rank, [init, ring, p2p, all]) in res.into_iter().enumerate() {
         // After init: its own records and those of at most 3 log2 16 + 1 ranks (addresses only
         // of lower ranks), with no request beyond init's own.
         assert!(init.addresses <= 1 + 13.min(rank), "rank {rank}: {init:?}");
