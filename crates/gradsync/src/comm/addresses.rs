@@ -25,6 +25,29 @@ pub(super) struct Reach {
     pub(super) token: Option<Vec<u8>>,
 }
 
+/// The records of `ranks` that init reads through its own store connection: the value under
+/// `key(prefix, p)` of each rank p, parsed by `parse` (which names this rank and p), in order.
+pub(super) fn read_at_init<T>(
+    store: &mut StoreClient,
+    prefix: &str,
+    rank: usize,
+    ranks: &[usize],
+    timeout: Duration,
+    key: fn(&str, usize) -> String,
+    parse: fn(&[u8], usize, usize) -> Result<T, String>,
+) -> crate::Result<Vec<(usize, T)>> {
+    let keys: Vec<String> = ranks.iter().map(|&p| key(prefix, p)).collect();
+    let krefs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let vals = store
+        .wait(&krefs, timeout)
+        .map_err(|source| crate::error::Error::Store { rank, source })?;
+    ranks
+        .iter()
+        .zip(&vals)
+        .map(|(&p, v)| Ok((p, parse(v, rank, p).map_err(crate::error::Error::Config)?)))
+        .collect()
+}
+
 /// The key rank `p` publishes its listening address under.
 pub(super) fn addr_key(prefix: &str, p: usize) -> String {
     format!("{prefix}/addr/{p}")

@@ -999,26 +999,15 @@ pub(super) fn meet_inboxes(
     let (first, _) = unpack_inboxes(&table, rank, 0)?;
     slots.check(rank, 0, &first)?;
     let od = ex.on_demand().expect("an exchange through the store");
-    let likely = addresses::likely_talked(rank, world);
-    let keys: Vec<String> = likely
-        .iter()
-        .map(|&p| addresses::inbox_key(od.prefix, p))
-        .collect();
-    let krefs: Vec<&str> = keys.iter().map(String::as_str).collect();
-    let vals = od
-        .store
-        .wait(&krefs, od.timeout)
-        .map_err(|source| Error::Store { rank, source })?;
-    let known = likely
-        .iter()
-        .zip(&vals)
-        .map(|(&p, v)| {
-            Ok((
-                p,
-                addresses::parse_inbox(v, rank, p).map_err(Error::Config)?,
-            ))
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let known = addresses::read_at_init(
+        od.store,
+        od.prefix,
+        rank,
+        &addresses::likely_talked(rank, world),
+        od.timeout,
+        addresses::inbox_key,
+        addresses::parse_inbox,
+    )?;
     let source = addresses::StoreInboxes {
         reach: od.reach,
         rank,

@@ -259,17 +259,16 @@ impl Exchange for StoreExchange<'_> {
         // read below is there once the table is.
         let t = self.table("hosts", host_id.as_bytes(), &everyone, &tables::pack_hosts)?;
         let ids = tables::unpack_hosts(&t, rank, world)?;
-        let likely = addresses::likely_dialed(rank, world);
-        let keys: Vec<String> = likely
-            .iter()
-            .map(|&p| addresses::addr_key(prefix, p))
-            .collect();
-        let krefs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let vals = self.store.wait(&krefs, self.timeout).map_err(st)?;
         let mut known = vec![(rank, my_addr)];
-        for (&p, v) in likely.iter().zip(&vals) {
-            known.push((p, addresses::parse_addr(v, rank, p).map_err(Error::Config)?));
-        }
+        known.extend(addresses::read_at_init(
+            self.store,
+            prefix,
+            rank,
+            &addresses::likely_dialed(rank, world),
+            self.timeout,
+            addresses::addr_key,
+            addresses::parse_addr,
+        )?);
         let source = addresses::StoreAddresses {
             reach,
             rank,
