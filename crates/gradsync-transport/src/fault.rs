@@ -614,6 +614,10 @@ impl<E: Endpoint> Endpoint for FaultyEndpoint<E> {
     fn shared_memory(&mut self) -> Option<&mut dyn SharedMemory> {
         self.inner.shared_memory()
     }
+
+    fn unused_peer_areas(&mut self, peers: &[usize]) {
+        self.inner.unused_peer_areas(peers);
+    }
 }
 
 impl<E: Endpoint> Board for FaultyEndpoint<E> {

@@ -171,6 +171,10 @@ impl Endpoint for HybridEndpoint {
         }
     }
 
+    fn unused_peer_areas(&mut self, peers: &[usize]) {
+        self.net.unused_peer_areas(peers);
+    }
+
     fn shared_memory(&mut self) -> Option<&mut dyn SharedMemory> {
         if self.shm_peers > 0 {
             self.shm.shared_memory()

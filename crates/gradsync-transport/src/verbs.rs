@@ -208,4 +208,12 @@ pub trait Endpoint: Send + fmt::Debug {
     /// Allocation of memory the peers map, where the endpoint has it (no default, as for
     /// [`board`](Self::board)).
     fn shared_memory(&mut self) -> Option<&mut dyn SharedMemory>;
+
+    /// A hint about the region registered with [`Access::PEER_AREAS`]: `peers` never write
+    /// their areas (their messages go elsewhere), so a backend that pins each area when its
+    /// rank connects leaves theirs unpinned. Called before those pairs connect; a wrapper
+    /// passes it on.
+    fn unused_peer_areas(&mut self, peers: &[usize]) {
+        let _ = peers;
+    }
 }

@@ -71,7 +71,7 @@ pub mod recorder;
 pub mod slurm;
 pub mod topology;
 
-pub use comm::{Communicator, Group, GroupPending, PeerRecords, Pending, Work};
+pub use comm::{Communicator, Group, GroupPending, PeerRecords, Pending, ReceivePool, Work};
 pub use config::{Calibrate, Config, IbConfig, TransportMode};
 pub use element::Element;
 pub use error::{Error, Result};

@@ -84,6 +84,23 @@ pub enum Action {
         /// The checksum the sender computed.
         crc: Option<u32>,
     },
+    /// Copy (or with `with`, reduce) the payload that landed in slot `slot` of this rank's
+    /// shared pool (at [`pool_offset`](super::Protocol::pool_offset) of the pool region; no
+    /// header) into `dst`. The slot is free again after this action.
+    DeliverPooled {
+        /// The sender.
+        peer: usize,
+        /// The pool slot.
+        slot: usize,
+        /// Destination.
+        dst: Loc,
+        /// Local operand of a reduction (may equal `dst`).
+        with: Option<Loc>,
+        /// Elements.
+        len: usize,
+        /// The message index (for error reports).
+        msg: u32,
+    },
     /// Copy (or reduce) the payload of `peer`'s eager message, held by the machine
     /// ([`eager_payload`](super::Protocol::eager_payload)), into `dst`, checking `crc` first.
     DeliverEager {

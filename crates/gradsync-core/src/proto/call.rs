@@ -37,6 +37,11 @@ pub(crate) struct PostedRecv {
     pub(crate) msg: u32,
     /// Whether a clear-to-send went out for it (it may then arrive directly).
     pub(crate) direct: bool,
+    /// From a pooled peer: the slot of the shared pool its clear-to-send named, once one was
+    /// granted (it lands there, then is delivered from there).
+    pub(crate) pool: Option<u32>,
+    /// From a pooled peer: waits for a slot of the shared pool (no clear-to-send yet).
+    pub(crate) awaiting: bool,
 }
 
 /// The per-operation queues. A finished operation's are emptied and reused by the next one,

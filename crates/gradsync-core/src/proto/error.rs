@@ -57,6 +57,27 @@ pub enum Violation {
         /// The limit.
         max: usize,
     },
+    /// A ready-to-send from a peer whose pair with this rank has inbox slots (configured
+    /// otherwise).
+    #[error(
+        "ready-to-send for message {msg} of call {seq}, but the pair is not pooled here (set GRADSYNC_RECV_BUDGET alike on every rank)"
+    )]
+    NotPooled {
+        /// Message index.
+        msg: u32,
+        /// Sequence number.
+        seq: u64,
+    },
+    /// A message from a pooled peer that must be staged in a pool slot is larger than one.
+    #[error("message {msg} of {bytes} bytes must be staged in a pool slot of {slot} bytes")]
+    PoolOverflow {
+        /// Message index.
+        msg: u32,
+        /// Its bytes.
+        bytes: usize,
+        /// Payload bytes of a slot.
+        slot: usize,
+    },
     /// An eager message of another communicator.
     #[error("eager message of communicator {theirs:#x}, not this one ({ours:#x})")]
     ForeignCommunicator {

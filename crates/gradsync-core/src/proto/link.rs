@@ -66,6 +66,17 @@ pub(crate) struct Link {
     /// The same in the collectives whose every receive copies (see `receives_only_copy`),
     /// where the sender waits for the offer.
     pub(crate) move_direct_min: usize,
+    /// The peer has no part of this rank's inbox (nor this rank of its): every message
+    /// between them goes where the receiver's clear-to-send says, into the destination or a
+    /// slot of the receiver's shared pool. The window and the credits are 0.
+    pub(crate) pooled: bool,
+    /// Pooled: clear-to-sends name pool slots by address, not offset.
+    pub(crate) pool_absolute: bool,
+    /// Pooled: the messages (sequence number, index, whether of a send/recv) the peer said
+    /// are ready to send, which this rank may stage in its pool.
+    pub(crate) ready: Vec<(u64, u32, bool)>,
+    /// Pooled: the last message this rank said is ready to send to the peer.
+    pub(crate) announced: Option<(u64, u32)>,
 }
 
 impl Link {
@@ -82,6 +93,10 @@ impl Link {
             offers: IdMap::default(),
             direct_min,
             move_direct_min: direct_min,
+            pooled: false,
+            pool_absolute: false,
+            ready: Vec::new(),
+            announced: None,
         }
     }
 
@@ -104,13 +119,24 @@ impl Link {
             && bytes <= u32::MAX as usize
     }
 
+    /// Pooled: whether a message of `bytes` that the receiver copies into place goes straight
+    /// there (else it is staged in the receiver's pool like one it reduces). Both ranks of a
+    /// pair agree: they set the same thresholds, and `usize::MAX` (a transport that takes
+    /// writes only into long-lived regions) means never.
+    pub(crate) fn pooled_direct(&self, copies_only: bool, bytes: usize) -> bool {
+        bytes > 0 && bytes <= u32::MAX as usize && self.direct_min_for(copies_only) != usize::MAX
+    }
+
     /// The slot message `ctr` of the pair uses.
     pub(crate) fn slot(&self, ctr: u64) -> usize {
-        (ctr % self.window as u64) as usize
+        (ctr % self.window.max(1) as u64) as usize
     }
 
     /// The slot the next send would use, if a credit and its header staging are free.
     pub(crate) fn send_slot(&self) -> Option<usize> {
+        if self.credits == 0 {
+            return None;
+        }
         let k = self.slot(self.tx_ctr);
         (self.credits > 0 && !self.hdr_busy[k]).then_some(k)
     }
@@ -120,6 +146,9 @@ impl Link {
     /// distance from the next expected counter gives the full counter (and so the slot,
     /// whatever the window) once it is known to lie within the window.
     pub(crate) fn arrival_slot(&self, imm: u32) -> Option<usize> {
+        if self.window == 0 {
+            return None;
+        }
         let expect_lo = self.rx_ctr as u32 & !IMM_DIRECT;
         let ahead = (imm.wrapping_sub(expect_lo) & !IMM_DIRECT) as usize;
         let k = self.slot(self.rx_ctr + ahead as u64);

@@ -12,6 +12,7 @@ use crate::wire::{
     Control, ControlRepr, Cts, DATA_HEADER_LEN, DataHeader, DataHeaderRepr, Signature, is_data,
 };
 use crate::{Collective, ReduceOp};
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 /// Settings of a protocol machine; alike on every rank of a communicator.
@@ -121,6 +122,17 @@ pub struct Protocol {
     pub(super) board_wanted: Vec<usize>,
     /// The driver's clock at its last event or round (when peers were last heard from).
     pub(super) now: Instant,
+    /// The shared pool of receive slots that pooled peers' messages are staged in (see
+    /// [`Protocol::set_pool`]): its slots, its remote key, the free slots, and the receives
+    /// from pooled peers waiting for one, in the order they were issued.
+    pub(super) pool_slots: usize,
+    pub(super) pool_rkey: u32,
+    pub(super) pool_addr: u64,
+    pub(super) pool_staged: u64,
+    pub(super) pool_free: Vec<u32>,
+    pub(super) pool_wait: VecDeque<(usize, u32)>,
+    /// A receive that cannot be staged in a pool slot (larger than one).
+    pub(super) pool_err: Option<ProtoError>,
 }
 
 /// Whether every receive of `coll` copies what arrives into place (none reduces it), so that a
@@ -179,6 +191,13 @@ impl Protocol {
             expect: None,
             expect_on: false,
             now,
+            pool_slots: 0,
+            pool_rkey: 0,
+            pool_addr: 0,
+            pool_staged: 0,
+            pool_free: Vec::new(),
+            pool_wait: VecDeque::new(),
+            pool_err: None,
         }
     }
 
@@ -191,7 +210,7 @@ impl Protocol {
     /// inbox's slots per peer). Before any traffic, with the same value on both ranks.
     pub fn set_window(&mut self, peer: usize, window: usize) {
         let w = window.clamp(1, self.cfg.nslots);
-        if let Some(l) = self.links.get_mut(peer) {
+        if let Some(l) = self.links.get_mut(peer).filter(|l| !l.pooled) {
             l.window = w;
             l.credits = w;
         }
@@ -263,6 +282,11 @@ impl Protocol {
             self.last_coll_seq = sig.seq;
         }
         self.q.reset(self.cfg.world);
+        if self.pool_free.len() != self.pool_slots || !self.pool_wait.is_empty() {
+            // A failed operation may have left slots taken.
+            self.pool_free = (0..self.pool_slots as u32).rev().collect();
+            self.pool_wait.clear();
+        }
         self.post_waiting = false;
         self.post_tried = 0;
         self.released = false;
@@ -496,6 +520,9 @@ impl Protocol {
         let eager = c.mode == Mode::Eager;
         // Each phase only when it has something to look at.
         let mut moved = c.sched.has_ready() && self.issue();
+        if let Some(e) = self.pool_err.take() {
+            return Err(e);
+        }
         let (sends, recvs) = (self.q.sends, self.q.recvs);
         if eager {
             if sends > 0 {
@@ -550,6 +577,7 @@ impl Protocol {
             return false;
         };
         let mut moved = false;
+        let mut wait_pool = false;
         let dsize = c.sig.dtype.size();
         let copies_only = receives_only_copy(c.sig.coll);
         while let Some(id) = c.sched.poll_id() {
@@ -578,9 +606,32 @@ impl Protocol {
                         "a {} program reduces on receipt",
                         c.sig.coll
                     );
+                    let l = &self.links[peer];
+                    let pooled = c.mode == Mode::Slots && l.pooled;
+                    // A pooled peer's message that is copied into place comes straight there
+                    // whatever its size; one that is reduced (or empty) waits for a pool slot.
                     let direct = c.mode == Mode::Slots
                         && reduce_with.is_none()
-                        && self.links[peer].offers_direct(copies_only, bytes, self.cfg.checksum);
+                        && if pooled {
+                            l.pooled_direct(copies_only, bytes)
+                        } else {
+                            l.offers_direct(copies_only, bytes, self.cfg.checksum)
+                        };
+                    let awaiting = pooled && !direct;
+                    if awaiting && bytes > self.cfg.slot_bytes && self.pool_err.is_none() {
+                        self.pool_err = Some(ProtoError::violation(
+                            peer,
+                            Violation::PoolOverflow {
+                                msg,
+                                bytes,
+                                slot: self.cfg.slot_bytes,
+                            },
+                        ));
+                    }
+                    if awaiting {
+                        self.pool_wait.push_back((peer, msg));
+                        wait_pool = true;
+                    }
                     if direct {
                         let cts = Cts {
                             msg,
@@ -602,7 +653,9 @@ impl Protocol {
                         dst,
                         with: reduce_with,
                         msg,
-                        direct,
+                        direct: direct || awaiting,
+                        pool: None,
+                        awaiting,
                     });
                 }
                 local => {
@@ -610,6 +663,9 @@ impl Protocol {
                     c.sched.handle_complete(id);
                 }
             }
+        }
+        if wait_pool {
+            self.grant_pool();
         }
         moved
     }
@@ -673,6 +729,28 @@ impl Protocol {
                     moved = true;
                     continue;
                 }
+                if l.pooled {
+                    // No slots: the receiver's clear-to-send says where it goes. Copies into
+                    // place are offered unasked; a message it may reduce on receipt is
+                    // announced, and it stages it in its pool.
+                    let at = (c.sig.seq, m);
+                    let p2p = c.sig.coll == Collective::SendRecv;
+                    let offered = (copies_only || p2p) && l.pooled_direct(copies_only, bytes);
+                    if !offered && l.announced != Some(at) {
+                        l.announced = Some(at);
+                        self.actions.push(Action::Control {
+                            peer,
+                            msg: ControlRepr::ReadyToSend {
+                                msg: m,
+                                seq: c.sig.seq,
+                                p2p,
+                            },
+                            required: true,
+                        });
+                        moved = true;
+                    }
+                    break;
+                }
                 if self.patient && copies_only && l.offers_direct(true, bytes, self.cfg.checksum) {
                     // The receiver offers to take this message in place (it decides from the
                     // same rule): wait for the offer rather than copy it twice through a slot.
@@ -716,6 +794,7 @@ impl Protocol {
             return Ok(false);
         };
         let mut moved = false;
+        let mut freed = false;
         let dsize = c.sig.dtype.size();
         for peer in 0..self.cfg.world {
             while let Some(&PostedRecv {
@@ -725,15 +804,31 @@ impl Protocol {
                 with,
                 msg,
                 direct,
+                pool,
+                ..
             }) = self.q.recvq[peer].front()
             {
                 if direct
                     && let Some(i) = self.q.direct_arrived[peer].iter().position(|&m| m == msg)
                 {
-                    // Landed in place: nothing to copy.
                     self.q.direct_arrived[peer].swap_remove(i);
                     self.q.recvq[peer].pop_front();
                     self.q.recvs -= 1;
+                    if let Some(slot) = pool {
+                        // Staged in a pool slot: deliver it from there, then the slot is free
+                        // (its next grant goes out after this action).
+                        self.actions.push(Action::DeliverPooled {
+                            peer,
+                            slot: slot as usize,
+                            dst,
+                            with,
+                            len,
+                            msg,
+                        });
+                        self.pool_free.push(slot);
+                        freed = true;
+                    }
+                    // Else landed in place: nothing to copy.
                     c.sched.handle_complete(id);
                     moved = true;
                     continue;
@@ -783,6 +878,9 @@ impl Protocol {
                 moved = true;
             }
         }
+        if freed && !self.pool_wait.is_empty() {
+            self.grant_pool();
+        }
         Ok(moved)
     }
 
@@ -803,7 +901,10 @@ impl Protocol {
             let msg = imm & !IMM_DIRECT;
             let ok = self.call.as_ref().is_some_and(|c| {
                 self.q.recvq[peer].iter().any(|pr| {
-                    pr.direct && pr.msg == msg && pr.len * c.sig.dtype.size() == len as usize
+                    pr.direct
+                        && !pr.awaiting
+                        && pr.msg == msg
+                        && pr.len * c.sig.dtype.size() == len as usize
                 })
             });
             let Some(c) = self.call.as_mut().filter(|_| ok) else {
@@ -917,6 +1018,9 @@ impl Protocol {
             ControlRepr::ProbeReply { seq, inside } => {
                 self.probe.replies[peer] = Some((seq, inside));
             }
+            ControlRepr::ReadyToSend { msg, seq, p2p } => {
+                self.ready_to_send(peer, msg, seq, p2p)?
+            }
             ControlRepr::Abort { reason } => {
                 return Err(ProtoError::PeerAborted {
                     peer,
@@ -936,6 +1040,10 @@ impl Protocol {
             && let Some(pr) = self.q.recvq[peer].iter_mut().find(|pr| pr.msg == cts.msg)
         {
             pr.direct = false;
+            if let Some(slot) = pr.pool.take() {
+                self.pool_free.push(slot);
+                self.grant_pool();
+            }
             self.dirty = true;
         }
     }

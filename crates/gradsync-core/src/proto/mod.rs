@@ -22,6 +22,7 @@ mod fast;
 mod link;
 mod machine;
 pub mod manual;
+mod pool;
 mod probe;
 pub mod sim;
 

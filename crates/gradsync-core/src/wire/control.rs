@@ -9,6 +9,7 @@
 //! | 3 clear-to-send | 56 | 3 reserved, message index (u32) at 4, signature (32) at 8, remote key (u32) at 40, bytes (u32) at 44, offset (u64) at 48 |
 //! | 4 probe | 8 | 7 reserved |
 //! | 5 probe reply | 16 | inside (u8) at 1, 6 reserved, sequence number (u64) at 8 |
+//! | 6 ready-to-send | 16 | point-to-point (u8) at 1, 2 reserved, message index (u32) at 4, sequence number (u64) at 8 |
 //!
 //! Reserved bytes are written as 0 and ignored on reading. See [`crate::proto::manual`] for
 //! what each message does.
@@ -32,6 +33,9 @@ pub enum Kind {
     Probe = 4,
     /// The answer to a probe.
     ProbeReply = 5,
+    /// A sender of a pooled pair has a message ready: its receiver may stage it in a slot of
+    /// its shared pool.
+    ReadyToSend = 6,
 }
 
 impl Kind {
@@ -43,6 +47,7 @@ impl Kind {
             3 => Kind::ClearToSend,
             4 => Kind::Probe,
             5 => Kind::ProbeReply,
+            6 => Kind::ReadyToSend,
             _ => return Err(WireError::UnknownKind(c)),
         })
     }
@@ -53,7 +58,7 @@ impl Kind {
             Kind::Credit | Kind::Probe => 8,
             Kind::Abort => 4,
             Kind::ClearToSend => 56,
-            Kind::ProbeReply => 16,
+            Kind::ProbeReply | Kind::ReadyToSend => 16,
         }
     }
 
@@ -70,6 +75,7 @@ impl Kind {
             Kind::ClearToSend => "clear-to-send",
             Kind::Probe => "probe",
             Kind::ProbeReply => "probe reply",
+            Kind::ReadyToSend => "ready-to-send",
         }
     }
 }
@@ -147,7 +153,8 @@ impl<T: AsRef<[u8]>> Control<T> {
     pub fn offset(&self) -> u64 {
         u64::from_le_bytes(rd(self.buffer.as_ref(), field::OFFSET))
     }
-    /// Whether the prober is inside the collective it names (probe reply).
+    /// Whether the prober is inside the collective it names (probe reply), or whether the
+    /// call is a send/recv (ready-to-send).
     pub fn inside(&self) -> u8 {
         self.buffer.as_ref()[field::INSIDE]
     }
@@ -201,6 +208,15 @@ pub enum ControlRepr<'a> {
         /// Whether the sender is inside it.
         inside: bool,
     },
+    /// Message `msg` of the sender's call `seq` is ready to go (a pooled pair).
+    ReadyToSend {
+        /// Index of the message within the call.
+        msg: u32,
+        /// The call's sequence number.
+        seq: u64,
+        /// The call is a send/recv, numbered per pair rather than with the collectives.
+        p2p: bool,
+    },
 }
 
 impl<'a> ControlRepr<'a> {
@@ -225,6 +241,11 @@ impl<'a> ControlRepr<'a> {
                 seq: c.seq(),
                 inside: c.inside() != 0,
             },
+            Kind::ReadyToSend => ControlRepr::ReadyToSend {
+                msg: c.word(),
+                seq: c.seq(),
+                p2p: c.inside() != 0,
+            },
         })
     }
 
@@ -241,6 +262,7 @@ impl<'a> ControlRepr<'a> {
             ControlRepr::ClearToSend(_) => Kind::ClearToSend,
             ControlRepr::Probe => Kind::Probe,
             ControlRepr::ProbeReply { .. } => Kind::ProbeReply,
+            ControlRepr::ReadyToSend { .. } => Kind::ReadyToSend,
         }
     }
 
@@ -254,6 +276,9 @@ impl<'a> ControlRepr<'a> {
             ControlRepr::ClearToSend(c) => ControlRepr::ClearToSend(c),
             ControlRepr::Probe => ControlRepr::Probe,
             ControlRepr::ProbeReply { seq, inside } => ControlRepr::ProbeReply { seq, inside },
+            ControlRepr::ReadyToSend { msg, seq, p2p } => {
+                ControlRepr::ReadyToSend { msg, seq, p2p }
+            }
         }
     }
 
@@ -293,6 +318,11 @@ impl<'a> ControlRepr<'a> {
             ControlRepr::Probe => {}
             ControlRepr::ProbeReply { seq, inside } => {
                 b[field::INSIDE] = u8::from(*inside);
+                b[field::SEQ..field::SEQ + 8].copy_from_slice(&seq.to_le_bytes());
+            }
+            ControlRepr::ReadyToSend { msg, seq, p2p } => {
+                word(b, *msg);
+                b[field::INSIDE] = u8::from(*p2p);
                 b[field::SEQ..field::SEQ + 8].copy_from_slice(&seq.to_le_bytes());
             }
         }

@@ -210,6 +210,7 @@ fn cts() -> Cts {
 static CREDIT: [u8; 8] = [1, 0, 0, 0, 3, 0, 0, 0];
 static PROBE: [u8; 8] = [4, 0, 0, 0, 0, 0, 0, 0];
 static PROBE_REPLY: [u8; 16] = [5, 1, 0, 0, 0, 0, 0, 0, 0x2a, 0, 0, 0, 0, 0, 0, 0];
+static READY: [u8; 16] = [6, 1, 0, 0, 7, 0, 0, 0, 0x2a, 0, 0, 0, 0, 0, 0, 1];
 static ABORT: [u8; 8] = [2, 0, 0, 0, b'g', b'o', b'n', b'e'];
 static CTS: [u8; 56] = [
     3, 0, 0, 0, 7, 0, 0, 0, // kind, message 7
@@ -240,6 +241,14 @@ fn literals() -> Vec<(&'static [u8], ControlRepr<'static>)> {
             },
         ),
         (&CTS, ControlRepr::ClearToSend(cts())),
+        (
+            &READY,
+            ControlRepr::ReadyToSend {
+                msg: 7,
+                seq: (1 << 56) | 42,
+                p2p: true,
+            },
+        ),
     ]
 }
 
@@ -350,6 +359,8 @@ fn any_control() -> impl Strategy<Value = ControlRepr<'static>> {
         Just(ControlRepr::Probe),
         (any::<u64>(), any::<bool>())
             .prop_map(|(seq, inside)| ControlRepr::ProbeReply { seq, inside }),
+        (any::<u32>(), any::<u64>(), any::<bool>())
+            .prop_map(|(msg, seq, p2p)| ControlRepr::ReadyToSend { msg, seq, p2p }),
         "[ -~]{0,40}".prop_map(|r| ControlRepr::Abort { reason: r.into() }),
         (
             any::<u32>(),

@@ -38,6 +38,9 @@ pub(super) struct AreaRegion {
     pub(super) addr: usize,
     pub(super) len: usize,
     pub(super) area: usize,
+    /// Ranks that never write their area ([`Endpoint::unused_peer_areas`](crate::Endpoint::unused_peer_areas)): it stays
+    /// unpinned.
+    pub(super) unused: Vec<bool>,
 }
 
 /// A queue pair to one peer, with its outstanding send work requests.

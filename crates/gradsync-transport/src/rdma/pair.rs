@@ -270,7 +270,11 @@ impl RdmaEndpoint {
 
     /// Registers `p`'s area of the region registered by areas, if there is one.
     fn open_area(&mut self, p: usize) -> Result<()> {
-        let Some(ar) = self.areas.as_ref() else {
+        let Some(ar) = self
+            .areas
+            .as_ref()
+            .filter(|ar| !ar.unused.get(p).is_some_and(|&u| u))
+        else {
             return Ok(());
         };
         let (addr, len) = (ar.addr + p * ar.area, ar.area);

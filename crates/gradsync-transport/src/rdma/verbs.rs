@@ -47,6 +47,15 @@ impl Endpoint for RdmaEndpoint {
         None
     }
 
+    fn unused_peer_areas(&mut self, peers: &[usize]) {
+        if let Some(ar) = self.areas.as_mut() {
+            ar.unused.resize(self.world, false);
+            for &p in peers.iter().filter(|&&p| p < self.world) {
+                ar.unused[p] = true;
+            }
+        }
+    }
+
     unsafe fn register(
         &mut self,
         addr: *mut u8,
@@ -75,6 +84,7 @@ impl Endpoint for RdmaEndpoint {
                 addr: a,
                 len,
                 area: len / self.world,
+                unused: Vec::new(),
             });
             return Ok(self.regions.insert(k, a, len, access));
         }

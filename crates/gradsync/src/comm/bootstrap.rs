@@ -44,13 +44,15 @@ struct SlotLayout {
     /// (`GRADSYNC_SHM_DIRECT_MIN`): senders wait for their receivers' offers from it, and the
     /// all-to-all's message size depends on it.
     move_direct: u64,
+    /// Whether the pairs beyond the receive budget share pools (1) or not (0).
+    pool: u32,
 }
 
 impl SlotLayout {
     /// Length of [`to_bytes`](Self::to_bytes), which follows the inbox descriptor.
-    const LEN: usize = 36;
+    const LEN: usize = 40;
 
-    fn of(c: &Config, board: usize) -> Self {
+    fn of(c: &Config, board: usize, pool: bool) -> Self {
         SlotLayout {
             chunk: c.chunk_bytes as u64,
             nslots: c.nslots as u32,
@@ -62,6 +64,7 @@ impl SlotLayout {
             },
             budget: c.recv_budget as u64,
             move_direct: c.shm_move_direct_min as u64,
+            pool: u32::from(pool),
         }
     }
 
@@ -72,7 +75,8 @@ impl SlotLayout {
         b[12..16].copy_from_slice(&self.tcp_nslots.to_le_bytes());
         b[16..20].copy_from_slice(&self.board.to_le_bytes());
         b[20..28].copy_from_slice(&self.budget.to_le_bytes());
-        b[28..].copy_from_slice(&self.move_direct.to_le_bytes());
+        b[28..36].copy_from_slice(&self.move_direct.to_le_bytes());
+        b[36..].copy_from_slice(&self.pool.to_le_bytes());
         b
     }
 
@@ -83,7 +87,8 @@ impl SlotLayout {
             tcp_nslots: u32::from_le_bytes(b[12..16].try_into().expect("4")),
             board: u32::from_le_bytes(b[16..20].try_into().expect("4")),
             budget: u64::from_le_bytes(b[20..28].try_into().expect("8")),
-            move_direct: u64::from_le_bytes(b[28..].try_into().expect("8")),
+            move_direct: u64::from_le_bytes(b[28..36].try_into().expect("8")),
+            pool: u32::from_le_bytes(b[36..].try_into().expect("4")),
         })
     }
 
@@ -98,7 +103,7 @@ impl SlotLayout {
     /// Every setting that differs between this layout (of `rank`) and `theirs` (of `peer`),
     /// with what to do; `None` when they agree (the board may differ).
     fn differences(&self, rank: usize, peer: usize, theirs: &SlotLayout) -> Option<String> {
-        let settings = |l: &SlotLayout| (l.chunk, l.nslots, l.tcp_nslots, l.move_direct);
+        let settings = |l: &SlotLayout| (l.chunk, l.nslots, l.tcp_nslots, l.move_direct, l.pool);
         if settings(self) == settings(theirs) {
             return None;
         }
@@ -132,11 +137,22 @@ impl SlotLayout {
                 ));
             }
         }
-        // The slots per peer are GRADSYNC_NSLOTS fitted to the budget: name the budget too.
-        if self.nslots != theirs.nslots && self.budget != theirs.budget {
+        // The slots per peer are GRADSYNC_NSLOTS fitted to the budget, and the budget decides
+        // whether pairs share pools: name the budget too.
+        if (self.nslots != theirs.nslots || self.pool != theirs.pool)
+            && self.budget != theirs.budget
+        {
             diff.push(format!(
                 "GRADSYNC_RECV_BUDGET is {} on rank {rank} but {} on rank {peer}",
                 self.budget, theirs.budget
+            ));
+        }
+        if self.pool != theirs.pool && self.budget == theirs.budget {
+            let on = |p: u32| if p != 0 { "on" } else { "off" };
+            diff.push(format!(
+                "receive pools are {} on rank {rank} but {} on rank {peer} (GRADSYNC_CHECKSUM turns them off)",
+                on(self.pool),
+                on(theirs.pool)
             ));
         }
         Some(format!("{}; set them alike on every rank", diff.join(", ")))
@@ -354,8 +370,20 @@ impl Communicator {
         t0: Instant,
     ) -> Result<Self> {
         let mut config = config;
-        let (slots, over) = config.slots_within_budget(world);
-        if slots < config.nslots {
+        let recv = config.recv_layout(world);
+        let (slots, over) = (recv.nslots, recv.over);
+        if recv.pool_slots > 0 {
+            tracing::info!(
+                target: "gradsync::init",
+                "rank {rank}: {world} ranks x {} slots of {} KiB would exceed GRADSYNC_RECV_BUDGET ({} MiB): {} peers keep {slots} slots, the others share a pool of {} slots",
+                config.nslots,
+                config.chunk_bytes >> 10,
+                config.recv_budget >> 20,
+                crate::config::slot_peers(rank, world).len(),
+                recv.pool_slots
+            );
+            config.nslots = slots;
+        } else if slots < config.nslots {
             tracing::info!(
                 target: "gradsync::init",
                 "rank {rank}: {world} ranks x {} slots of {} KiB would exceed GRADSYNC_RECV_BUDGET ({} MiB): {slots} slots per peer",
@@ -365,7 +393,16 @@ impl Communicator {
             );
             config.nslots = slots;
         }
-        if over && rank == 0 {
+        if over && rank == 0 && recv.pool_slots > 0 {
+            tracing::warn!(
+                target: "gradsync::init",
+                "rank 0: {} peers x {slots} slots and a pool of {} slots of {} KiB exceed GRADSYNC_RECV_BUDGET ({} MiB), and none can be fewer: raise GRADSYNC_RECV_BUDGET or lower GRADSYNC_CHUNK_SIZE",
+                crate::config::slot_peers_bound(world),
+                recv.pool_slots,
+                config.chunk_bytes >> 10,
+                config.recv_budget >> 20
+            );
+        } else if over && rank == 0 {
             tracing::warn!(
                 target: "gradsync::init",
                 "rank 0: {world} ranks x {slots} slots of {} KiB ({} MiB of receive memory per rank) exceed GRADSYNC_RECV_BUDGET ({} MiB), and no peer gets fewer than {slots}: raise GRADSYNC_RECV_BUDGET or lower GRADSYNC_CHUNK_SIZE",
@@ -509,12 +546,19 @@ impl Communicator {
             eopts.busy_spin = BUSY_SPIN.min(config.spin);
         }
         let (mut engine, inbox) = Engine::new(ep, comm_id, eopts)?;
+        if recv.pool_slots > 0 {
+            let near = crate::config::slot_peers(rank, world);
+            let pooled: Vec<usize> = (0..world)
+                .filter(|p| *p != rank && near.binary_search(p).is_err())
+                .collect();
+            engine.enable_pool(recv.pool_slots, &pooled)?;
+        }
         apply_caps(&mut engine, &config, Some(&topo.host_of));
         meet_inboxes(ex, &mut engine, inbox, &config, Some(&addrs))?;
         let (near, far) = (tcp_window(&config, true), tcp_window(&config, false));
         tracing::info!(
             target: "gradsync::init",
-            "gradsync {} rank {rank}/{world} interface {ifname} {ip} transport {} hosts {} local ranks {} {} chunk {} KiB x {} slots eager up to {} bytes{} connections {}{} receive memory {} MiB registered (budget {} MiB) timeout {:?} (init {:.1} ms)",
+            "gradsync {} rank {rank}/{world} interface {ifname} {ip} transport {} hosts {} local ranks {} {} chunk {} KiB x {} slots eager up to {} bytes{} connections {}{} receive memory {} MiB registered{} (budget {} MiB) timeout {:?} (init {:.1} ms)",
             crate::VERSION,
             engine.ep.name(),
             topo.hosts(),
@@ -543,6 +587,12 @@ impl Communicator {
                 ""
             },
             engine.inbox_bytes() >> 20,
+            match engine.pool_state() {
+                p if p.slots > 0 => {
+                    format!(" with a pool of {} slots for {} peers", p.slots, p.pooled_peers)
+                }
+                _ => String::new(),
+            },
             config.recv_budget >> 20,
             config.timeout,
             t0.elapsed().as_secs_f64() * 1e3
@@ -980,7 +1030,7 @@ pub(super) fn meet_inboxes(
     // Every rank lays out its inbox and picks slots from these three settings, so they travel
     // with the inbox descriptor and must agree.
     let board_capacity = engine.ep.board().map_or(0, |b| b.capacity());
-    let slots = SlotLayout::of(config, board_capacity);
+    let slots = SlotLayout::of(config, board_capacity, engine.pool_on);
     let mut mine = inbox.to_bytes().to_vec();
     mine.extend_from_slice(&slots.to_bytes());
     let everyone: Vec<usize> = (0..world).collect();

@@ -104,10 +104,17 @@ impl Communicator {
             .collect()
     }
 
-    /// Bytes of this rank's inbox, registered for every peer's messages (resident only where
-    /// peers have written into it, except under RDMA, which pins it).
+    /// Bytes of this rank's inbox, registered for every peer's messages, and of its shared
+    /// receive pool if it has one (resident only where peers have written into them, except
+    /// under RDMA, which pins the pool and the inbox areas of the peers that connected).
     pub fn receive_memory(&self) -> usize {
         self.engine.inbox_bytes()
+    }
+
+    /// The shared receive pool, where the pairs beyond `GRADSYNC_RECV_BUDGET` share one
+    /// (see [`ReceivePool`](crate::ReceivePool)).
+    pub fn receive_pool(&self) -> Option<crate::ReceivePool> {
+        Some(self.engine.pool_state()).filter(|p| p.slots > 0)
     }
 
     /// Bytes this rank sent to and received from the rendezvous store during init (`None` for
@@ -261,6 +268,23 @@ impl Drop for Communicator {
             self.engine.ep.close(Duration::from_secs(2));
         }
     }
+}
+
+/// A rank's shared receive pool ([`Communicator::receive_pool`]): where `world` inboxes of
+/// `GRADSYNC_NSLOTS` slots would exceed `GRADSYNC_RECV_BUDGET`, only the peers at a
+/// power-of-two distance round the ring or in the bits of the rank keep inbox slots, and the
+/// messages of the others go straight into place or through slots of this pool, granted one
+/// message at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReceivePool {
+    /// Slots of the pool (each `GRADSYNC_CHUNK_SIZE` and a header).
+    pub slots: usize,
+    /// Slots free now.
+    pub free: usize,
+    /// Peers without inbox slots, whose messages use the pool or land in place.
+    pub pooled_peers: usize,
+    /// Messages staged in the pool so far.
+    pub staged: u64,
 }
 
 /// What a rank knows of the other ranks' listening addresses and inbox descriptors

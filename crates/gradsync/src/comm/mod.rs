@@ -38,6 +38,6 @@ mod split;
 mod state;
 mod tables;
 
-pub use communicator::{Communicator, PeerRecords};
+pub use communicator::{Communicator, PeerRecords, ReceivePool};
 pub use group::{Group, GroupPending};
 pub use queue::{Pending, Work};

@@ -123,6 +123,11 @@ pub(crate) struct Engine {
     pub(super) regs: RegCache,
     /// Scratch space of small operations and its registration.
     pub(super) scratch_pool: Option<(AlignedBuf, MemoryRegion)>,
+    /// The shared pool of receive slots of the pooled peers, if any (see
+    /// [`enable_pool`](Self::enable_pool)).
+    pub(super) recv_pool: Option<(AlignedBuf, MemoryRegion)>,
+    /// The communicator pools the pairs beyond the receive budget (this rank may have none).
+    pub(crate) pool_on: bool,
     /// Finished schedules by the parameters they were planned from, most recent last.
     pub(super) sched_cache: Vec<(Params, Box<Schedule>, [usize; 3])>,
     /// Where an outgoing eager message is built (kept for its allocation).
@@ -233,6 +238,8 @@ impl Engine {
                 recorder,
                 regs: RegCache::default(),
                 scratch_pool: None,
+                recv_pool: None,
+                pool_on: false,
                 sched_cache: Vec::new(),
                 msg: Vec::new(),
                 batch: Vec::new(),
@@ -249,6 +256,61 @@ impl Engine {
     /// never), overriding [`EngineOptions::direct_min`] for that peer.
     pub(crate) fn set_direct_min(&mut self, peer: usize, min: usize, move_min: usize) {
         self.proto.set_direct_min(peer, min, move_min);
+    }
+
+    /// Gives this rank a shared pool of `slots` receive slots and pools its pairs with
+    /// `pooled` (no inbox slots between them; see `Protocol::set_pool`): their messages go
+    /// straight into place or through the pool. Before any traffic, with the same `pooled`
+    /// pairs on both ranks of each. The pooled peers' inbox areas are never written, and a
+    /// transport that pins areas as ranks connect leaves them unpinned. Returns the pool's
+    /// bytes.
+    pub(crate) fn enable_pool(&mut self, slots: usize, pooled: &[usize]) -> Result<usize, Error> {
+        if slots == 0 || self.recv_pool.is_some() {
+            return Ok(0);
+        }
+        self.pool_on = true;
+        if pooled.is_empty() {
+            return Ok(0);
+        }
+        let len = slots * self.proto.config().stride();
+        let buf = match self.ep.shared_memory().and_then(|m| m.alloc_shared(len)) {
+            Some(p) if (p as usize).is_multiple_of(64) => AlignedBuf::lent(p, len),
+            _ => AlignedBuf::zeroed(len),
+        };
+        // SAFETY: owned by the engine, deregistered in Drop before it is freed; read only after
+        // a write's completion arrived, written by a peer only in the slot its clear-to-send
+        // named, which stays taken until that message is delivered.
+        let mr = unsafe {
+            self.ep.register(
+                buf.ptr,
+                buf.len,
+                Access::REMOTE_WRITE
+                    .union(Access::LOCAL_READ)
+                    .union(Access::PERSISTENT),
+            )
+        }
+        .map_err(|e| Error::transport(self.rank, "register the receive pool", e))?;
+        self.proto.set_pool(slots, mr.rkey, buf.addr() as u64);
+        for &p in pooled {
+            let absolute = self.ep.caps(p).route == gradsync_transport::Route::Rdma;
+            self.proto.set_pooled(p, absolute);
+        }
+        self.ep.unused_peer_areas(pooled);
+        self.recv_pool = Some((buf, mr));
+        Ok(len)
+    }
+
+    /// The shared receive pool: its slots, how many are free, the pooled peers, and the
+    /// messages staged in it so far.
+    pub(crate) fn pool_state(&self) -> crate::ReceivePool {
+        let (slots, free, staged) = self.proto.pool();
+        let pooled_peers = (0..self.world).filter(|&p| self.proto.pooled(p)).count();
+        crate::ReceivePool {
+            slots,
+            free,
+            pooled_peers,
+            staged,
+        }
     }
 
     /// Limits the messages in flight to `peer` (and the slots this rank holds back from it) to
@@ -440,7 +502,7 @@ impl Engine {
     /// Bytes of the inbox registered for peers' messages (resident only where written,
     /// except where a transport pins it).
     pub(crate) fn inbox_bytes(&self) -> usize {
-        self.inbox.len
+        self.inbox.len + self.recv_pool.as_ref().map_or(0, |(b, _)| b.len)
     }
 
     /// Starts an operation: `planned` runs over `input` and `output` (the scratch size comes
@@ -967,6 +1029,10 @@ impl Drop for Engine {
             self.ep.deregister(&mr);
         }
         if let Some((_, mr)) = &self.scratch_pool {
+            let mr = *mr;
+            self.ep.deregister(&mr);
+        }
+        if let Some((_, mr)) = &self.recv_pool {
             let mr = *mr;
             self.ep.deregister(&mr);
         }

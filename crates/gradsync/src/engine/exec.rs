@@ -111,6 +111,35 @@ impl Engine {
                 let payload = unsafe { std::slice::from_raw_parts(self.inbox.ptr.add(off), bytes) };
                 self.deliver(r, peer, payload, dst, with, msg, crc)
             }
+            Action::DeliverPooled {
+                peer,
+                slot,
+                dst,
+                with,
+                len,
+                msg,
+            } => {
+                let r = self.running.as_ref().expect("running");
+                let bytes = len * r.sig.dtype.size();
+                let off = self.proto.pool_offset(slot);
+                let Some((pool, _)) = self
+                    .recv_pool
+                    .as_ref()
+                    .filter(|(p, _)| off + bytes <= p.len)
+                else {
+                    return Err(Error::Internal {
+                        rank: self.rank,
+                        msg: format!(
+                            "{}: message {msg} of rank {peer} ({bytes} bytes) staged in pool slot {slot}, outside the pool",
+                            r.sig
+                        ),
+                    });
+                };
+                // SAFETY: the write into the slot has completed (its notification arrived) and
+                // the slot is granted again only after this action; the span lies in the pool.
+                let payload = unsafe { std::slice::from_raw_parts(pool.ptr.add(off), bytes) };
+                self.deliver(r, peer, payload, dst, with, msg, None)
+            }
             Action::DeliverEager {
                 peer,
                 dst,
@@ -258,7 +287,8 @@ impl Engine {
                     rkey,
                     len: offset + bytes as u64,
                 };
-                ([data, data], 1, remote, offset)
+                // An empty message (a pool slot's) has no span to read.
+                ([data, data], usize::from(bytes > 0), remote, offset)
             }
         };
         // SAFETY: the staged header stays untouched until the write is done (the machine holds

@@ -47,6 +47,9 @@ pub(crate) struct SimRank {
     pub(crate) rank: usize,
     pub(crate) proto: Protocol,
     pub(crate) inbox: Vec<u8>,
+    /// The shared pool, and per slot whether a message landed there and was not delivered.
+    pub(crate) pool: Vec<u8>,
+    pub(crate) pool_full: Vec<bool>,
     /// Per (sender, slot): a message landed there and was not consumed yet.
     pub(crate) slot_full: Vec<bool>,
     pub(crate) running: Option<Running>,
@@ -65,6 +68,11 @@ pub(crate) fn rkey(rank: usize, index: usize, b: usize) -> u32 {
     ((rank * 1_000_003 + index) * 3 + b + 1) as u32
 }
 
+/// The remote key of `rank`'s shared pool (far from every buffer key of a simulation).
+pub(crate) fn pool_key(rank: usize) -> u32 {
+    u32::MAX - rank as u32
+}
+
 fn buf_index(b: Buf) -> usize {
     match b {
         Buf::Input => 0,
@@ -79,6 +87,8 @@ impl SimRank {
             rank: cfg.rank,
             proto: Protocol::new(cfg, now),
             inbox: vec![0; cfg.inbox_len()],
+            pool: Vec::new(),
+            pool_full: Vec::new(),
             slot_full: vec![false; cfg.world * cfg.nslots],
             running: None,
             next: 0,
@@ -269,6 +279,25 @@ impl SimRank {
                     check_crc(crc, &data, me, peer, msg)?;
                     Self::land(r, op, dst, with, &data);
                     self.slot_full[peer * self.proto.config().nslots + slot] = false;
+                }
+                Action::DeliverPooled {
+                    peer,
+                    slot,
+                    dst,
+                    with,
+                    len,
+                    msg,
+                } => {
+                    let off = self.proto.pool_offset(slot);
+                    let r = self.running.as_mut().expect("running");
+                    let bytes = len * r.dtype.size();
+                    if !std::mem::take(&mut self.pool_full[slot]) {
+                        return Err(SimError::Internal(format!(
+                            "rank {me}: message {msg} of rank {peer} delivered from pool slot {slot}, where nothing landed"
+                        )));
+                    }
+                    let data = self.pool[off..][..bytes].to_vec();
+                    Self::land(r, op, dst, with, &data);
                 }
                 Action::DeliverEager {
                     peer,

@@ -281,3 +281,69 @@ fn slots_stay_in_step_across_the_counters_wrap() {
         }
     }
 }
+
+/// Pairs without inbox slots between them (receive memory beyond the budget): messages copied
+/// into place go straight there, those reduced on receipt (and empty ones) are staged in the
+/// receiver's shared pool, granted in the order its schedule issued them. Every collective
+/// and algorithm completes with a pool of 1 to 8 slots, every pair pooled or only the pairs
+/// that are not ring neighbours, with and without boards and per-pair order.
+#[test]
+fn pooled_pairs_share_a_pool_of_receive_slots() {
+    for world in [2, 3, 5, 8] {
+        for seed in 0..6u64 {
+            let mut cfg = SimConfig::new(seed * 7 + world as u64 + 500);
+            cfg.pool_slots = [1, 2, 8][seed as usize % 3];
+            cfg.pool_all = seed % 2 == 0;
+            cfg.board = seed % 4 == 1;
+            cfg.fifo = seed % 3 == 2;
+            cfg.slot_bytes = 128;
+            if seed % 3 == 1 {
+                // A transport that takes writes only into long-lived regions: copies are
+                // staged in the pool too.
+                cfg.direct_min = usize::MAX;
+            }
+            let s = check(&cfg, world, &mix(world));
+            if world > 2 || cfg.pool_all {
+                assert!(s.pool_writes > 0, "world {world} seed {seed}: {s:?}");
+            }
+        }
+    }
+}
+
+/// A slow rank among pooled pairs: its pool slots stay taken longer and its peers' sends wait
+/// for its grants; every call still completes.
+#[test]
+fn a_slow_peer_with_a_pool_of_two() {
+    for world in [4, 7] {
+        for seed in 0..3 {
+            let mut cfg = SimConfig::new(seed + 900);
+            cfg.pool_slots = 2;
+            cfg.pool_all = true;
+            cfg.slow = Some((world / 2, 20));
+            cfg.slot_bytes = 64;
+            check(&cfg, world, &mix(world));
+        }
+    }
+}
+
+/// With checksums on a pair cannot be pooled (its messages need a slot's header).
+#[test]
+fn checksums_keep_every_pair_on_slots() {
+    let mut cfg = crate::proto::Config {
+        rank: 0,
+        world: 3,
+        nslots: 2,
+        slot_bytes: 64,
+        direct_min: usize::MAX,
+        checksum: true,
+    };
+    let mut p = crate::proto::Protocol::new(cfg, std::time::Instant::now());
+    assert!(!p.set_pooled(1, false));
+    assert!(!p.pooled(1));
+    cfg.checksum = false;
+    let mut p = crate::proto::Protocol::new(cfg, std::time::Instant::now());
+    assert!(p.set_pooled(1, false) && p.pooled(1) && p.window(1) == 0);
+    assert!(!p.set_pooled(0, false), "a rank is not pooled with itself");
+    p.set_window(1, 2);
+    assert_eq!(p.window(1), 0, "a pooled pair keeps no window");
+}

@@ -35,6 +35,11 @@ pub struct SimConfig {
     /// This rank never asks for direct writes (a rank configured otherwise): its peers' sends
     /// that wait for its offers go through slots once their patience is over.
     pub no_offers_from: Option<usize>,
+    /// Slots of every rank's shared pool; with more than 0, pairs of ranks not next to each
+    /// other (or every pair, with `pool_all`) are pooled: they have no inbox slots.
+    pub pool_slots: usize,
+    /// Every pair is pooled (with `pool_slots` above 0).
+    pub pool_all: bool,
 }
 
 impl SimConfig {
@@ -53,6 +58,8 @@ impl SimConfig {
             max_steps: 50_000_000,
             counters_from: 0,
             no_offers_from: None,
+            pool_slots: 0,
+            pool_all: false,
         }
     }
 }
@@ -216,6 +223,8 @@ pub struct SimStats {
     pub writes: u64,
     /// Of those, direct writes (straight into the receiver's buffer after its offer).
     pub direct_writes: u64,
+    /// Of those, writes into a slot of the receiver's shared pool.
+    pub pool_writes: u64,
     /// Two-sided messages delivered.
     pub messages: u64,
 }

@@ -1,6 +1,6 @@
 //! The simulated world: ranks, boards, events on their way, and the seeded scheduler.
 
-use super::rank::{Board, SimRank, rkey};
+use super::rank::{Board, SimRank, pool_key, rkey};
 use super::types::{CallSpec, Event, SimConfig, SimError, SimStats};
 use crate::proto::action::Target;
 use crate::proto::machine::Config;
@@ -10,6 +10,9 @@ use crate::schedule::{Buf, Params};
 use crate::wire::{DATA_HEADER_LEN, DataHeader, Signature};
 use crate::{Collective, ReduceOp};
 use std::time::{Duration, Instant};
+
+/// The address of every rank's pool, for the pairs whose clear-to-sends name addresses.
+const POOL_ADDR: u64 = 1 << 40;
 
 struct Sim {
     cfg: SimConfig,
@@ -82,6 +85,16 @@ pub fn run(cfg: &SimConfig, world: usize, calls: &[CallSpec]) -> Result<SimStats
                 (0..world).for_each(|p| r.proto.set_counters(p, start(rank, p), start(p, rank)));
             }
             r.proto.enable_board(cfg.board);
+            if cfg.pool_slots > 0 {
+                let stride = pc.stride();
+                r.pool = vec![0; cfg.pool_slots * stride];
+                r.pool_full = vec![false; cfg.pool_slots];
+                r.proto.set_pool(cfg.pool_slots, pool_key(rank), POOL_ADDR);
+                for p in (0..world).filter(|&p| cfg.pool_all || p.abs_diff(rank) > 1) {
+                    // Odd seeds name slots by address, as for RDMA.
+                    r.proto.set_pooled(p, cfg.seed % 2 == 1);
+                }
+            }
             r
         })
         .collect();
@@ -323,6 +336,34 @@ impl Sim {
                         rank.inbox[at + DATA_HEADER_LEN..][..payload.len()]
                             .copy_from_slice(&payload);
                         DATA_HEADER_LEN + payload.len()
+                    }
+                    (Target::Direct { rkey: key, offset }, _) if key == pool_key(l.to) => {
+                        self.stats.pool_writes += 1;
+                        let rank = &mut self.ranks[l.to];
+                        let stride = rank.proto.config().stride();
+                        let at = if offset >= POOL_ADDR {
+                            offset - POOL_ADDR
+                        } else {
+                            offset
+                        } as usize;
+                        let slot = at / stride;
+                        let bad = || SimError::BadKey {
+                            from: l.from,
+                            to: l.to,
+                            rkey: key,
+                        };
+                        if !at.is_multiple_of(stride) || payload.len() > stride {
+                            return Err(bad());
+                        }
+                        let full = rank.pool_full.get_mut(slot).ok_or_else(bad)?;
+                        if std::mem::replace(full, true) {
+                            return Err(SimError::Internal(format!(
+                                "rank {} wrote pool slot {slot} of rank {} before it was delivered",
+                                l.from, l.to
+                            )));
+                        }
+                        rank.pool[at..at + payload.len()].copy_from_slice(&payload);
+                        payload.len()
                     }
                     (Target::Direct { rkey: key, offset }, _) => {
                         self.stats.direct_writes += 1;
