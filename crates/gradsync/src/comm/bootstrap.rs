@@ -551,7 +551,11 @@ impl Communicator {
             let pooled: Vec<usize> = (0..world)
                 .filter(|p| *p != rank && near.binary_search(p).is_err())
                 .collect();
-            engine.enable_pool(recv.pool_slots, &pooled)?;
+            // No more slots than the pooled peers would have had of their own.
+            let slots = recv
+                .pool_slots
+                .min((pooled.len() * slots).max(crate::config::MIN_POOL_SLOTS));
+            engine.enable_pool(slots, &pooled)?;
         }
         apply_caps(&mut engine, &config, Some(&topo.host_of));
         meet_inboxes(ex, &mut engine, inbox, &config, Some(&addrs))?;
