@@ -451,48 +451,100 @@ fn footprint_ranks(world: usize) -> BTreeSet<usize> {
         .collect()
 }
 
+/// How a rank's receive memory is laid out: [`gradsync::RecvLayout`] for the settings of
+/// [`footprints`], and the bytes of a slot.
+struct Receive {
+    layout: gradsync::RecvLayout,
+    slot_bytes: usize,
+}
+
+impl Receive {
+    /// The receive memory of `rank` of `world` once it has talked to `peers`: inbox slots for
+    /// each, or where pairs beyond the budget share a pool, slots only for the peers at
+    /// power-of-two distances and the pool (registered at init, as large as the pooled peers'
+    /// slots would be, at least [`MIN_POOL`]).
+    fn bytes(&self, rank: usize, world: usize, peers: impl Iterator<Item = usize>) -> u64 {
+        let l = &self.layout;
+        if l.pool_slots == 0 {
+            return (peers.count() * l.nslots * self.slot_bytes) as u64;
+        }
+        let near = gradsync::slot_peers(rank, world);
+        let kept = peers.filter(|p| near.binary_search(p).is_ok()).count();
+        let pooled = world - 1 - near.len();
+        let pool = if pooled == 0 {
+            0
+        } else {
+            l.pool_slots.min((pooled * l.nslots).max(MIN_POOL))
+        };
+        ((kept * l.nslots + pool) * self.slot_bytes) as u64
+    }
+}
+
+/// Fewest slots of a rank's receive pool (gradsync's bootstrap gives it no fewer).
+const MIN_POOL: usize = 4;
+
 /// Connections and receive memory per rank of every candidate algorithm on `world` ranks, and
 /// of their union (`any`), for a buffer of `bytes` per rank; `nsocks` streams per peer and
-/// inboxes of `nslots` slots of `slot_bytes` per connected peer.
+/// inboxes of `nslots` slots of `slot_bytes` per connected peer within a receive budget of
+/// `budget` bytes (past it, the peers beyond it share a pool: see `GRADSYNC_RECV_BUDGET`).
 pub fn footprints(
     world: usize,
     bytes: usize,
     segment: usize,
     nsocks: usize,
-    nslots: usize,
-    slot_bytes: usize,
+    (nslots, slot_bytes, budget): (usize, usize, usize),
 ) -> anyhow::Result<Vec<Footprint>> {
     let ranks = footprint_ranks(world);
     let algos = all_reduce_candidates(world, 0);
+    let mut cfg = gradsync::Config::new("", 0, world);
+    (cfg.nslots, cfg.chunk_bytes, cfg.recv_budget) = (nslots, slot_bytes, budget);
+    let recv = Receive {
+        layout: cfg.recv_layout(world),
+        slot_bytes,
+    };
     let mut union: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); world];
     let mut out = Vec::new();
-    let row = |algorithm: String, peers: usize| Footprint {
+    let row = |algorithm: String, peers: usize, receive_bytes: u64| Footprint {
         world,
         algorithm,
         peers,
         sockets: peers * nsocks + 1,
-        receive_bytes: (peers * nslots * slot_bytes) as u64,
+        receive_bytes,
     };
     for &a in &algos {
         let params = all_reduce_params(world, 0, segment, DTYPE, bytes, a);
-        let mut most = 0;
+        let (mut most, mut most_bytes) = (0, 0);
         for &r in &ranks {
             let prog = plan::build(&params[r])
                 .with_context(|| format!("planning {a} for rank {r} of {world}"))?;
             let peers = prog.peers(r, world);
             most = most.max(peers.len());
+            most_bytes = most_bytes.max(recv.bytes(r, world, peers.iter().copied()));
             union[r].extend(peers);
         }
-        out.push(row(a.name().to_string(), most));
+        out.push(row(a.name().to_string(), most, most_bytes));
     }
+    let everyone = |r: usize| (0..world).filter(move |&p| p != r);
+    let mesh_bytes = ranks
+        .iter()
+        .map(|&r| recv.bytes(r, world, everyone(r)))
+        .max()
+        .unwrap_or(0);
     // Small all-reduces of small worlds run eagerly: every rank posts to every other.
-    let any = if world <= EAGER_WORLD_MAX {
-        world - 1
+    let (any, any_bytes) = if world <= EAGER_WORLD_MAX {
+        (world - 1, mesh_bytes)
     } else {
-        ranks.iter().map(|&r| union[r].len()).max().unwrap_or(0)
+        (
+            ranks.iter().map(|&r| union[r].len()).max().unwrap_or(0),
+            ranks
+                .iter()
+                .map(|&r| recv.bytes(r, world, union[r].iter().copied()))
+                .max()
+                .unwrap_or(0),
+        )
     };
-    out.push(row("any".to_string(), any));
-    out.push(row("full mesh".to_string(), world - 1));
+    out.push(row("any".to_string(), any, any_bytes));
+    out.push(row("full mesh".to_string(), world - 1, mesh_bytes));
     Ok(out)
 }
 
@@ -692,9 +744,11 @@ pub fn run(args: &ScaleArgs) -> anyhow::Result<i32> {
     println!(
         "\n# per-rank connections and receive memory: the peers one rank's program talks to \
          (most over the ranks), TCP sockets ({nsocks} streams a peer and a listener), and the \
-         inbox for those peers ({nslots} slots of {} each); `any`: every candidate together, \
-         `full mesh`: every other rank",
-        human(segment_bytes)
+         inbox for those peers ({nslots} slots of {} each; past the receive budget of {}, \
+         slots only for the peers at power-of-two distances, and a shared pool for the \
+         others); `any`: every candidate together, `full mesh`: every other rank",
+        human(segment_bytes),
+        human(cfg.recv_budget as u64)
     );
     let mut feet = Vec::new();
     for &w in &args.worlds {
@@ -703,8 +757,7 @@ pub fn run(args: &ScaleArgs) -> anyhow::Result<i32> {
             (1usize << 20).max(segment * elem as usize),
             segment,
             nsocks,
-            nslots,
-            segment_bytes as usize,
+            (nslots, segment_bytes as usize, cfg.recv_budget),
         )?;
         let cells: Vec<String> = f
             .iter()
@@ -826,20 +879,30 @@ mod tests {
 
     #[test]
     fn footprints_follow_the_peers_of_each_algorithm() {
-        let f = footprints(1024, 1 << 20, 1 << 17, 2, 8, 512 << 10).unwrap();
+        let f = footprints(1024, 1 << 20, 1 << 17, 2, (8, 512 << 10, 1 << 30)).unwrap();
         let get = |name: &str| f.iter().find(|x| x.algorithm == name).unwrap();
         assert_eq!(get("ring").peers, 2);
         assert_eq!(get("ring").sockets, 5);
-        assert_eq!(get("ring").receive_bytes, 2 * 8 * (512 << 10));
+        // 1024 x 8 slots of 512 KiB exceed 1 GiB: the ring's two neighbours keep their 8
+        // slots, and the rank has a pool of 256 slots for the ranks not a power of two away.
+        assert_eq!(get("ring").receive_bytes, (2 * 8 + 256) * (512 << 10));
         assert_eq!(get("recursive_doubling").peers, 10);
         assert_eq!(get("full mesh").peers, 1023);
+        // Every other rank: at most 3 log2 1024 keep slots, within the budget.
+        let mesh = get("full mesh").receive_bytes;
+        assert!(mesh <= 1 << 30, "{mesh}");
+        assert!(mesh >= (19 * 8 + 256) * (512 << 10), "{mesh}");
+        // Within the budget every peer has slots.
+        let within = footprints(64, 1 << 20, 1 << 17, 2, (8, 512 << 10, 1 << 30)).unwrap();
+        let mesh = within.iter().find(|x| x.algorithm == "full mesh").unwrap();
+        assert_eq!(mesh.receive_bytes, 63 * 8 * (512 << 10));
         let any = get("any").peers;
         assert!(
             (10..=8 * 10).contains(&any),
             "{any} peers for every candidate together"
         );
         // Small worlds can run eagerly: a post reaches every rank.
-        let small = footprints(8, 64, 1 << 17, 2, 8, 512 << 10).unwrap();
+        let small = footprints(8, 64, 1 << 17, 2, (8, 512 << 10, 1 << 30)).unwrap();
         assert_eq!(
             small.iter().find(|x| x.algorithm == "any").unwrap().peers,
             7

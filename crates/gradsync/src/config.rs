@@ -449,9 +449,8 @@ impl Config {
     ///   fewer as [`slots_within_budget`](Self::slots_within_budget) says;
     /// - else only the peers at a power-of-two distance round the ring or in the bits of the
     ///   rank ([`slot_peers`]: ring, trees, recursive doubling and halving) get slots, as many
-    ///   as half the budget holds for [`slot_peers_bound`] of them (at least 2, at most
-    ///   `nslots`), and the other peers share a pool of the budget's rest
-    ///   ([`MIN_POOL_SLOTS`] to [`MAX_POOL_SLOTS`] slots).
+    ///   as half the budget holds for 3 log2 `world` of them (at least 2, at most
+    ///   `nslots`), and the other peers share a pool of the budget's rest (4 to 256 slots).
     pub fn recv_layout(&self, world: usize) -> RecvLayout {
         let chunk = self.chunk_bytes.max(1);
         let all = world.saturating_mul(self.nslots).saturating_mul(chunk);

@@ -72,7 +72,7 @@ pub mod slurm;
 pub mod topology;
 
 pub use comm::{Communicator, Group, GroupPending, PeerRecords, Pending, ReceivePool, Work};
-pub use config::{Calibrate, Config, IbConfig, TransportMode};
+pub use config::{Calibrate, Config, IbConfig, RecvLayout, TransportMode, slot_peers};
 pub use element::Element;
 pub use error::{Error, Result};
 pub use gradsync_core::schedule::plan::Algorithm;

@@ -72,6 +72,31 @@
 //! nothing has moved for [`OFFER_PATIENCE`](super::OFFER_PATIENCE) (a receiver configured
 //! otherwise, which never offers), the operation's waiting sends go through slots.
 //!
+//! # Pooled pairs: receive memory beyond the budget
+//!
+//! A pair may have no slots at all ([`Protocol::set_pooled`] on both ranks; the driver pools
+//! the pairs past its receive budget). Its window and credits are 0, and every message goes
+//! where the receiver's clear-to-send says:
+//!
+//! - a receive that copies goes straight into place, unasked, as above, where the pair takes
+//!   direct writes (the same rule on both ranks, from the pair's thresholds);
+//! - any other (a reduction, an empty message, a copy without direct writes) is staged in a
+//!   slot of the receiver's shared *pool* ([`Protocol::set_pool`]). The sender first sends a
+//!   *ready-to-send* (message index, sequence number, whether a send/recv) for the message at
+//!   the front of its queue to that peer, one at a time. The receiver grants a free pool slot
+//!   to a receive its schedule has issued and whose sender is ready, in issue order, and names
+//!   the slot (region key, offset or address, length) in a clear-to-send. The sender writes the
+//!   payload there (no header; the immediate as for a direct write), and the receiver delivers
+//!   it ([`Action::DeliverPooled`](super::Action::DeliverPooled)) and frees the slot.
+//!
+//! Because a slot goes only to a message that is ready, whose receive is issued and which is
+//! next in its pair's order, a granted slot is written and freed without waiting for anything
+//! else: a pool of one slot cannot deadlock (the simulator runs every program with pools of
+//! 1 and 2). The price is a round trip per staged message, and one such message in flight per
+//! pair. A ready-to-send on a pair that is not pooled here is a [`Violation::NotPooled`]; a
+//! staged receive larger than a slot, a [`Violation::PoolOverflow`]. With checksums on a pair
+//! cannot be pooled.
+//!
 //! # Eager all-reduces and the board
 //!
 //! An all-reduce of a few KiB (at most [`crate::schedule::Algorithm::Eager`]'s limit in the
@@ -141,6 +166,10 @@
 //! [`Violation::TooManyCredits`]: super::Violation::TooManyCredits
 //! [`Violation::UnsolicitedDirect`]: super::Violation::UnsolicitedDirect
 //! [`Violation::Late`]: super::Violation::Late
+//! [`Violation::NotPooled`]: super::Violation::NotPooled
+//! [`Violation::PoolOverflow`]: super::Violation::PoolOverflow
+//! [`Protocol::set_pooled`]: super::Protocol::set_pooled
+//! [`Protocol::set_pool`]: super::Protocol::set_pool
 //! [`IDLE_CREDIT_RETURN`]: super::IDLE_CREDIT_RETURN
 //! [`BOARD_CHECK_EVERY`]: super::BOARD_CHECK_EVERY
 //! [`EAGER_AHEAD_MAX`]: super::EAGER_AHEAD_MAX
