@@ -68,12 +68,14 @@ mod engine;
 mod error;
 pub mod logging;
 pub mod recorder;
+mod recv;
 pub mod slurm;
 pub mod topology;
 
-pub use comm::{Communicator, Group, GroupPending, PeerRecords, Pending, ReceivePool, Work};
-pub use config::{Calibrate, Config, IbConfig, RecvLayout, TransportMode, slot_peers};
+pub use comm::{Communicator, Group, GroupPending, PeerRecords, Pending, Work};
+pub use config::{Calibrate, Config, IbConfig, TransportMode};
 pub use element::Element;
+pub use engine::ReceivePool;
 pub use error::{Error, Result};
 pub use gradsync_core::schedule::plan::Algorithm;
 pub use gradsync_core::{Collective, DataType, ReduceOp};
@@ -83,3 +85,4 @@ pub use gradsync_transport::Route;
 #[cfg(feature = "rdma")]
 pub use gradsync_transport::rdma;
 pub use logging::VERSION;
+pub use recv::{RecvLayout, slot_peers};

@@ -2,7 +2,7 @@
 
 use super::state::{Layout, Queued};
 use crate::config::Config;
-use crate::engine::Engine;
+use crate::engine::{Engine, ReceivePool};
 use crate::error::Error;
 use crate::topology;
 use gradsync_core::Collective;
@@ -113,7 +113,7 @@ impl Communicator {
 
     /// The shared receive pool, where the pairs beyond `GRADSYNC_RECV_BUDGET` share one
     /// (see [`ReceivePool`](crate::ReceivePool)).
-    pub fn receive_pool(&self) -> Option<crate::ReceivePool> {
+    pub fn receive_pool(&self) -> Option<ReceivePool> {
         Some(self.engine.pool_state()).filter(|p| p.slots > 0)
     }
 
@@ -268,23 +268,6 @@ impl Drop for Communicator {
             self.engine.ep.close(Duration::from_secs(2));
         }
     }
-}
-
-/// A rank's shared receive pool ([`Communicator::receive_pool`]): where `world` inboxes of
-/// `GRADSYNC_NSLOTS` slots would exceed `GRADSYNC_RECV_BUDGET`, only the peers at a
-/// power-of-two distance round the ring or in the bits of the rank keep inbox slots, and the
-/// messages of the others go straight into place or through slots of this pool, granted one
-/// message at a time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ReceivePool {
-    /// Slots of the pool (each `GRADSYNC_CHUNK_SIZE` and a header).
-    pub slots: usize,
-    /// Slots free now.
-    pub free: usize,
-    /// Peers without inbox slots, whose messages use the pool or land in place.
-    pub pooled_peers: usize,
-    /// Messages staged in the pool so far.
-    pub staged: u64,
 }
 
 /// What a rank knows of the other ranks' listening addresses and inbox descriptors

@@ -34,10 +34,11 @@ mod exchange;
 mod group;
 mod queue;
 mod records;
+mod slot_layout;
 mod split;
 mod state;
 mod tables;
 
-pub use communicator::{Communicator, PeerRecords, ReceivePool};
+pub use communicator::{Communicator, PeerRecords};
 pub use group::{Group, GroupPending};
 pub use queue::{Pending, Work};

@@ -47,6 +47,23 @@ pub(crate) struct EngineOptions {
     pub deterministic: bool,
 }
 
+/// A rank's shared receive pool ([`Communicator::receive_pool`](crate::Communicator::receive_pool)): where `world` inboxes of
+/// `GRADSYNC_NSLOTS` slots would exceed `GRADSYNC_RECV_BUDGET`, only the peers at a
+/// power-of-two distance round the ring or in the bits of the rank keep inbox slots, and the
+/// messages of the others go straight into place or through slots of this pool, granted one
+/// message at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReceivePool {
+    /// Slots of the pool (each `GRADSYNC_CHUNK_SIZE` and a header).
+    pub slots: usize,
+    /// Slots free now.
+    pub free: usize,
+    /// Peers without inbox slots, whose messages use the pool or land in place.
+    pub pooled_peers: usize,
+    /// Messages staged in the pool so far.
+    pub staged: u64,
+}
+
 /// A schedule ready to start, with the parameters it was planned from (for reuse).
 #[derive(Debug)]
 pub(crate) struct Planned {
@@ -302,10 +319,10 @@ impl Engine {
 
     /// The shared receive pool: its slots, how many are free, the pooled peers, and the
     /// messages staged in it so far.
-    pub(crate) fn pool_state(&self) -> crate::ReceivePool {
+    pub(crate) fn pool_state(&self) -> ReceivePool {
         let (slots, free, staged) = self.proto.pool();
         let pooled_peers = (0..self.world).filter(|&p| self.proto.pooled(p)).count();
-        crate::ReceivePool {
+        ReceivePool {
             slots,
             free,
             pooled_peers,

@@ -27,5 +27,6 @@ mod exec;
 mod fast;
 mod memory;
 
+pub use driver::ReceivePool;
 pub(crate) use driver::{Engine, EngineOptions, InboxSource, Planned};
 pub(crate) use memory::RawBuf;
