@@ -100,19 +100,10 @@ pub(super) fn likely_dialed(rank: usize, world: usize) -> Vec<usize> {
 /// power-of-two distance round the ring or in the bits of its rank (about 3 log2 `world`),
 /// whose inbox descriptors it reads at init.
 pub(super) fn likely_talked(rank: usize, world: usize) -> Vec<usize> {
-    let mut v = vec![0];
-    let mut d = 1;
-    while d < world {
-        v.push((rank + d) % world);
-        v.push((rank + world - d) % world);
-        if rank ^ d < world {
-            v.push(rank ^ d);
-        }
-        d <<= 1;
+    let mut v = crate::recv::slot_peers(rank, world);
+    if rank != 0 && rank < world && v.first() != Some(&0) {
+        v.insert(0, 0);
     }
-    v.retain(|&p| p != rank && p < world);
-    v.sort_unstable();
-    v.dedup();
     v
 }
 

@@ -294,19 +294,9 @@ impl Engine {
             Some(p) if (p as usize).is_multiple_of(64) => AlignedBuf::lent(p, len),
             _ => AlignedBuf::zeroed(len),
         };
-        // SAFETY: owned by the engine, deregistered in Drop before it is freed; read only after
-        // a write's completion arrived, written by a peer only in the slot its clear-to-send
-        // named, which stays taken until that message is delivered.
-        let mr = unsafe {
-            self.ep.register(
-                buf.ptr,
-                buf.len,
-                Access::REMOTE_WRITE
-                    .union(Access::LOCAL_READ)
-                    .union(Access::PERSISTENT),
-            )
-        }
-        .map_err(|e| Error::transport(self.rank, "register the receive pool", e))?;
+        // Read only after a write's completion arrived, written by a peer only in the slot its
+        // clear-to-send named, which stays taken until that message is delivered.
+        let mr = self.register_writable(&buf, "register the receive pool")?;
         self.proto.set_pool(slots, mr.rkey, buf.addr() as u64);
         for &p in pooled {
             let absolute = self.ep.caps(p).route == gradsync_transport::Route::Rdma;
@@ -315,6 +305,27 @@ impl Engine {
         self.ep.unused_peer_areas(pooled);
         self.recv_pool = Some((buf, mr));
         Ok(len)
+    }
+
+    /// Registers `buf`, a buffer of the engine's that peers write into where its clear-to-sends
+    /// say and that it keeps until Drop deregisters the region (`what` names the step in an
+    /// error).
+    fn register_writable(
+        &mut self,
+        buf: &AlignedBuf,
+        what: &'static str,
+    ) -> Result<MemoryRegion, Error> {
+        // SAFETY: the engine owns `buf` and deregisters the region in Drop before it frees it.
+        unsafe {
+            self.ep.register(
+                buf.ptr,
+                buf.len,
+                Access::REMOTE_WRITE
+                    .union(Access::LOCAL_READ)
+                    .union(Access::PERSISTENT),
+            )
+        }
+        .map_err(|e| Error::transport(self.rank, what, e))
     }
 
     /// The shared receive pool: its slots, how many are free, the pooled peers, and the
@@ -590,18 +601,8 @@ impl Engine {
                 self.ep.deregister(&mr);
             }
             let buf = AlignedBuf::zeroed(scratch_len.max(SCRATCH_POOL));
-            // SAFETY: owned by the engine, deregistered in Drop before it is freed; peers write
-            // into it only after a clear-to-send of the running operation.
-            let mr = unsafe {
-                self.ep.register(
-                    buf.ptr,
-                    buf.len,
-                    Access::LOCAL_READ
-                        .union(Access::REMOTE_WRITE)
-                        .union(Access::PERSISTENT),
-                )
-            }
-            .map_err(|e| Error::transport(self.rank, "register scratch", e))?;
+            // Peers write into it only after a clear-to-send of the running operation.
+            let mr = self.register_writable(&buf, "register scratch")?;
             self.scratch_pool = Some((buf, mr));
         }
         let scratch = (scratch_len > 0 && !pooled).then(|| AlignedBuf::zeroed(scratch_len));
