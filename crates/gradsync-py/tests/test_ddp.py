@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import warnings
 
 import pytest
 
@@ -83,9 +84,24 @@ def torchrun4(tmp_path_factory):
     runs = {}
     for backend in ("gradsync", "gloo"):
         out = tmp_path_factory.mktemp(backend) / "run.json"
-        stdout = launch.run_torchrun(EXAMPLE, 4, ["--backend", backend, *ARGS, "--out", out], timeout=180)
+        args = ["--backend", backend, *ARGS, "--out", out]
+        try:
+            stdout = launch.run_torchrun(EXAMPLE, 4, args, timeout=180)
+        except AssertionError as e:
+            # Gloo's own run (gradsync is not imported) now and then aborts in its teardown,
+            # after the job printed everything: "terminate called without an active
+            # exception" from a rank's exit. That says nothing of gradsync: run the reference
+            # again, once, and say so. gradsync's run gets no second try.
+            if backend != "gloo" or GLOO_EXIT_ABORT not in str(e) or " steps in " not in str(e):
+                raise
+            warnings.warn(f"Gloo's reference run aborted at exit; running it again: {GLOO_EXIT_ABORT}")
+            stdout = launch.run_torchrun(EXAMPLE, 4, args, timeout=180)
         runs[backend] = (losses_of(stdout), runs_of(out, 4))
     return runs
+
+
+# What a Gloo rank prints when it aborts at exit (std::terminate).
+GLOO_EXIT_ABORT = "terminate called without an active exception"
 
 
 def assert_matches_reference(losses, runs, reference, world):
