@@ -461,8 +461,8 @@ struct Receive {
 impl Receive {
     /// The receive memory of `rank` of `world` once it has talked to `peers`: inbox slots for
     /// each, or where pairs beyond the budget share a pool, slots only for the peers at
-    /// power-of-two distances and the pool (registered at init, as large as the pooled peers'
-    /// slots would be, at least [`MIN_POOL`]).
+    /// power-of-two distances and the pool (registered at init where the rank has pooled
+    /// peers, [`gradsync::RecvLayout::pool_for`] slots).
     fn bytes(&self, rank: usize, world: usize, peers: impl Iterator<Item = usize>) -> u64 {
         let l = &self.layout;
         if l.pool_slots == 0 {
@@ -471,17 +471,10 @@ impl Receive {
         let near = gradsync::slot_peers(rank, world);
         let kept = peers.filter(|p| near.binary_search(p).is_ok()).count();
         let pooled = world - 1 - near.len();
-        let pool = if pooled == 0 {
-            0
-        } else {
-            l.pool_slots.min((pooled * l.nslots).max(MIN_POOL))
-        };
+        let pool = if pooled == 0 { 0 } else { l.pool_for(pooled) };
         ((kept * l.nslots + pool) * self.slot_bytes) as u64
     }
 }
-
-/// Fewest slots of a rank's receive pool (gradsync's bootstrap gives it no fewer).
-const MIN_POOL: usize = 4;
 
 /// Connections and receive memory per rank of every candidate algorithm on `world` ranks, and
 /// of their union (`any`), for a buffer of `bytes` per rank; `nsocks` streams per peer and

@@ -20,6 +20,26 @@ pub struct RecvLayout {
     pub over: bool,
 }
 
+impl RecvLayout {
+    /// The peers of `rank` of `world` without inbox slots (none where every peer keeps them).
+    pub fn pooled_peers(&self, rank: usize, world: usize) -> Vec<usize> {
+        if self.pool_slots == 0 {
+            return Vec::new();
+        }
+        let near = slot_peers(rank, world);
+        (0..world)
+            .filter(|p| *p != rank && near.binary_search(p).is_err())
+            .collect()
+    }
+
+    /// Slots of the pool of a rank with `pooled` pooled peers: no more than those peers' own
+    /// slots would have been, at least [`MIN_POOL_SLOTS`], at most `pool_slots`.
+    pub fn pool_for(&self, pooled: usize) -> usize {
+        self.pool_slots
+            .min((pooled * self.nslots).max(MIN_POOL_SLOTS))
+    }
+}
+
 /// The peers of `rank` of `world` that keep inbox slots when pairs beyond the receive budget
 /// share pools: those at a power-of-two distance either way round the ring or in the bits of
 /// the rank (the ring's neighbours, recursive doubling and halving, binomial and binary

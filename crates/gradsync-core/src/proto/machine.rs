@@ -12,7 +12,6 @@ use crate::wire::{
     Control, ControlRepr, Cts, DATA_HEADER_LEN, DataHeader, DataHeaderRepr, Signature, is_data,
 };
 use crate::{Collective, ReduceOp};
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 /// Settings of a protocol machine; alike on every rank of a communicator.
@@ -130,7 +129,7 @@ pub struct Protocol {
     pub(super) pool_addr: u64,
     pub(super) pool_staged: u64,
     pub(super) pool_free: Vec<u32>,
-    pub(super) pool_wait: VecDeque<(usize, u32)>,
+    pub(super) pool_wait: Vec<(usize, u32)>,
     /// A receive that cannot be staged in a pool slot (larger than one).
     pub(super) pool_err: Option<ProtoError>,
 }
@@ -196,7 +195,7 @@ impl Protocol {
             pool_addr: 0,
             pool_staged: 0,
             pool_free: Vec::new(),
-            pool_wait: VecDeque::new(),
+            pool_wait: Vec::new(),
             pool_err: None,
         }
     }
@@ -629,7 +628,7 @@ impl Protocol {
                         ));
                     }
                     if awaiting {
-                        self.pool_wait.push_back((peer, msg));
+                        self.pool_wait.push((peer, msg));
                         wait_pool = true;
                     }
                     if direct {

@@ -418,15 +418,8 @@ impl Communicator {
         }
         let (mut engine, inbox) = Engine::new(ep, comm_id, eopts)?;
         if recv.pool_slots > 0 {
-            let near = crate::recv::slot_peers(rank, world);
-            let pooled: Vec<usize> = (0..world)
-                .filter(|p| *p != rank && near.binary_search(p).is_err())
-                .collect();
-            // No more slots than the pooled peers would have had of their own.
-            let slots = recv
-                .pool_slots
-                .min((pooled.len() * slots).max(crate::recv::MIN_POOL_SLOTS));
-            engine.enable_pool(slots, &pooled)?;
+            let pooled = recv.pooled_peers(rank, world);
+            engine.enable_pool(recv.pool_for(pooled.len()), &pooled)?;
         }
         apply_caps(&mut engine, &config, Some(&topo.host_of));
         meet_inboxes(ex, &mut engine, inbox, &config, Some(&addrs))?;
