@@ -33,7 +33,7 @@ impl RecvLayout {
     }
 
     /// Slots of the pool of a rank with `pooled` pooled peers: no more than those peers' own
-    /// slots would have been, at least [`MIN_POOL_SLOTS`], at most `pool_slots`.
+    /// slots would have been, at least 4, at most `pool_slots`.
     pub fn pool_for(&self, pooled: usize) -> usize {
         self.pool_slots
             .min((pooled * self.nslots).max(MIN_POOL_SLOTS))
