@@ -96,6 +96,15 @@ pub struct Config {
     /// rings): every rank posts its buffer once in its own segment and reads the others' there,
     /// with no message per peer. Used only when every rank's transport has a board.
     pub shm_board: bool,
+    /// Whether large buffers that peers on shared memory write into by cross-memory attach
+    /// get huge pages once they are used again (`GRADSYNC_SHM_HUGEPAGES`, `1` default, `0`:
+    /// never): an operation's output of at least 8 MiB registered at the address and length
+    /// of an earlier one is collapsed into transparent huge pages (`madvise(MADV_COLLAPSE)`,
+    /// contents kept; nothing where the kernel's setting is `never`), which spares the
+    /// writer's pinning and page walks. A buffer used once is left alone; where buffers keep
+    /// being replaced at one address, the rank stops after three that lost their huge pages.
+    /// A rank's own setting, need not match.
+    pub shm_huge_pages: bool,
     /// Whether TCP pairs connect on first use (`GRADSYNC_RUNTIME_CONNECT`, `1` default, as
     /// NCCL's namesake): a rank connects only to the peers its operations talk to, when the
     /// first one does (a ring two, a tree three, recursive doubling log2 n), so sockets and
@@ -373,6 +382,7 @@ impl Config {
             shm_move_direct_min: DEFAULT_SHM_MOVE_DIRECT_MIN,
             eager_max: usize::MAX,
             shm_board: true,
+            shm_huge_pages: true,
             runtime_connect: true,
             deterministic: false,
             token: None,
@@ -604,6 +614,9 @@ impl Config {
         }
         if let Some(on) = env.flag("GRADSYNC_SHM_BOARD")? {
             self.shm_board = on;
+        }
+        if let Some(on) = env.flag("GRADSYNC_SHM_HUGEPAGES")? {
+            self.shm_huge_pages = on;
         }
         if let Some(on) = env.flag("GRADSYNC_RUNTIME_CONNECT")? {
             self.runtime_connect = on;
@@ -1110,6 +1123,11 @@ mod tests {
         assert!(e.to_string().contains("GRADSYNC_RUNTIME_CONNECT"), "{e}");
         let e = from(&[base[0], base[1], ("GRADSYNC_SHM_BOARD", "no")]).unwrap_err();
         assert!(e.to_string().contains("GRADSYNC_SHM_BOARD"), "{e}");
+        assert!(from(&base).unwrap().shm_huge_pages);
+        let c = from(&[base[0], base[1], ("GRADSYNC_SHM_HUGEPAGES", "0")]).unwrap();
+        assert!(!c.shm_huge_pages);
+        let e = from(&[base[0], base[1], ("GRADSYNC_SHM_HUGEPAGES", "off")]).unwrap_err();
+        assert!(e.to_string().contains("GRADSYNC_SHM_HUGEPAGES"), "{e}");
     }
 
     #[test]

@@ -16,12 +16,51 @@ fn val(rank: usize, i: usize) -> f32 {
     ((rank << 20) + (i * 13) % 1_048_573) as f32
 }
 
-fn run_rank(mut c: Communicator) {
+/// The `AnonHugePages` of the mapping that holds `addr`, in KiB (from /proc/self/smaps).
+fn huge_kib_at(addr: usize) -> Option<u64> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let mut inside = false;
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if let Some((a, b)) = first.split_once('-')
+            && let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+        {
+            inside = (a..b).contains(&addr);
+            continue;
+        }
+        if inside && let Some(v) = line.strip_prefix("AnonHugePages:") {
+            return v.trim().trim_end_matches("kB").trim().parse().ok();
+        }
+    }
+    None
+}
+
+/// Whether this kernel collapses a registered output into huge pages: transparent huge pages
+/// not `never`, and `MADV_COLLAPSE` (Linux 6.1).
+fn kernel_collapses() -> bool {
+    let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled");
+    let rel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut v = rel.split(['.', '-']).map(|x| x.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (v.next().unwrap_or(0), v.next().unwrap_or(0));
+    thp.is_ok_and(|s| !s.contains("[never]")) && (major, minor) >= (6, 1)
+}
+
+/// `huge`: the transport collapses outputs used again into huge pages (shared memory).
+fn run_rank(mut c: Communicator, huge: bool) {
     let (r, w) = (c.rank(), c.world_size());
     let input: Vec<f32> = (0..COUNT).map(|i| val(r, i)).collect();
     let mut out = vec![f32::NAN; COUNT * w];
-    for round in 0..2 {
+    // The second and third rounds write into the output the first registered: on shared
+    // memory, collapsed into huge pages at the second (every element is checked after each).
+    for round in 0..3 {
         c.all_gather(&input, &mut out).unwrap();
+        if huge && round > 0 && kernel_collapses() {
+            let kib = huge_kib_at(out.as_ptr() as usize).expect("the output's mapping");
+            assert!(
+                kib >= 2048,
+                "rank {r}, round {round}: {kib} KiB of huge pages"
+            );
+        }
         for (j, x) in out.iter().enumerate() {
             let want = val(j / COUNT, j % COUNT);
             assert_eq!(
@@ -69,13 +108,14 @@ fn run_with(world: usize, transport: Option<TransportMode>, tweak: impl Fn(&mut 
         let comms = Communicator::mem_group(world, &base).unwrap();
         let hs: Vec<_> = comms
             .into_iter()
-            .map(|c| std::thread::spawn(move || run_rank(c)))
+            .map(|c| std::thread::spawn(move || run_rank(c, false)))
             .collect();
         for h in hs {
             h.join().expect("rank thread panicked");
         }
         return;
     };
+    let huge = transport == TransportMode::Shm && base.shm_huge_pages;
     let server = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = server.local_addr().to_string();
     let hs: Vec<_> = (0..world)
@@ -86,7 +126,7 @@ fn run_with(world: usize, transport: Option<TransportMode>, tweak: impl Fn(&mut 
             cfg.rank = rank;
             cfg.world = world;
             cfg.transport = transport;
-            std::thread::spawn(move || run_rank(Communicator::init(cfg).unwrap()))
+            std::thread::spawn(move || run_rank(Communicator::init(cfg).unwrap(), huge))
         })
         .collect();
     for h in hs {
@@ -122,6 +162,12 @@ fn large_shm_w3_through_slots() {
         c.shm_direct_min = usize::MAX;
         c.shm_move_direct_min = usize::MAX;
     });
+}
+
+/// Huge pages off: the outputs keep their pages, results as above.
+#[test]
+fn large_shm_w2_without_huge_pages() {
+    run_with(2, Some(TransportMode::Shm), |c| c.shm_huge_pages = false);
 }
 
 #[test]

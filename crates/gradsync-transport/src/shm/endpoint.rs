@@ -9,6 +9,7 @@ use super::directory::{
     ACC_REMOTE_WRITE, DIR_LIVE, DirEntry, LocalTable, access_bits, dir_insert, dir_lookup,
     dir_remove,
 };
+use super::huge::{HugePages, HugeStats, MAX_STRIKES};
 use super::layout::{C_TAIL, DIR_CAP, ctl_off};
 use super::liveness::{LIVENESS_EVERY, pidfd_exited, process_state};
 use super::peer::{Me, Peer};
@@ -47,6 +48,8 @@ pub struct ShmEndpoint {
     pub(super) paths: PathCounts,
     /// This rank's shared allocations; they outlive everything else of the endpoint.
     pub(super) shared: Vec<SharedAlloc>,
+    /// Huge pages under large regions registered again (see `huge`).
+    pub(super) huge: HugePages,
 }
 
 /// Number of posted writes by the way their bytes travelled.
@@ -70,6 +73,7 @@ impl fmt::Debug for ShmEndpoint {
             .field("regions", &self.regions.regions.len())
             .field("shared_allocations", &self.shared.len())
             .field("writes", &self.paths)
+            .field("huge_pages", &self.huge.stats())
             .finish_non_exhaustive()
     }
 }
@@ -109,7 +113,20 @@ impl ShmEndpoint {
             last_alloc_id: nonce,
             paths: PathCounts::default(),
             shared: Vec::new(),
+            huge: HugePages::new(),
         }
+    }
+
+    /// Whether large regions that peers write into by cross-memory attach and that are
+    /// registered again at the same address get huge pages (`madvise(MADV_COLLAPSE)`, see
+    /// [`HUGE_MIN`](crate::shm::HUGE_MIN)). On by default where the kernel's transparent huge pages are not `never`.
+    pub fn set_huge_pages(&mut self, on: bool) {
+        self.huge.set(on);
+    }
+
+    /// What the huge-page policy did so far.
+    pub fn huge_pages(&self) -> HugeStats {
+        self.huge.stats()
     }
 
     fn me(&self) -> Me {
@@ -191,6 +208,20 @@ impl ShmEndpoint {
             )));
         };
         self.regions.slots.insert(key, slot);
+        if access.contains(Access::REMOTE_WRITE)
+            && entry.alloc.is_none()
+            && let Some(span) = self.huge.on_register(addr, len)
+        {
+            // Peers write this region with process_vm_writev, which pins it page by page.
+            let (ok, took) = HugePages::collapse(span);
+            if self.huge.record(span, ok, took) {
+                tracing::info!(
+                    rank = self.rank,
+                    "shm: buffers registered again at the same address kept losing their huge \
+                     pages ({MAX_STRIKES} times); no more collapsing"
+                );
+            }
+        }
         Ok(self.regions.regions.insert(key, addr, len, access))
     }
 

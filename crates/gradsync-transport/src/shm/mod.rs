@@ -122,6 +122,7 @@ mod conn;
 mod directory;
 mod endpoint;
 mod futex;
+mod huge;
 mod layout;
 mod liveness;
 mod peer;
@@ -134,6 +135,7 @@ mod tests;
 pub mod wire;
 
 pub use endpoint::ShmEndpoint;
+pub use huge::{HUGE_MIN, HugeStats};
 pub use layout::{DIR_CAP, MAX_LOCAL, RING_BYTES};
 pub use liveness::LIVENESS_EVERY;
 pub use setup::ShmSetup;

@@ -683,7 +683,8 @@ impl Communicator {
             .into_iter()
             .map(|mut v| v.swap_remove(0))
             .collect();
-        let shm = connected.map_err(|e| e.to_string())?;
+        let mut shm = connected.map_err(|e| e.to_string())?;
+        shm.set_huge_pages(config.shm_huge_pages);
         if let Some(i) = vals.iter().position(|v| v.as_slice() != b"1") {
             return Err(format!(
                 "rank {} could not map the shared-memory segments of this host",

@@ -2,6 +2,7 @@
 //! into one's own pid is always allowed), each used from its own thread where the test needs
 //! concurrency. The helpers live here; the tests by concern in the files below.
 
+mod huge;
 mod lifecycle;
 mod shared;
 mod writes;

@@ -1,0 +1,258 @@
+//! Huge pages under the large regions peers write into by cross-memory attach.
+//!
+//! `process_vm_writev` pins every page of the target span for each write, and the writer's
+//! copy walks it page by page: with 4 KiB pages, pinning and TLB misses cost about a third of
+//! a 64 MiB all-gather over shared memory. A region registered for remote writes, outside
+//! a shared allocation and at least [`HUGE_MIN`] long, that is registered again with the same
+//! address and length (a buffer the caller reuses, as a training loop or a benchmark does) gets
+//! `madvise(MADV_COLLAPSE)` over its 2 MiB-aligned interior: the kernel backs it with
+//! transparent huge pages, keeping its contents. A first registration changes nothing, so a
+//! buffer used once pays nothing. Later registrations of a collapsed buffer call it again,
+//! which returns at once while the pages are still huge. Should those calls keep doing real
+//! work (the caller frees and allocates anew at the same address), the endpoint stops after
+//! [`MAX_STRIKES`] of them. Off when the kernel's transparent huge pages are `never`.
+
+use std::time::{Duration, Instant};
+
+/// Regions shorter than this keep their pages.
+pub const HUGE_MIN: usize = 8 << 20;
+
+/// The transparent huge page size of x86-64 and aarch64 with 4 KiB base pages.
+const HUGE_PAGE: usize = 2 << 20;
+
+/// Recently registered large regions remembered.
+const SEEN: usize = 16;
+
+/// Repeated collapses of one remembered region that did real work before the endpoint stops.
+pub(super) const MAX_STRIKES: u32 = 3;
+
+/// `MADV_COLLAPSE` (Linux 6.1), absent from older libc bindings.
+const MADV_COLLAPSE: libc::c_int = 25;
+
+/// What the huge-page policy of a shared-memory endpoint did so far ([`ShmEndpoint::huge_pages`](crate::shm::ShmEndpoint::huge_pages)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HugeStats {
+    /// Whether the endpoint still collapses regions.
+    pub on: bool,
+    /// Collapse calls that succeeded (including ones that found the pages already huge).
+    pub collapsed: u64,
+    /// Collapse calls the kernel refused (untouched pages, `MADV_NOHUGEPAGE`, an old kernel).
+    pub refused: u64,
+}
+
+/// The per-endpoint policy and its memory of recent regions.
+#[derive(Debug)]
+pub(super) struct HugePages {
+    on: bool,
+    /// (aligned start, aligned length, collapsed before), oldest replaced first.
+    seen: Vec<(usize, usize, bool)>,
+    next: usize,
+    strikes: u32,
+    stats: HugeStats,
+}
+
+impl HugePages {
+    /// On unless the kernel's setting is `never` (or there is no such setting).
+    pub(super) fn new() -> HugePages {
+        let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled");
+        HugePages::with(thp.is_ok_and(|s| !s.contains("[never]")))
+    }
+
+    fn with(on: bool) -> HugePages {
+        HugePages {
+            on,
+            seen: Vec::with_capacity(SEEN),
+            next: 0,
+            strikes: 0,
+            stats: HugeStats {
+                on,
+                ..HugeStats::default()
+            },
+        }
+    }
+
+    pub(super) fn set(&mut self, on: bool) {
+        self.on = on && self.on_allowed();
+        self.stats.on = self.on;
+    }
+
+    fn on_allowed(&self) -> bool {
+        self.strikes < MAX_STRIKES
+    }
+
+    pub(super) fn stats(&self) -> HugeStats {
+        self.stats
+    }
+
+    /// The 2 MiB-aligned interior of a span, or `None` when the span is short or holds no
+    /// whole huge page.
+    fn interior(addr: usize, len: usize) -> Option<(usize, usize)> {
+        if len < HUGE_MIN {
+            return None;
+        }
+        let start = addr.checked_add(HUGE_PAGE - 1)? & !(HUGE_PAGE - 1);
+        let end = addr.checked_add(len)? & !(HUGE_PAGE - 1);
+        (end > start).then(|| (start, end - start))
+    }
+
+    /// The span to collapse now for a registration of `len` bytes at `addr` (remote writes,
+    /// outside a shared allocation), or `None`; remembers the span either way.
+    pub(super) fn on_register(&mut self, addr: usize, len: usize) -> Option<(usize, usize)> {
+        if !self.on {
+            return None;
+        }
+        let span = Self::interior(addr, len)?;
+        if self.seen.iter().any(|&(a, l, _)| (a, l) == span) {
+            return Some(span);
+        }
+        if self.seen.len() < SEEN {
+            self.seen.push((span.0, span.1, false));
+        } else {
+            self.seen[self.next] = (span.0, span.1, false);
+            self.next = (self.next + 1) % SEEN;
+        }
+        None
+    }
+
+    /// Records the outcome of collapsing `span`, which took `took`. Returns `true` when this
+    /// outcome turned the policy off.
+    pub(super) fn record(&mut self, span: (usize, usize), ok: bool, took: Duration) -> bool {
+        if !ok {
+            self.stats.refused += 1;
+            return false;
+        }
+        self.stats.collapsed += 1;
+        let Some(e) = self.seen.iter_mut().find(|e| (e.0, e.1) == span) else {
+            return false;
+        };
+        // Pages still huge: the call only walks the page tables. Copying them again costs
+        // about a millisecond per 16 MiB or more.
+        let redone = took > Duration::from_micros(100) + Duration::from_nanos(span.1 as u64 / 16);
+        let strike = e.2 && redone;
+        e.2 = true;
+        if strike {
+            self.strikes += 1;
+            if !self.on_allowed() {
+                self.on = false;
+                self.stats.on = false;
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Collapses `span` now: `madvise(MADV_COLLAPSE)`, timed. Returns whether the kernel did
+    /// it and how long it took.
+    pub(super) fn collapse(span: (usize, usize)) -> (bool, Duration) {
+        let t = Instant::now();
+        // SAFETY: `span` lies inside a region the caller registered and keeps mapped while it
+        // is registered; MADV_COLLAPSE keeps the contents of the pages it replaces.
+        let rc = unsafe { libc::madvise(span.0 as *mut libc::c_void, span.1, MADV_COLLAPSE) };
+        (rc == 0, t.elapsed())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const M: usize = 1 << 20;
+
+    #[test]
+    fn short_spans_and_spans_without_a_whole_huge_page_are_left_alone() {
+        let mut h = HugePages::with(true);
+        for _ in 0..3 {
+            assert_eq!(h.on_register(0x4000_0000, HUGE_MIN - 1), None);
+        }
+        assert_eq!(
+            HugePages::interior(0x4000_0010, 8 * M),
+            Some((0x4020_0000, 6 * M))
+        );
+        assert_eq!(
+            HugePages::interior(0x4000_0000, 8 * M),
+            Some((0x4000_0000, 8 * M))
+        );
+        assert_eq!(
+            HugePages::interior(usize::MAX - 4 * M, 9 * M),
+            None,
+            "wraps"
+        );
+    }
+
+    #[test]
+    fn a_region_is_collapsed_from_its_second_registration_on() {
+        let mut h = HugePages::with(true);
+        let (addr, len) = (0x7f00_0000_0010, 64 * M);
+        assert_eq!(h.on_register(addr, len), None, "first sight");
+        let span = h.on_register(addr, len).expect("second sight");
+        assert_eq!(span, (0x7f00_0020_0000, 62 * M));
+        assert!(!h.record(span, true, Duration::from_millis(40)));
+        for _ in 0..10 {
+            assert_eq!(h.on_register(addr, len), Some(span));
+            assert!(!h.record(span, true, Duration::from_micros(20)));
+        }
+        assert_eq!(h.stats().collapsed, 11);
+        assert!(h.stats().on);
+        // Another buffer: remembered, not collapsed on first sight.
+        assert_eq!(h.on_register(addr + 128 * M, 16 * M), None);
+    }
+
+    #[test]
+    fn buffers_replaced_at_the_same_address_turn_it_off_after_three_strikes() {
+        let mut h = HugePages::with(true);
+        let (addr, len) = (0x7f00_0000_0000, 32 * M);
+        h.on_register(addr, len);
+        let span = h.on_register(addr, len).unwrap();
+        // The first collapse does real work: no strike.
+        assert!(!h.record(span, true, Duration::from_millis(30)));
+        for strike in 1..MAX_STRIKES {
+            assert_eq!(h.on_register(addr, len), Some(span));
+            assert!(
+                !h.record(span, true, Duration::from_millis(30)),
+                "strike {strike}"
+            );
+        }
+        assert_eq!(h.on_register(addr, len), Some(span));
+        assert!(
+            h.record(span, true, Duration::from_millis(30)),
+            "the last strike"
+        );
+        assert_eq!(h.on_register(addr, len), None);
+        assert!(!h.stats().on);
+        h.set(true);
+        assert!(!h.stats().on, "set(true) does not undo the strikes");
+    }
+
+    #[test]
+    fn refusals_are_counted_and_leave_the_region_remembered() {
+        let mut h = HugePages::with(true);
+        let (addr, len) = (0x7f00_0000_0000, 16 * M);
+        h.on_register(addr, len);
+        let span = h.on_register(addr, len).unwrap();
+        assert!(!h.record(span, false, Duration::from_micros(3)));
+        assert_eq!(h.on_register(addr, len), Some(span));
+        assert_eq!(h.stats().refused, 1);
+    }
+
+    #[test]
+    fn the_memory_holds_the_last_sixteen_regions() {
+        let mut h = HugePages::with(true);
+        let base = 0x7f00_0000_0000usize;
+        for i in 0..=SEEN {
+            assert_eq!(h.on_register(base + i * 64 * M, 16 * M), None);
+        }
+        // The first was replaced by the seventeenth; the second is still there.
+        assert_eq!(h.on_register(base, 16 * M), None);
+        assert!(h.on_register(base + 2 * 64 * M, 16 * M).is_some());
+    }
+
+    #[test]
+    fn off_means_nothing_is_collapsed() {
+        let mut h = HugePages::with(true);
+        h.set(false);
+        for _ in 0..3 {
+            assert_eq!(h.on_register(0x7f00_0000_0000, 64 * M), None);
+        }
+        assert_eq!(h.stats(), HugeStats::default());
+    }
+}

@@ -1,0 +1,99 @@
+//! Huge pages under large regions registered again: the kernel's side, for real.
+
+use super::{RW, buf, collect, pair, pattern, remote, sge};
+use crate::shm::HUGE_MIN;
+use crate::verbs::{Access, Endpoint};
+
+/// The `AnonHugePages` of the mapping that holds `addr`, in KiB (from /proc/self/smaps).
+fn huge_kib_at(addr: usize) -> Option<u64> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let mut inside = false;
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if let Some((a, b)) = first.split_once('-')
+            && let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+        {
+            inside = (a..b).contains(&addr);
+            continue;
+        }
+        if inside && let Some(v) = line.strip_prefix("AnonHugePages:") {
+            return v.trim().trim_end_matches("kB").trim().parse().ok();
+        }
+    }
+    None
+}
+
+fn thp_mode() -> String {
+    std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default()
+}
+
+#[test]
+fn a_region_registered_again_gets_huge_pages_and_keeps_its_bytes() {
+    let mode = thp_mode();
+    let (mut e0, mut e1) = pair();
+    if mode.is_empty() || mode.contains("[never]") {
+        assert!(!e1.huge_pages().on);
+        eprintln!("skipped: transparent huge pages are off on this kernel ({mode:?})");
+        return;
+    }
+    let len = HUGE_MIN + (8 << 20);
+    let dst = buf(&mut e1, pattern(len, 3), RW);
+    let addr = dst.v.as_ptr() as usize;
+    assert_eq!(e1.huge_pages().collapsed, 0, "first registration");
+    if mode.contains("[madvise]") {
+        assert_eq!(huge_kib_at(addr), Some(0), "4 KiB pages before");
+    }
+    // A buffer that only reads is never collapsed.
+    let src = buf(&mut e0, pattern(len, 4), Access::LOCAL_READ);
+    // SAFETY: `src` outlives the registration, deregistered at once.
+    let again = unsafe { e0.register(src.v.as_ptr() as *mut u8, len, Access::LOCAL_READ) };
+    e0.deregister(&again.unwrap());
+    assert_eq!(e0.huge_pages().collapsed + e0.huge_pages().refused, 0);
+
+    // SAFETY: `dst` outlives the registration, deregistered below.
+    let mr = unsafe { e1.register(addr as *mut u8, len, RW) }.unwrap();
+    let stats = e1.huge_pages();
+    if stats.refused == 1 {
+        eprintln!("skipped: this kernel refuses MADV_COLLAPSE (before Linux 6.1?)");
+        return;
+    }
+    assert_eq!(stats.collapsed, 1, "{stats:?}");
+    let kib = huge_kib_at(addr).expect("the buffer's mapping in smaps");
+    assert!(
+        kib >= (len as u64 >> 10) - 4096,
+        "{kib} KiB of huge pages in {len} bytes"
+    );
+    assert_eq!(dst.v, pattern(len, 3), "contents kept");
+
+    // Cross-memory writes into it land exact bytes.
+    // SAFETY: the source outlives the write.
+    unsafe { e0.post_write(1, &[sge(&src, 0, len - 64)], mr.remote(), 64, Some(5), 1) }.unwrap();
+    assert_eq!(collect(&mut e1, 1, remote).len(), 1);
+    assert_eq!(&dst.v[..64], &pattern(len, 3)[..64]);
+    assert_eq!(&dst.v[64..], &src.v[..len - 64]);
+    e1.deregister(&mr);
+
+    // The third registration finds the pages huge: counted, nothing copied again.
+    // SAFETY: as above.
+    let mr = unsafe { e1.register(addr as *mut u8, len, RW) }.unwrap();
+    assert_eq!(e1.huge_pages().collapsed, 2);
+    assert!(e1.huge_pages().on);
+    e1.deregister(&mr);
+}
+
+#[test]
+fn off_leaves_pages_alone() {
+    let (_e0, mut e1) = pair();
+    e1.set_huge_pages(false);
+    let len = HUGE_MIN * 2;
+    let dst = buf(&mut e1, pattern(len, 1), RW);
+    for _ in 0..2 {
+        // SAFETY: `dst` outlives the registration, deregistered at once.
+        let mr = unsafe { e1.register(dst.v.as_ptr() as *mut u8, len, RW) }.unwrap();
+        e1.deregister(&mr);
+    }
+    assert_eq!(e1.huge_pages().collapsed + e1.huge_pages().refused, 0);
+    if thp_mode().contains("[madvise]") {
+        assert_eq!(huge_kib_at(dst.v.as_ptr() as usize), Some(0));
+    }
+}
