@@ -52,6 +52,13 @@ pub const IDLE_CREDIT_RETURN: Duration = Duration::from_micros(20);
 /// receiver copies into place (all-to-all(v), all-gather) before it sends through a slot.
 pub const OFFER_PATIENCE: Duration = Duration::from_micros(100);
 
+/// A pass posts at most one direct write of at least this many bytes to each peer; the next
+/// waits for a new round, after the driver has polled. A transport that copies during the post
+/// (shared memory) has completed the write by then, so the local ops waiting for it (the
+/// all-gather's and all-to-all's copy of the rank's own block, piece by piece) run between the
+/// writes and read their source from the cache the write just filled.
+pub const PACE_MIN: usize = 64 << 10;
+
 /// How often a rank that waits in a scheduled collective looks at its peers' boards for a
 /// posting of the same operation (a mismatch: the peer runs it eagerly).
 pub const BOARD_CHECK_EVERY: Duration = Duration::from_millis(1);
@@ -112,6 +119,9 @@ pub struct Protocol {
     pub(super) unreturned: bool,
     /// A posting was refused: try again next round.
     pub(super) retry: bool,
+    /// This pass posted a large direct write (see [`PACE_MIN`]): the next pass waits for the
+    /// next round.
+    pub(super) paced: bool,
     /// The header every peer's (first) message of the running eager operation has, but for
     /// the sender and the checksum; kept from call to call, valid while `expect_on`.
     pub(super) expect: Option<Expected>,
@@ -185,6 +195,7 @@ impl Protocol {
             moved: false,
             dirty: false,
             retry: false,
+            paced: false,
             unreturned: false,
             board_wanted: Vec::new(),
             expect: None,
@@ -546,6 +557,10 @@ impl Protocol {
         }
         let done = self.settle();
         self.moved |= moved;
+        if std::mem::take(&mut self.paced) {
+            self.retry = true;
+            return Ok(false);
+        }
         // Once every op is done a further pass has nothing to find.
         Ok(moved && !done)
     }
@@ -726,6 +741,10 @@ impl Protocol {
                     });
                     self.q.inflight.insert(wr, (id, peer, usize::MAX));
                     moved = true;
+                    if bytes >= PACE_MIN {
+                        self.paced = true;
+                        break;
+                    }
                     continue;
                 }
                 if l.pooled {

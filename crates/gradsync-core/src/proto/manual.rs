@@ -72,6 +72,12 @@
 //! nothing has moved for [`OFFER_PATIENCE`](super::OFFER_PATIENCE) (a receiver configured
 //! otherwise, which never offers), the operation's waiting sends go through slots.
 //!
+//! A pass posts at most one direct write of at least [`PACE_MIN`](super::PACE_MIN) bytes to each
+//! peer; the next one waits for the next round, after the driver has polled. Over shared memory
+//! the write is done when its post returns, so its completion arrives in that poll, and the
+//! local op that waited for it (the copy of the rank's own piece, which reads the same input)
+//! runs before the next write, while that input is still in the cache.
+//!
 //! # Pooled pairs: receive memory beyond the budget
 //!
 //! A pair may have no slots at all ([`Protocol::set_pooled`] on both ranks; the driver pools

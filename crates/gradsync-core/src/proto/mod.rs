@@ -33,7 +33,8 @@ pub use error::{ProtoError, Violation};
 pub use fast::FastStart;
 pub use link::IMM_DIRECT;
 pub use machine::{
-    BOARD_CHECK_EVERY, Config, Finished, IDLE_CREDIT_RETURN, OFFER_PATIENCE, Protocol, loc_bytes,
+    BOARD_CHECK_EVERY, Config, Finished, IDLE_CREDIT_RETURN, OFFER_PATIENCE, PACE_MIN, Protocol,
+    loc_bytes,
 };
 pub use probe::{Verdict, VerdictWithin};
 

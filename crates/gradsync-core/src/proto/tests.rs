@@ -534,3 +534,73 @@ fn idle_rounds_return_every_credit() {
         "{a:?}"
     );
 }
+
+/// Large direct writes go one per peer and pass: the copy that waits for a write's completion
+/// runs before the next write is posted (the all-gather's own block, piece by piece).
+#[test]
+fn large_direct_writes_are_paced_one_per_round() {
+    let now = Instant::now();
+    let mut p = Protocol::new(cfg(0, 2), now);
+    p.set_direct_min(1, usize::MAX, 1024);
+    let len = PACE_MIN / 4;
+    let mut prog = Program::new();
+    for i in 0..3 {
+        let send = prog.push(
+            Op::Send {
+                peer: 1,
+                src: Loc::new(Buf::Input, i * len),
+                len,
+            },
+            &[],
+        );
+        let dst = Loc::new(Buf::Output, i * len);
+        let src = Loc::new(Buf::Input, i * len);
+        prog.push(Op::Copy { src, dst, len }, &[send]);
+    }
+    let s = Signature {
+        coll: Collective::AllGather,
+        ..sig(1, 3 * len as u64)
+    };
+    p.start(
+        s,
+        Box::new(Schedule::new(prog, 2)),
+        Mode::Slots,
+        [0; 3],
+        now,
+    );
+    for msg in 0..3u32 {
+        let cts = crate::wire::Cts {
+            msg,
+            sig: s,
+            rkey: 9,
+            bytes: PACE_MIN as u32,
+            offset: u64::from(msg) * PACE_MIN as u64,
+        };
+        p.handle_message(1, crate::wire::ControlRepr::ClearToSend(cts).to_vec(), now)
+            .unwrap();
+    }
+    let direct = |a: &Action| match *a {
+        Action::Write {
+            wr,
+            to: Target::Direct { offset, .. },
+            ..
+        } => Some((wr, offset)),
+        _ => None,
+    };
+    let is_copy = |a: &Action| matches!(a, Action::Local(Op::Copy { .. }));
+    let a = actions(&mut p);
+    let w: Vec<_> = a.iter().filter_map(direct).collect();
+    assert_eq!(w.len(), 1, "one write in the first pass: {a:?}");
+    assert_eq!(w[0].1, 0);
+    // Its completion releases its copy, which comes before the second write.
+    p.handle_write_done(w[0].0);
+    let a = actions(&mut p);
+    assert!(a.len() == 2 && is_copy(&a[0]), "{a:?}");
+    let w = direct(&a[1]).expect("the second write");
+    assert_eq!(w.1, PACE_MIN as u64);
+    // The third waits for the next round, not for the second's completion.
+    assert!(actions(&mut p).is_empty());
+    p.handle_round(now, false);
+    let a = actions(&mut p);
+    assert_eq!(a.iter().filter_map(direct).count(), 1, "{a:?}");
+}
