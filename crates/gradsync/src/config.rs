@@ -101,7 +101,8 @@ pub struct Config {
     /// never): an operation's output of at least 8 MiB registered at the address and length
     /// of an earlier one is collapsed into transparent huge pages (`madvise(MADV_COLLAPSE)`,
     /// contents kept; nothing where the kernel's setting is `never`), which spares the
-    /// writer's pinning and page walks. A buffer used once is left alone; where buffers keep
+    /// writer's pinning and page walks. A buffer used once is left alone, and one the kernel
+    /// refused twice (pages pinned elsewhere, `MADV_NOHUGEPAGE`, Linux before 6.1); where buffers keep
     /// being replaced at one address, the rank stops after three that lost their huge pages.
     /// A rank's own setting, need not match.
     pub shm_huge_pages: bool,

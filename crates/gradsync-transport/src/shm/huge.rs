@@ -10,7 +10,9 @@
 //! buffer used once pays nothing. Later registrations of a collapsed buffer call it again,
 //! which returns at once while the pages are still huge. Should those calls keep doing real
 //! work (the caller frees and allocates anew at the same address), the endpoint stops after
-//! [`MAX_STRIKES`] of them. Off when the kernel's transparent huge pages are `never`.
+//! [`MAX_STRIKES`] of them. A region the kernel refused twice (pinned pages, untouched ones,
+//! `MADV_NOHUGEPAGE`, a kernel before 6.1) is left alone. Off when the kernel's transparent
+//! huge pages are `never`.
 
 use std::time::{Duration, Instant};
 
@@ -25,6 +27,19 @@ const SEEN: usize = 16;
 
 /// Repeated collapses of one remembered region that did real work before the endpoint stops.
 pub(super) const MAX_STRIKES: u32 = 3;
+
+/// Refusals of one remembered region after which it is left alone (pages pinned by someone
+/// else, for example a page-locked staging buffer, are refused every time).
+const MAX_REFUSALS: u8 = 2;
+
+/// A remembered region: its aligned interior, whether a collapse of it succeeded, and how
+/// often the kernel refused it.
+#[derive(Clone, Copy, Debug)]
+struct Seen {
+    span: (usize, usize),
+    collapsed: bool,
+    refusals: u8,
+}
 
 /// `MADV_COLLAPSE` (Linux 6.1), absent from older libc bindings.
 const MADV_COLLAPSE: libc::c_int = 25;
@@ -44,8 +59,8 @@ pub struct HugeStats {
 #[derive(Debug)]
 pub(super) struct HugePages {
     on: bool,
-    /// (aligned start, aligned length, collapsed before), oldest replaced first.
-    seen: Vec<(usize, usize, bool)>,
+    /// Oldest replaced first.
+    seen: Vec<Seen>,
     next: usize,
     strikes: u32,
     stats: HugeStats,
@@ -102,13 +117,18 @@ impl HugePages {
             return None;
         }
         let span = Self::interior(addr, len)?;
-        if self.seen.iter().any(|&(a, l, _)| (a, l) == span) {
-            return Some(span);
+        if let Some(e) = self.seen.iter().find(|e| e.span == span) {
+            return (e.refusals < MAX_REFUSALS).then_some(span);
         }
+        let e = Seen {
+            span,
+            collapsed: false,
+            refusals: 0,
+        };
         if self.seen.len() < SEEN {
-            self.seen.push((span.0, span.1, false));
+            self.seen.push(e);
         } else {
-            self.seen[self.next] = (span.0, span.1, false);
+            self.seen[self.next] = e;
             self.next = (self.next + 1) % SEEN;
         }
         None
@@ -117,19 +137,20 @@ impl HugePages {
     /// Records the outcome of collapsing `span`, which took `took`. Returns `true` when this
     /// outcome turned the policy off.
     pub(super) fn record(&mut self, span: (usize, usize), ok: bool, took: Duration) -> bool {
+        let Some(e) = self.seen.iter_mut().find(|e| e.span == span) else {
+            return false;
+        };
         if !ok {
             self.stats.refused += 1;
+            e.refusals = e.refusals.saturating_add(1);
             return false;
         }
         self.stats.collapsed += 1;
-        let Some(e) = self.seen.iter_mut().find(|e| (e.0, e.1) == span) else {
-            return false;
-        };
         // Pages still huge: the call only walks the page tables. Copying them again costs
         // about a millisecond per 16 MiB or more.
         let redone = took > Duration::from_micros(100) + Duration::from_nanos(span.1 as u64 / 16);
-        let strike = e.2 && redone;
-        e.2 = true;
+        let strike = e.collapsed && redone;
+        e.collapsed = true;
         if strike {
             self.strikes += 1;
             if !self.on_allowed() {
@@ -224,14 +245,19 @@ mod tests {
     }
 
     #[test]
-    fn refusals_are_counted_and_leave_the_region_remembered() {
+    fn a_region_refused_twice_is_left_alone() {
         let mut h = HugePages::with(true);
         let (addr, len) = (0x7f00_0000_0000, 16 * M);
         h.on_register(addr, len);
         let span = h.on_register(addr, len).unwrap();
         assert!(!h.record(span, false, Duration::from_micros(3)));
-        assert_eq!(h.on_register(addr, len), Some(span));
-        assert_eq!(h.stats().refused, 1);
+        assert_eq!(h.on_register(addr, len), Some(span), "tried again once");
+        assert!(!h.record(span, false, Duration::from_micros(3)));
+        assert_eq!(h.on_register(addr, len), None);
+        assert_eq!(h.stats().refused, 2);
+        assert!(h.stats().on, "other regions still get huge pages");
+        h.on_register(addr + 64 * M, len);
+        assert!(h.on_register(addr + 64 * M, len).is_some());
     }
 
     #[test]

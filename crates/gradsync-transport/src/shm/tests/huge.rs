@@ -97,3 +97,29 @@ fn off_leaves_pages_alone() {
         assert_eq!(huge_kib_at(dst.v.as_ptr() as usize), Some(0));
     }
 }
+
+#[test]
+fn a_region_the_kernel_refuses_is_tried_twice_then_left_alone() {
+    let mode = thp_mode();
+    let (_e0, mut e1) = pair();
+    if mode.is_empty() || mode.contains("[never]") {
+        eprintln!("skipped: transparent huge pages are off on this kernel ({mode:?})");
+        return;
+    }
+    let len = HUGE_MIN * 2;
+    let dst = buf(&mut e1, pattern(len, 2), RW);
+    let addr = dst.v.as_ptr() as usize;
+    // The owner said no huge pages here: MADV_COLLAPSE fails on it.
+    let start = (addr + (2 << 20) - 1) & !((2 << 20) - 1);
+    // SAFETY: the span lies inside `dst`'s heap block, which stays mapped.
+    let rc = unsafe { libc::madvise(start as *mut libc::c_void, 4 << 20, libc::MADV_NOHUGEPAGE) };
+    assert_eq!(rc, 0);
+    for _ in 0..4 {
+        // SAFETY: `dst` outlives the registration, deregistered at once.
+        let mr = unsafe { e1.register(addr as *mut u8, len, RW) }.unwrap();
+        e1.deregister(&mr);
+    }
+    let s = e1.huge_pages();
+    assert_eq!((s.collapsed, s.refused, s.on), (0, 2, true), "{s:?}");
+    assert_eq!(dst.v, pattern(len, 2));
+}
