@@ -5,6 +5,7 @@
 
 use gradsync::{Communicator, Config, ReduceOp, TransportMode};
 use gradsync_store::StoreServer;
+use gradsync_transport::shm::huge_kib_at;
 use std::time::Duration;
 
 /// Elements per rank: just over 8 MiB of `f32`, and not a multiple of a cache line.
@@ -14,25 +15,6 @@ const COUNT: usize = (8 << 20) / 4 + 5;
 /// apart; exact in `f32`.
 fn val(rank: usize, i: usize) -> f32 {
     ((rank << 20) + (i * 13) % 1_048_573) as f32
-}
-
-/// The `AnonHugePages` of the mapping that holds `addr`, in KiB (from /proc/self/smaps).
-fn huge_kib_at(addr: usize) -> Option<u64> {
-    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
-    let mut inside = false;
-    for line in smaps.lines() {
-        let first = line.split_whitespace().next().unwrap_or("");
-        if let Some((a, b)) = first.split_once('-')
-            && let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
-        {
-            inside = (a..b).contains(&addr);
-            continue;
-        }
-        if inside && let Some(v) = line.strip_prefix("AnonHugePages:") {
-            return v.trim().trim_end_matches("kB").trim().parse().ok();
-        }
-    }
-    None
 }
 
 /// Whether this kernel collapses a registered output into huge pages: transparent huge pages

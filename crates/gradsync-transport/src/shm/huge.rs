@@ -173,6 +173,27 @@ impl HugePages {
     }
 }
 
+/// The transparent huge pages of the mapping that holds `addr` in this process, in KiB
+/// (`AnonHugePages` in `/proc/self/smaps`), or `None` when that cannot be read: what a
+/// collapse did, for tests and diagnostics.
+pub fn huge_kib_at(addr: usize) -> Option<u64> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let mut inside = false;
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if let Some((a, b)) = first.split_once('-')
+            && let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+        {
+            inside = (a..b).contains(&addr);
+            continue;
+        }
+        if inside && let Some(v) = line.strip_prefix("AnonHugePages:") {
+            return v.trim().trim_end_matches("kB").trim().parse().ok();
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -135,7 +135,7 @@ mod tests;
 pub mod wire;
 
 pub use endpoint::ShmEndpoint;
-pub use huge::{HUGE_MIN, HugeStats};
+pub use huge::{HUGE_MIN, HugeStats, huge_kib_at};
 pub use layout::{DIR_CAP, MAX_LOCAL, RING_BYTES};
 pub use liveness::LIVENESS_EVERY;
 pub use setup::ShmSetup;

@@ -1,27 +1,8 @@
 //! Huge pages under large regions registered again: the kernel's side, for real.
 
 use super::{RW, buf, collect, pair, pattern, remote, sge};
-use crate::shm::HUGE_MIN;
+use crate::shm::{HUGE_MIN, huge_kib_at};
 use crate::verbs::{Access, Endpoint};
-
-/// The `AnonHugePages` of the mapping that holds `addr`, in KiB (from /proc/self/smaps).
-fn huge_kib_at(addr: usize) -> Option<u64> {
-    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
-    let mut inside = false;
-    for line in smaps.lines() {
-        let first = line.split_whitespace().next().unwrap_or("");
-        if let Some((a, b)) = first.split_once('-')
-            && let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
-        {
-            inside = (a..b).contains(&addr);
-            continue;
-        }
-        if inside && let Some(v) = line.strip_prefix("AnonHugePages:") {
-            return v.trim().trim_end_matches("kB").trim().parse().ok();
-        }
-    }
-    None
-}
 
 fn thp_mode() -> String {
     std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default()
