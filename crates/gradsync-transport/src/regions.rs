@@ -110,6 +110,11 @@ impl RegionTable {
         check_write(self.rank, peer, rkey, offset, len, self.by_key.get(&rkey))
     }
 
+    /// The address and length of the region registered under `key`.
+    pub(crate) fn span_of(&self, key: u32) -> Option<(usize, usize)> {
+        self.by_key.get(&key).map(|mr| (mr.addr, mr.len))
+    }
+
     /// The access rights of the region registered under `key`.
     pub(crate) fn access_of(&self, key: u32) -> Option<Access> {
         self.by_key.get(&key).map(|mr| mr.access)

@@ -98,8 +98,8 @@ pub struct Config {
     pub shm_board: bool,
     /// Whether large buffers that peers on shared memory write into by cross-memory attach
     /// get huge pages once they are used again (`GRADSYNC_SHM_HUGEPAGES`, `1` default, `0`:
-    /// never): an operation's output of at least 8 MiB registered at the address and length
-    /// of an earlier one is collapsed into transparent huge pages (`madvise(MADV_COLLAPSE)`,
+    /// never): an operation's output of at least 8 MiB that peers wrote that way, registered
+    /// at the same address and length by a later operation, is collapsed into transparent huge pages (`madvise(MADV_COLLAPSE)`,
     /// contents kept; nothing where the kernel's setting is `never`), which spares the
     /// writer's pinning and page walks. A buffer used once is left alone, and one the kernel
     /// refused twice (pages pinned elsewhere, `MADV_NOHUGEPAGE`, Linux before 6.1); where buffers keep

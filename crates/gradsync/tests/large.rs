@@ -27,13 +27,15 @@ fn kernel_collapses() -> bool {
     thp.is_ok_and(|s| !s.contains("[never]")) && (major, minor) >= (6, 1)
 }
 
-/// `huge`: the transport collapses outputs used again into huge pages (shared memory).
+/// `huge`: the transport collapses outputs that peers wrote by cross-memory attach, used
+/// again, into huge pages (shared memory with direct writes).
 fn run_rank(mut c: Communicator, huge: bool) {
     let (r, w) = (c.rank(), c.world_size());
     let input: Vec<f32> = (0..COUNT).map(|i| val(r, i)).collect();
     let mut out = vec![f32::NAN; COUNT * w];
     // The second and third rounds write into the output the first registered: on shared
-    // memory, collapsed into huge pages at the second (every element is checked after each).
+    // memory, where the first round's writes went straight into it, collapsed into huge pages
+    // at the second (every element is checked after each).
     for round in 0..3 {
         c.all_gather(&input, &mut out).unwrap();
         if huge && round > 0 && kernel_collapses() {
@@ -71,10 +73,15 @@ fn run_rank(mut c: Communicator, huge: bool) {
         }
     }
     let mut sum = vec![f32::NAN; COUNT];
-    c.all_reduce_into(&input, &mut sum, ReduceOp::Sum).unwrap();
-    for (i, x) in sum.iter().enumerate() {
-        let want: f32 = (0..w).map(|q| val(q, i)).sum();
-        assert_eq!(*x, want, "rank {r} of {w}: all_reduce element {i}");
+    for round in 0..3 {
+        c.all_reduce_into(&input, &mut sum, ReduceOp::Sum).unwrap();
+        for (i, x) in sum.iter().enumerate() {
+            let want: f32 = (0..w).map(|q| val(q, i)).sum();
+            assert_eq!(
+                *x, want,
+                "rank {r} of {w}, round {round}: all_reduce element {i}"
+            );
+        }
     }
 }
 
@@ -97,7 +104,10 @@ fn run_with(world: usize, transport: Option<TransportMode>, tweak: impl Fn(&mut 
         }
         return;
     };
-    let huge = transport == TransportMode::Shm && base.shm_huge_pages;
+    // Outputs that peers write by cross-memory attach (direct writes on) get huge pages.
+    let huge = transport == TransportMode::Shm
+        && base.shm_huge_pages
+        && base.shm_move_direct_min < usize::MAX;
     let server = StoreServer::bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = server.local_addr().to_string();
     let hs: Vec<_> = (0..world)

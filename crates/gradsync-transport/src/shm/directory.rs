@@ -10,6 +10,7 @@ use super::segment::Segment;
 use crate::error::Violation;
 use crate::regions::{KeyMap, RegionTable};
 use crate::verbs::Access;
+use std::cell::RefCell;
 use std::sync::atomic::{Ordering, fence};
 use std::time::{Duration, Instant};
 
@@ -198,6 +199,9 @@ pub(super) struct LocalTable {
     pub(super) regions: RegionTable,
     /// Directory slot of every registered key.
     pub(super) slots: KeyMap<usize>,
+    /// Keys of regions that peers wrote by cross-memory attach since the endpoint last looked
+    /// (noted while draining, where the table is shared).
+    pub(super) written: RefCell<Vec<u32>>,
 }
 
 impl LocalTable {
@@ -205,6 +209,20 @@ impl LocalTable {
         LocalTable {
             regions: RegionTable::new(rank),
             slots: KeyMap::default(),
+            written: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// Notes that a peer wrote at least [`WRITTEN_MIN`] bytes into the region of `key` outside
+    /// the ring (a large-write notification).
+    pub(super) fn note_written(&self, key: u32) {
+        let mut w = self.written.borrow_mut();
+        if w.last() != Some(&key) {
+            w.push(key);
         }
     }
 }
+
+/// Large-write notifications of at least this many bytes are noted (see
+/// [`LocalTable::note_written`]).
+pub(super) const WRITTEN_MIN: u32 = 64 << 10;

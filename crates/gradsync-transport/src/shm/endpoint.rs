@@ -212,7 +212,7 @@ impl ShmEndpoint {
             && entry.alloc.is_none()
             && let Some(span) = self.huge.on_register(addr, len)
         {
-            // Peers write this region with process_vm_writev, which pins it page by page.
+            // Peers wrote this region with process_vm_writev, which pins it page by page.
             let (ok, took) = HugePages::collapse(span);
             if self.huge.record(span, ok, took) {
                 tracing::info!(
@@ -505,6 +505,16 @@ impl Endpoint for ShmEndpoint {
         out.append(&mut self.done);
         for pos in 0..conn.peers.len() {
             conn.drain(me, &self.regions, pos, out)?;
+        }
+        if !self.regions.written.get_mut().is_empty() {
+            let mut keys = std::mem::take(self.regions.written.get_mut());
+            for &key in &keys {
+                if let Some((addr, len)) = self.regions.regions.span_of(key) {
+                    self.huge.on_written(addr, len);
+                }
+            }
+            keys.clear();
+            *self.regions.written.get_mut() = keys;
         }
         // The clock is read on one poll in 64: a poll loop spins millions of times a second,
         // and the liveness check only needs to run every few milliseconds.

@@ -3,11 +3,12 @@
 //! `process_vm_writev` pins every page of the target span for each write, and the writer's
 //! copy walks it page by page: with 4 KiB pages, pinning and TLB misses cost about a third of
 //! a 64 MiB all-gather over shared memory. A region registered for remote writes, outside
-//! a shared allocation and at least [`HUGE_MIN`] long, that is registered again with the same
-//! address and length (a buffer the caller reuses, as a training loop or a benchmark does) gets
-//! `madvise(MADV_COLLAPSE)` over its 2 MiB-aligned interior: the kernel backs it with
-//! transparent huge pages, keeping its contents. A first registration changes nothing, so a
-//! buffer used once pays nothing. Later registrations of a collapsed buffer call it again,
+//! a shared allocation and at least [`HUGE_MIN`] long, that peers wrote by cross-memory attach
+//! and that is registered again with the same address and length (a buffer the caller reuses,
+//! as a training loop or a benchmark does) gets `madvise(MADV_COLLAPSE)` over its 2 MiB-aligned
+//! interior: the kernel backs it with transparent huge pages, keeping its contents. A first
+//! registration changes nothing, so a buffer used once pays nothing, and neither does one that
+//! peers fill through the inbox (an all-reduce's output). Later registrations of a collapsed buffer call it again,
 //! which returns at once while the pages are still huge. Should those calls keep doing real
 //! work (the caller frees and allocates anew at the same address), the endpoint stops after
 //! [`MAX_STRIKES`] of them. A region the kernel refused twice (pinned pages, untouched ones,
@@ -32,11 +33,12 @@ pub(super) const MAX_STRIKES: u32 = 3;
 /// else, for example a page-locked staging buffer, are refused every time).
 const MAX_REFUSALS: u8 = 2;
 
-/// A remembered region: its aligned interior, whether a collapse of it succeeded, and how
-/// often the kernel refused it.
+/// A remembered region: its aligned interior, whether peers wrote it by cross-memory attach,
+/// whether a collapse of it succeeded, and how often the kernel refused it.
 #[derive(Clone, Copy, Debug)]
 struct Seen {
     span: (usize, usize),
+    written: bool,
     collapsed: bool,
     refusals: u8,
 }
@@ -118,10 +120,11 @@ impl HugePages {
         }
         let span = Self::interior(addr, len)?;
         if let Some(e) = self.seen.iter().find(|e| e.span == span) {
-            return (e.refusals < MAX_REFUSALS).then_some(span);
+            return (e.written && e.refusals < MAX_REFUSALS).then_some(span);
         }
         let e = Seen {
             span,
+            written: false,
             collapsed: false,
             refusals: 0,
         };
@@ -132,6 +135,17 @@ impl HugePages {
             self.next = (self.next + 1) % SEEN;
         }
         None
+    }
+
+    /// A peer wrote at least 64 KiB into the region of `len` bytes at `addr` by cross-memory
+    /// attach: its next registration collapses it.
+    pub(super) fn on_written(&mut self, addr: usize, len: usize) {
+        let Some(span) = Self::interior(addr, len) else {
+            return;
+        };
+        if let Some(e) = self.seen.iter_mut().find(|e| e.span == span) {
+            e.written = true;
+        }
     }
 
     /// Records the outcome of collapsing `span`, which took `took`. Returns `true` when this
@@ -175,7 +189,8 @@ impl HugePages {
 
 /// The transparent huge pages of the mapping that holds `addr` in this process, in KiB
 /// (`AnonHugePages` in `/proc/self/smaps`), or `None` when that cannot be read: what a
-/// collapse did, for tests and diagnostics.
+/// collapse did, for tests and diagnostics (the kernel may merge adjacent allocations into one
+/// mapping, so the figure can include its neighbours).
 pub fn huge_kib_at(addr: usize) -> Option<u64> {
     let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
     let mut inside = false;
@@ -222,11 +237,17 @@ mod tests {
     }
 
     #[test]
-    fn a_region_is_collapsed_from_its_second_registration_on() {
+    fn a_region_peers_wrote_is_collapsed_when_registered_again() {
         let mut h = HugePages::with(true);
         let (addr, len) = (0x7f00_0000_0010, 64 * M);
         assert_eq!(h.on_register(addr, len), None, "first sight");
-        let span = h.on_register(addr, len).expect("second sight");
+        assert_eq!(
+            h.on_register(addr, len),
+            None,
+            "nobody wrote it by cross-memory attach"
+        );
+        h.on_written(addr, len);
+        let span = h.on_register(addr, len).expect("written, seen again");
         assert_eq!(span, (0x7f00_0020_0000, 62 * M));
         assert!(!h.record(span, true, Duration::from_millis(40)));
         for _ in 0..10 {
@@ -244,6 +265,7 @@ mod tests {
         let mut h = HugePages::with(true);
         let (addr, len) = (0x7f00_0000_0000, 32 * M);
         h.on_register(addr, len);
+        h.on_written(addr, len);
         let span = h.on_register(addr, len).unwrap();
         // The first collapse does real work: no strike.
         assert!(!h.record(span, true, Duration::from_millis(30)));
@@ -270,6 +292,7 @@ mod tests {
         let mut h = HugePages::with(true);
         let (addr, len) = (0x7f00_0000_0000, 16 * M);
         h.on_register(addr, len);
+        h.on_written(addr, len);
         let span = h.on_register(addr, len).unwrap();
         assert!(!h.record(span, false, Duration::from_micros(3)));
         assert_eq!(h.on_register(addr, len), Some(span), "tried again once");
@@ -278,6 +301,7 @@ mod tests {
         assert_eq!(h.stats().refused, 2);
         assert!(h.stats().on, "other regions still get huge pages");
         h.on_register(addr + 64 * M, len);
+        h.on_written(addr + 64 * M, len);
         assert!(h.on_register(addr + 64 * M, len).is_some());
     }
 
@@ -287,6 +311,9 @@ mod tests {
         let base = 0x7f00_0000_0000usize;
         for i in 0..=SEEN {
             assert_eq!(h.on_register(base + i * 64 * M, 16 * M), None);
+        }
+        for i in 0..=SEEN {
+            h.on_written(base + i * 64 * M, 16 * M);
         }
         // The first was replaced by the seventeenth; the second is still there.
         assert_eq!(h.on_register(base, 16 * M), None);
@@ -299,6 +326,7 @@ mod tests {
         h.set(false);
         for _ in 0..3 {
             assert_eq!(h.on_register(0x7f00_0000_0000, 64 * M), None);
+            h.on_written(0x7f00_0000_0000, 64 * M);
         }
         assert_eq!(h.stats(), HugeStats::default());
     }

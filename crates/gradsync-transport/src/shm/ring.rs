@@ -2,7 +2,7 @@
 //! publish, flush of the pending queue, push of a record) and the consumer side (drain), both
 //! as methods of [`Peer`].
 
-use super::directory::LocalTable;
+use super::directory::{LocalTable, WRITTEN_MIN};
 use super::layout::{C_HEAD, C_TAIL, C_WANT_SPACE, RING_BYTES, ctl_off};
 use super::peer::{Me, Peer};
 use super::segment::Segment;
@@ -333,7 +333,15 @@ impl Peer {
                         }
                     }
                 }
-                RecordRepr::WriteNotify { imm, data_len, .. } => {
+                RecordRepr::WriteNotify {
+                    rkey,
+                    imm,
+                    data_len,
+                    ..
+                } => {
+                    if data_len >= WRITTEN_MIN {
+                        regions.note_written(rkey);
+                    }
                     if let Some(imm) = imm {
                         out.push(Completion::WriteImm {
                             peer,
