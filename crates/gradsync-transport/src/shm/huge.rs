@@ -46,7 +46,8 @@ struct Seen {
 /// `MADV_COLLAPSE` (Linux 6.1), absent from older libc bindings.
 const MADV_COLLAPSE: libc::c_int = 25;
 
-/// What the huge-page policy of a shared-memory endpoint did so far ([`ShmEndpoint::huge_pages`](crate::shm::ShmEndpoint::huge_pages)).
+/// What the huge-page policy of a shared-memory endpoint did so far
+/// ([`ShmEndpoint::huge_pages`](crate::shm::ShmEndpoint::huge_pages)).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HugeStats {
     /// Whether the endpoint still collapses regions.
@@ -60,12 +61,16 @@ pub struct HugeStats {
 /// The per-endpoint policy and its memory of recent regions.
 #[derive(Debug)]
 pub(super) struct HugePages {
-    on: bool,
+    /// The kernel's transparent huge pages are not `never`.
+    kernel: bool,
+    /// The caller's setting ([`set`](Self::set)).
+    wanted: bool,
     /// Oldest replaced first.
     seen: Vec<Seen>,
     next: usize,
     strikes: u32,
-    stats: HugeStats,
+    collapsed: u64,
+    refused: u64,
 }
 
 impl HugePages {
@@ -75,30 +80,33 @@ impl HugePages {
         HugePages::with(thp.is_ok_and(|s| !s.contains("[never]")))
     }
 
-    fn with(on: bool) -> HugePages {
+    fn with(kernel: bool) -> HugePages {
         HugePages {
-            on,
+            kernel,
+            wanted: true,
             seen: Vec::with_capacity(SEEN),
             next: 0,
             strikes: 0,
-            stats: HugeStats {
-                on,
-                ..HugeStats::default()
-            },
+            collapsed: 0,
+            refused: 0,
         }
     }
 
+    /// The caller's setting; neither the kernel's `never` nor the strikes are undone by it.
     pub(super) fn set(&mut self, on: bool) {
-        self.on = on && self.on_allowed();
-        self.stats.on = self.on;
+        self.wanted = on;
     }
 
-    fn on_allowed(&self) -> bool {
-        self.strikes < MAX_STRIKES
+    fn on(&self) -> bool {
+        self.kernel && self.wanted && self.strikes < MAX_STRIKES
     }
 
     pub(super) fn stats(&self) -> HugeStats {
-        self.stats
+        HugeStats {
+            on: self.on(),
+            collapsed: self.collapsed,
+            refused: self.refused,
+        }
     }
 
     /// The 2 MiB-aligned interior of a span, or `None` when the span is short or holds no
@@ -115,7 +123,7 @@ impl HugePages {
     /// The span to collapse now for a registration of `len` bytes at `addr` (remote writes,
     /// outside a shared allocation), or `None`; remembers the span either way.
     pub(super) fn on_register(&mut self, addr: usize, len: usize) -> Option<(usize, usize)> {
-        if !self.on {
+        if !self.on() {
             return None;
         }
         let span = Self::interior(addr, len)?;
@@ -155,11 +163,11 @@ impl HugePages {
             return false;
         };
         if !ok {
-            self.stats.refused += 1;
+            self.refused += 1;
             e.refusals = e.refusals.saturating_add(1);
             return false;
         }
-        self.stats.collapsed += 1;
+        self.collapsed += 1;
         // Pages still huge: the call only walks the page tables. Copying them again costs
         // about a millisecond per 16 MiB or more.
         let redone = took > Duration::from_micros(100) + Duration::from_nanos(span.1 as u64 / 16);
@@ -167,11 +175,7 @@ impl HugePages {
         e.collapsed = true;
         if strike {
             self.strikes += 1;
-            if !self.on_allowed() {
-                self.on = false;
-                self.stats.on = false;
-                return true;
-            }
+            return self.strikes == MAX_STRIKES;
         }
         false
     }
@@ -329,5 +333,16 @@ mod tests {
             h.on_written(0x7f00_0000_0000, 64 * M);
         }
         assert_eq!(h.stats(), HugeStats::default());
+    }
+
+    #[test]
+    fn the_kernels_never_stays_off_whatever_the_setting() {
+        let mut h = HugePages::with(false);
+        h.set(true);
+        assert!(!h.stats().on);
+        for _ in 0..3 {
+            assert_eq!(h.on_register(0x7f00_0000_0000, 64 * M), None);
+            h.on_written(0x7f00_0000_0000, 64 * M);
+        }
     }
 }
