@@ -96,14 +96,11 @@ pub struct Config {
     /// rings): every rank posts its buffer once in its own segment and reads the others' there,
     /// with no message per peer. Used only when every rank's transport has a board.
     pub shm_board: bool,
-    /// Whether large buffers that peers on shared memory write into by cross-memory attach
-    /// get huge pages once they are used again (`GRADSYNC_SHM_HUGEPAGES`, `1` default, `0`:
-    /// never): an operation's output of at least 8 MiB that peers wrote that way, registered
-    /// at the same address and length by a later operation, is collapsed into transparent huge pages (`madvise(MADV_COLLAPSE)`,
-    /// contents kept; nothing where the kernel's setting is `never`), which spares the
-    /// writer's pinning and page walks. A buffer used once is left alone, and one the kernel
-    /// refused twice (pages pinned elsewhere, `MADV_NOHUGEPAGE`, Linux before 6.1); where buffers keep
-    /// being replaced at one address, the rank stops after three that lost their huge pages.
+    /// Whether outputs of at least 8 MiB that peers on shared memory wrote by cross-memory
+    /// attach get transparent huge pages when an operation uses them again
+    /// (`GRADSYNC_SHM_HUGEPAGES`, `1` default, `0`: never), which spares the writers' pinning
+    /// and page walks; the rules are those of
+    /// [`ShmEndpoint::set_huge_pages`](gradsync_transport::shm::ShmEndpoint::set_huge_pages).
     /// A rank's own setting, need not match.
     pub shm_huge_pages: bool,
     /// Whether TCP pairs connect on first use (`GRADSYNC_RUNTIME_CONNECT`, `1` default, as

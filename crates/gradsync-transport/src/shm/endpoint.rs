@@ -48,7 +48,7 @@ pub struct ShmEndpoint {
     pub(super) paths: PathCounts,
     /// This rank's shared allocations; they outlive everything else of the endpoint.
     pub(super) shared: Vec<SharedAlloc>,
-    /// Huge pages under large regions registered again (see `huge`).
+    /// Huge pages under large regions that peers wrote and that are registered again.
     pub(super) huge: HugePages,
 }
 
@@ -117,9 +117,14 @@ impl ShmEndpoint {
         }
     }
 
-    /// Whether large regions that peers write into by cross-memory attach and that are
-    /// registered again at the same address get huge pages (`madvise(MADV_COLLAPSE)`, see
-    /// [`HUGE_MIN`](crate::shm::HUGE_MIN)). On by default where the kernel's transparent huge pages are not `never`.
+    /// Whether large regions that peers wrote by cross-memory attach get huge pages. A region
+    /// registered for remote writes outside a shared allocation, at least
+    /// [`HUGE_MIN`](crate::shm::HUGE_MIN) long, into which a peer wrote at least 64 KiB that
+    /// way, and registered again at the same address and length (one of the last 16 such
+    /// regions), has its 2 MiB-aligned interior collapsed (`madvise(MADV_COLLAPSE)`, contents
+    /// kept). A region the kernel refused twice is left alone; after three re-collapses that
+    /// did real work (buffers replaced at one address) the endpoint stops. On by default;
+    /// never where the kernel's transparent huge pages are `never`.
     pub fn set_huge_pages(&mut self, on: bool) {
         self.huge.set(on);
     }
@@ -506,15 +511,13 @@ impl Endpoint for ShmEndpoint {
         for pos in 0..conn.peers.len() {
             conn.drain(me, &self.regions, pos, out)?;
         }
-        if !self.regions.written.get_mut().is_empty() {
-            let mut keys = std::mem::take(self.regions.written.get_mut());
-            for &key in &keys {
-                if let Some((addr, len)) = self.regions.regions.span_of(key) {
-                    self.huge.on_written(addr, len);
-                }
+        let LocalTable {
+            regions, written, ..
+        } = &mut self.regions;
+        for key in written.get_mut().drain(..) {
+            if let Some((addr, len)) = regions.span_of(key) {
+                self.huge.on_written(addr, len);
             }
-            keys.clear();
-            *self.regions.written.get_mut() = keys;
         }
         // The clock is read on one poll in 64: a poll loop spins millions of times a second,
         // and the liveness check only needs to run every few milliseconds.

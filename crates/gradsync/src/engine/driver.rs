@@ -47,7 +47,8 @@ pub(crate) struct EngineOptions {
     pub deterministic: bool,
 }
 
-/// A rank's shared receive pool ([`Communicator::receive_pool`](crate::Communicator::receive_pool)): where `world` inboxes of
+/// A rank's shared receive pool
+/// ([`Communicator::receive_pool`](crate::Communicator::receive_pool)): where `world` inboxes of
 /// `GRADSYNC_NSLOTS` slots would exceed `GRADSYNC_RECV_BUDGET`, only the peers at a
 /// power-of-two distance round the ring or in the bits of the rank keep inbox slots, and the
 /// messages of the others go straight into place or through slots of this pool, granted one
