@@ -58,7 +58,8 @@
 //! touched while it is being reduced. Peers write into the engine's own inbox, and into caller
 //! memory only after a clear-to-send of the running operation named that span (copy-receives
 //! from the sizes `GRADSYNC_DIRECT_MIN` and `GRADSYNC_SHM_DIRECT_MIN` set, both off by default
-//! but for all-to-all and all-gather over shared memory, from 64 KiB).
+//! but for all-to-all and all-gather over shared memory, from 64 KiB in blocks of at least
+//! 8 MiB).
 
 mod comm;
 mod config;

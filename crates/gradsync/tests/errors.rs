@@ -185,6 +185,19 @@ fn shared_memory_direct_thresholds_that_differ_fail_init_naming_them() {
 }
 
 #[test]
+fn shared_memory_direct_threshold_set_on_one_rank_only_fails_init_naming_it() {
+    // Set to the default's value, the threshold holds for every block size; unset, only for
+    // blocks of at least 8 MiB: the two ranks would not agree on smaller blocks.
+    let res = init_two_ranks(|cfg| cfg.shm_move_block_min = 0);
+    let all = every_rank_failed(&res);
+    assert!(
+        all.contains("rank 0: GRADSYNC_SHM_DIRECT_MIN is unset on rank 0 but set on rank 1; set them alike on every rank")
+            && all.contains("rank 1: GRADSYNC_SHM_DIRECT_MIN is unset on rank 0 but set on rank 1"),
+        "{all}"
+    );
+}
+
+#[test]
 fn receive_budgets_that_differ_between_ranks_fail_init_naming_them() {
     // The budget sets the slots per peer: ranks with other budgets would lay out their inboxes
     // differently, so init refuses and names the budget as well as the slots.

@@ -56,8 +56,9 @@ fn run_rank(mut c: Communicator, huge: bool) {
         out.fill(-1.0);
     }
     // Blocks of 8 MiB (a local copy with non-temporal stores), and of about 1 MiB (with a
-    // remainder): over shared memory written straight into place, a slot's size at a time, or
-    // with direct writes off split into messages of a quarter of a block.
+    // remainder): over shared memory the large ones written straight into place, a slot's
+    // size at a time, and the small ones split into messages of a quarter of a block through
+    // the slots (written in place too where the block threshold is 0).
     for block in [COUNT, (1 << 18) + 3] {
         let input: Vec<f32> = (0..block * w).map(|k| val(r, k)).collect();
         let mut out = vec![f32::NAN; block * w];
@@ -154,6 +155,13 @@ fn large_shm_w3_through_slots() {
         c.shm_direct_min = usize::MAX;
         c.shm_move_direct_min = usize::MAX;
     });
+}
+
+/// Shared memory with direct writes for blocks of every size: the 1 MiB blocks of the
+/// all-to-all go straight into place too, a block a message.
+#[test]
+fn large_shm_w3_small_blocks_direct() {
+    run_with(3, Some(TransportMode::Shm), |c| c.shm_move_block_min = 0);
 }
 
 /// Huge pages off: the outputs keep their pages, results as above.

@@ -64,8 +64,12 @@ pub(crate) struct Link {
     /// Copy-receives from the peer of at least this many bytes are direct writes.
     pub(crate) direct_min: usize,
     /// The same in the collectives whose every receive copies (see `receives_only_copy`),
-    /// where the sender waits for the offer.
+    /// where the sender waits for the offer, for messages of blocks of at least
+    /// `move_block_min` bytes (smaller blocks follow `direct_min`).
     pub(crate) move_direct_min: usize,
+    /// The block size (the whole of what the pair moves one way in a call, before it is cut
+    /// into messages) from which `move_direct_min` applies.
+    pub(crate) move_block_min: usize,
     /// The peer has no part of this rank's inbox (nor this rank of its): every message
     /// between them goes where the receiver's clear-to-send says, into the destination or a
     /// slot of the receiver's shared pool. The window and the credits are 0.
@@ -93,6 +97,7 @@ impl Link {
             offers: IdMap::default(),
             direct_min,
             move_direct_min: direct_min,
+            move_block_min: 0,
             pooled: false,
             pool_absolute: false,
             ready: Vec::new(),
@@ -100,9 +105,11 @@ impl Link {
         }
     }
 
-    /// The direct-write threshold of a call: `move_direct_min` where every receive copies.
-    pub(crate) fn direct_min_for(&self, copies_only: bool) -> usize {
-        if copies_only {
+    /// The direct-write threshold of a call: `move_direct_min` where every receive copies and
+    /// the pair's block is `block` bytes, at least `move_block_min` (`usize::MAX`: a block of
+    /// unknown size, the messages alone decide).
+    pub(crate) fn direct_min_for(&self, copies_only: bool, block: usize) -> usize {
+        if copies_only && block >= self.move_block_min {
             self.direct_min.min(self.move_direct_min)
         } else {
             self.direct_min
@@ -110,12 +117,18 @@ impl Link {
     }
 
     /// Whether a copy-receive of `bytes` from the peer asks for a direct write, in a call
-    /// whose receives all copy or not, with checksums on or off: the receiver's rule, which a
-    /// sender that waits for the offer applies too.
-    pub(crate) fn offers_direct(&self, copies_only: bool, bytes: usize, checksum: bool) -> bool {
+    /// whose receives all copy or not, of blocks of `block` bytes, with checksums on or off:
+    /// the receiver's rule, which a sender that waits for the offer applies too.
+    pub(crate) fn offers_direct(
+        &self,
+        copies_only: bool,
+        block: usize,
+        bytes: usize,
+        checksum: bool,
+    ) -> bool {
         !checksum
             && bytes > 0
-            && bytes >= self.direct_min_for(copies_only)
+            && bytes >= self.direct_min_for(copies_only, block)
             && bytes <= u32::MAX as usize
     }
 
@@ -124,7 +137,9 @@ impl Link {
     /// pair agree: they set the same thresholds, and `usize::MAX` (a transport that takes
     /// writes only into long-lived regions) means never.
     pub(crate) fn pooled_direct(&self, copies_only: bool, bytes: usize) -> bool {
-        bytes > 0 && bytes <= u32::MAX as usize && self.direct_min_for(copies_only) != usize::MAX
+        bytes > 0
+            && bytes <= u32::MAX as usize
+            && self.direct_min_for(copies_only, usize::MAX) != usize::MAX
     }
 
     /// The slot message `ctr` of the pair uses.

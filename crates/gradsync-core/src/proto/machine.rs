@@ -156,6 +156,18 @@ fn receives_only_copy(coll: Collective) -> bool {
     )
 }
 
+/// What each pair moves one way in a call of `sig`, in bytes, as both ranks of the pair know
+/// it from the signature: an all-to-all's or all-gather's block; `usize::MAX` for the others
+/// (an all-to-allv's blocks differ per pair and its signature carries no count).
+fn pair_block(sig: &Signature) -> usize {
+    match sig.coll {
+        Collective::AllToAll | Collective::AllGather => {
+            usize::try_from(sig.count).map_or(usize::MAX, |c| c.saturating_mul(sig.dtype.size()))
+        }
+        _ => usize::MAX,
+    }
+}
+
 fn buf_index(b: Buf) -> usize {
     match b {
         Buf::Input => 0,
@@ -242,22 +254,26 @@ impl Protocol {
     }
 
     /// The size from which the messages of a collective that only moves data (all-to-all(v),
-    /// all-gather) between this rank and `peer` are direct writes (`usize::MAX`: never).
-    pub fn move_direct_min(&self, peer: usize) -> usize {
+    /// all-gather) between this rank and `peer` are direct writes (`usize::MAX`: never), in a
+    /// call whose blocks (what the pair moves one way) are `block` bytes.
+    pub fn move_direct_min(&self, peer: usize, block: usize) -> usize {
         self.links
             .get(peer)
-            .map_or(usize::MAX, |l| l.direct_min_for(true))
+            .map_or(usize::MAX, |l| l.direct_min_for(true, block))
     }
 
     /// Sets the size from which copy-receives from `peer` ask for direct writes
     /// (`usize::MAX`: never): `min` in every collective, `move_min` in the collectives that
-    /// only move data (all-to-all(v), all-gather), whose senders wait for the offer. Both
-    /// ranks of a pair must set the same values, or the sends wait [`OFFER_PATIENCE`] for
-    /// offers that do not come.
-    pub fn set_direct_min(&mut self, peer: usize, min: usize, move_min: usize) {
+    /// only move data (all-to-all(v), all-gather), whose senders wait for the offer, where
+    /// the pair's block in the call is at least `move_block` bytes (smaller blocks follow
+    /// `min`; an all-to-allv's blocks count as large, its messages alone decide). Both ranks
+    /// of a pair must set the same values, or the sends wait [`OFFER_PATIENCE`] for offers
+    /// that do not come.
+    pub fn set_direct_min(&mut self, peer: usize, min: usize, move_min: usize, move_block: usize) {
         if let Some(l) = self.links.get_mut(peer) {
             l.direct_min = min;
             l.move_direct_min = move_min;
+            l.move_block_min = move_block;
         }
     }
 
@@ -594,6 +610,7 @@ impl Protocol {
         let mut wait_pool = false;
         let dsize = c.sig.dtype.size();
         let copies_only = receives_only_copy(c.sig.coll);
+        let block = pair_block(&c.sig);
         while let Some(id) = c.sched.poll_id() {
             moved = true;
             match *c.sched.op(id) {
@@ -629,7 +646,7 @@ impl Protocol {
                         && if pooled {
                             l.pooled_direct(copies_only, bytes)
                         } else {
-                            l.offers_direct(copies_only, bytes, self.cfg.checksum)
+                            l.offers_direct(copies_only, block, bytes, self.cfg.checksum)
                         };
                     let awaiting = pooled && !direct;
                     if awaiting && bytes > self.cfg.slot_bytes && self.pool_err.is_none() {
@@ -696,6 +713,7 @@ impl Protocol {
         let (rank, nslots, stride) = (self.cfg.rank, self.cfg.nslots, self.stride);
         let dsize = c.sig.dtype.size();
         let copies_only = receives_only_copy(c.sig.coll);
+        let block = pair_block(&c.sig);
         for peer in 0..self.cfg.world {
             while let Some(&PostedSend { id, src, len }) = self.q.sendq[peer].front() {
                 let l = &mut self.links[peer];
@@ -769,7 +787,10 @@ impl Protocol {
                     }
                     break;
                 }
-                if self.patient && copies_only && l.offers_direct(true, bytes, self.cfg.checksum) {
+                if self.patient
+                    && copies_only
+                    && l.offers_direct(true, block, bytes, self.cfg.checksum)
+                {
                     // The receiver offers to take this message in place (it decides from the
                     // same rule): wait for the offer rather than copy it twice through a slot.
                     break;

@@ -67,8 +67,10 @@
 //!
 //! In the collectives whose every receive copies (all-to-all(v) and all-gather: no receive
 //! reduces) the sender knows the receiver's rule — the pair's threshold for them, set alike on
-//! both ranks — so a message of at least that size *waits* for its offer instead of taking a
-//! slot: every byte is copied once, by the sender, into place. The wait is bounded: once
+//! both ranks, which holds for calls whose block (what the pair moves one way, from the
+//! signature's count; an all-to-allv's count as large) is at least the pair's block threshold,
+//! smaller blocks following `direct_min` — so a message of at least that size *waits* for its
+//! offer instead of taking a slot: every byte is copied once, by the sender, into place. The wait is bounded: once
 //! nothing has moved for [`OFFER_PATIENCE`](super::OFFER_PATIENCE) (a receiver configured
 //! otherwise, which never offers), the operation's waiting sends go through slots.
 //!

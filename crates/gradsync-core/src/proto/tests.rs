@@ -541,7 +541,7 @@ fn idle_rounds_return_every_credit() {
 fn large_direct_writes_are_paced_one_per_round() {
     let now = Instant::now();
     let mut p = Protocol::new(cfg(0, 2), now);
-    p.set_direct_min(1, usize::MAX, 1024);
+    p.set_direct_min(1, usize::MAX, 1024, 0);
     let len = PACE_MIN / 4;
     let mut prog = Program::new();
     for i in 0..3 {
@@ -603,4 +603,60 @@ fn large_direct_writes_are_paced_one_per_round() {
     p.handle_round(now, false);
     let a = actions(&mut p);
     assert_eq!(a.iter().filter_map(direct).count(), 1, "{a:?}");
+}
+
+/// Over a pair whose moving collectives write in place only blocks of at least `move_block`
+/// bytes, an all-to-all of smaller blocks goes through the slots on both sides (no offer, no
+/// waiting for one), and one of larger blocks is offered and waited for.
+#[test]
+fn small_blocks_of_moving_collectives_go_through_slots() {
+    let now = Instant::now();
+    // Messages of 64 bytes (16 f32) in blocks of 32 or 64 elements; direct from 64 bytes in
+    // blocks of at least 256 bytes.
+    let len = 16;
+    for (block, direct) in [(32u64, false), (64, true)] {
+        let s = Signature {
+            coll: Collective::AllToAll,
+            ..sig(1, block)
+        };
+        let cts_sent = |a: &[Action]| {
+            a.iter().any(|a| {
+                matches!(
+                    a,
+                    Action::Control {
+                        msg: crate::wire::ControlRepr::ClearToSend(_),
+                        ..
+                    }
+                )
+            })
+        };
+        let slot_write = |a: &[Action]| {
+            a.iter().any(|a| {
+                matches!(
+                    a,
+                    Action::Write {
+                        to: Target::Slot { .. },
+                        ..
+                    }
+                )
+            })
+        };
+        // The receiver offers only the large block's message.
+        let mut r = Protocol::new(cfg(0, 2), now);
+        r.set_direct_min(1, usize::MAX, 64, 256);
+        r.start(s, recvs(1, 1, len, 2), Mode::Slots, [0, 5, 0], now);
+        let a = actions(&mut r);
+        assert_eq!(cts_sent(&a), direct, "block of {block} elements: {a:?}");
+        // The sender writes the small block's message into a slot at once and waits for the
+        // offer of the large one.
+        let mut t = Protocol::new(cfg(1, 2), now);
+        t.set_direct_min(0, usize::MAX, 64, 256);
+        t.start(s, sends(0, 1, len, 2), Mode::Slots, [0; 3], now);
+        let a = actions(&mut t);
+        assert_eq!(slot_write(&a), !direct, "block of {block} elements: {a:?}");
+        assert_eq!(
+            r.move_direct_min(1, block as usize * 4),
+            if direct { 64 } else { usize::MAX }
+        );
+    }
 }

@@ -1049,14 +1049,18 @@ pub(super) fn apply_caps(engine: &mut Engine, config: &Config, host_of: Option<&
         } else if let Some(w) = caps.window {
             engine.set_window(p, w);
         }
-        let (direct_min, move_direct_min) = if !caps.direct_writes {
-            (usize::MAX, usize::MAX)
+        let (direct_min, move_direct_min, move_block) = if !caps.direct_writes {
+            (usize::MAX, usize::MAX, 0)
         } else if caps.mapped {
-            (config.shm_direct_min, config.shm_move_direct_min)
+            (
+                config.shm_direct_min,
+                config.shm_move_direct_min,
+                config.shm_move_block_min,
+            )
         } else {
-            (config.direct_min, config.direct_min)
+            (config.direct_min, config.direct_min, 0)
         };
-        engine.set_direct_min(p, direct_min, move_direct_min);
+        engine.set_direct_min(p, direct_min, move_direct_min, move_block);
     }
 }
 

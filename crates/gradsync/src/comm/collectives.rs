@@ -359,10 +359,10 @@ impl Communicator {
     /// call with a length mismatch naming both ranks. (All-to-allv keeps slot-sized messages.)
     ///
     /// Messages that every pair writes straight into place (from `GRADSYNC_SHM_DIRECT_MIN`,
-    /// 64 KiB by default for all-to-all) touch no slot: each costs a clear-to-send and a
-    /// cross-memory write, so a block goes as one message up to a slot's size (2 ranks, 1 MiB:
-    /// 1.15x the busbw of four messages per block, 4 ranks 1.11x). Init checks that every
-    /// rank has the same threshold.
+    /// by default 64 KiB in blocks of at least 8 MiB) touch no slot: each costs a
+    /// clear-to-send and a cross-memory write, so a block goes as one message up to a slot's
+    /// size (2 ranks, 1 MiB: 1.15x the busbw of four messages per block, 4 ranks 1.11x). Init
+    /// checks that every rank has the same thresholds.
     pub(super) fn exchange_segment(&self, dtype: gradsync_core::DataType, block: usize) -> usize {
         let slot = self.engine.segment_elems(dtype);
         let shm = self
@@ -375,9 +375,10 @@ impl Communicator {
         }
         let min = (EXCHANGE_SEGMENT_MIN / dtype.size()).max(1);
         let split = (block / 4).max(min).min(slot);
+        let block_bytes = block.saturating_mul(dtype.size());
         let direct_from = (0..self.world)
             .filter(|&p| p != self.rank)
-            .map(|p| self.engine.move_direct_min(p))
+            .map(|p| self.engine.move_direct_min(p, block_bytes))
             .max()
             .unwrap_or(usize::MAX);
         if split.saturating_mul(dtype.size()) >= direct_from {

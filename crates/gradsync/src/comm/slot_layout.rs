@@ -18,13 +18,16 @@ pub(super) struct SlotLayout {
     /// (`GRADSYNC_SHM_DIRECT_MIN`): senders wait for their receivers' offers from it, and the
     /// all-to-all's message size depends on it.
     move_direct: u64,
+    /// The block size from which `move_direct` applies (see
+    /// [`Config::shm_move_block_min`]).
+    move_block: u64,
     /// Whether the pairs beyond the receive budget share pools (1) or not (0).
     pool: u32,
 }
 
 impl SlotLayout {
     /// Length of [`to_bytes`](Self::to_bytes), which follows the inbox descriptor.
-    pub(super) const LEN: usize = 40;
+    pub(super) const LEN: usize = 48;
 
     pub(super) fn of(c: &Config, board: usize, pool: bool) -> Self {
         SlotLayout {
@@ -38,6 +41,7 @@ impl SlotLayout {
             },
             budget: c.recv_budget as u64,
             move_direct: c.shm_move_direct_min as u64,
+            move_block: c.shm_move_block_min as u64,
             pool: u32::from(pool),
         }
     }
@@ -50,7 +54,8 @@ impl SlotLayout {
         b[16..20].copy_from_slice(&self.board.to_le_bytes());
         b[20..28].copy_from_slice(&self.budget.to_le_bytes());
         b[28..36].copy_from_slice(&self.move_direct.to_le_bytes());
-        b[36..].copy_from_slice(&self.pool.to_le_bytes());
+        b[36..44].copy_from_slice(&self.move_block.to_le_bytes());
+        b[44..].copy_from_slice(&self.pool.to_le_bytes());
         b
     }
 
@@ -62,7 +67,8 @@ impl SlotLayout {
             board: u32::from_le_bytes(b[16..20].try_into().expect("4")),
             budget: u64::from_le_bytes(b[20..28].try_into().expect("8")),
             move_direct: u64::from_le_bytes(b[28..36].try_into().expect("8")),
-            pool: u32::from_le_bytes(b[36..].try_into().expect("4")),
+            move_block: u64::from_le_bytes(b[36..44].try_into().expect("8")),
+            pool: u32::from_le_bytes(b[44..].try_into().expect("4")),
         })
     }
 
@@ -82,7 +88,16 @@ impl SlotLayout {
         peer: usize,
         theirs: &SlotLayout,
     ) -> Option<String> {
-        let settings = |l: &SlotLayout| (l.chunk, l.nslots, l.tcp_nslots, l.move_direct, l.pool);
+        let settings = |l: &SlotLayout| {
+            (
+                l.chunk,
+                l.nslots,
+                l.tcp_nslots,
+                l.move_direct,
+                l.move_block,
+                l.pool,
+            )
+        };
         if settings(self) == settings(theirs) {
             return None;
         }
@@ -115,6 +130,16 @@ impl SlotLayout {
                     show(b)
                 ));
             }
+        }
+        // The same threshold, set on one rank and the default on the other, which limits it
+        // to large blocks.
+        if self.move_direct == theirs.move_direct && self.move_block != theirs.move_block {
+            let set = |b: u64| if b == 0 { "set" } else { "unset" };
+            diff.push(format!(
+                "GRADSYNC_SHM_DIRECT_MIN is {} on rank {rank} but {} on rank {peer}",
+                set(self.move_block),
+                set(theirs.move_block)
+            ));
         }
         // The slots per peer are GRADSYNC_NSLOTS fitted to the budget, and the budget decides
         // whether pairs share pools: name the budget too.

@@ -272,8 +272,16 @@ impl Engine {
 
     /// Sets the size from which copy-receives from `peer` are direct writes (`usize::MAX`:
     /// never), overriding [`EngineOptions::direct_min`] for that peer.
-    pub(crate) fn set_direct_min(&mut self, peer: usize, min: usize, move_min: usize) {
-        self.proto.set_direct_min(peer, min, move_min);
+    /// `move_min` and `move_block` as in
+    /// [`Protocol::set_direct_min`](gradsync_core::proto::Protocol::set_direct_min).
+    pub(crate) fn set_direct_min(
+        &mut self,
+        peer: usize,
+        min: usize,
+        move_min: usize,
+        move_block: usize,
+    ) {
+        self.proto.set_direct_min(peer, min, move_min, move_block);
     }
 
     /// Gives this rank a shared pool of `slots` receive slots and pools its pairs with
@@ -355,8 +363,8 @@ impl Engine {
     }
 
     /// See [`Protocol::move_direct_min`](gradsync_core::proto::Protocol::move_direct_min).
-    pub(crate) fn move_direct_min(&self, peer: usize) -> usize {
-        self.proto.move_direct_min(peer)
+    pub(crate) fn move_direct_min(&self, peer: usize, block: usize) -> usize {
+        self.proto.move_direct_min(peer, block)
     }
 
     /// Records every rank's inbox descriptor (index = rank).

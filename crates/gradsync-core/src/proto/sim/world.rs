@@ -74,7 +74,7 @@ pub fn run(cfg: &SimConfig, world: usize, calls: &[CallSpec]) -> Result<SimStats
             };
             let mut r = SimRank::new(pc, t0);
             if cfg.no_offers_from == Some(rank) {
-                (0..world).for_each(|p| r.proto.set_direct_min(p, usize::MAX, usize::MAX));
+                (0..world).for_each(|p| r.proto.set_direct_min(p, usize::MAX, usize::MAX, 0));
             }
             if let Some(w) = cfg.window {
                 (0..world).for_each(|p| r.proto.set_window(p, w));
