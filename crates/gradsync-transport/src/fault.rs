@@ -596,6 +596,17 @@ impl<E: Endpoint> Endpoint for FaultyEndpoint<E> {
         self.inner.wait(timeout)
     }
 
+    fn wait_on(&mut self, peers: &[usize], timeout: Duration) -> Result<()> {
+        if self.stats.killed || !self.acked.is_empty() || !self.held.is_empty() {
+            return self.wait(timeout);
+        }
+        self.inner.wait_on(peers, timeout)
+    }
+
+    fn tx_pending(&self) -> bool {
+        !self.held.is_empty() || self.inner.tx_pending()
+    }
+
     fn close(&mut self, timeout: Duration) {
         if !self.stats.killed {
             self.inner.close(timeout);

@@ -190,6 +190,22 @@ pub trait Endpoint: Send + fmt::Debug {
     /// Blocks until [`poll`](Self::poll) may return something, or `timeout` passes.
     fn wait(&mut self, timeout: Duration) -> Result<()>;
 
+    /// As [`wait`](Self::wait), for a caller whose progress now depends on `peers` only
+    /// (receives from them, credits or clear-to-sends they owe): an endpoint of several
+    /// backends may then sleep in the one that serves them. What arrives from other peers
+    /// meanwhile is kept for the next [`poll`](Self::poll), as always.
+    fn wait_on(&mut self, peers: &[usize], timeout: Duration) -> Result<()> {
+        let _ = peers;
+        self.wait(timeout)
+    }
+
+    /// Whether writes or sends posted to this endpoint still wait to be handed on (queued
+    /// bytes that only [`poll`](Self::poll) moves, so a caller must not sleep elsewhere for
+    /// long). `true` unless the endpoint knows better.
+    fn tx_pending(&self) -> bool {
+        true
+    }
+
     /// Closes every connection gracefully, waiting at most `timeout` for peers to close theirs.
     fn close(&mut self, timeout: Duration) {
         let _ = timeout;

@@ -195,3 +195,36 @@ fn closed_peer_is_noticed() {
         Err(TransportError::PeerClosed { peer: 1, .. })
     ));
 }
+
+#[test]
+fn queued_bytes_are_pending_until_the_peer_drains_them() {
+    let (mut e0, mut e1) = pair(1);
+    assert!(!e0.tx_pending(), "nothing posted yet");
+    // 64 MiB to a peer that does not read: more than the sockets' buffers take at once.
+    let len = 64 << 20;
+    let mut dst = vec![0u8; len];
+    // SAFETY: dst outlives the endpoint's use of it in this test.
+    let mr = unsafe { e1.register(dst.as_mut_ptr(), dst.len(), Access::REMOTE_WRITE) }.unwrap();
+    let src = vec![5u8; len];
+    // SAFETY: src outlives the write (we poll until WriteDone below).
+    let smr =
+        unsafe { e0.register(src.as_ptr() as *mut u8, src.len(), Access::LOCAL_READ) }.unwrap();
+    let sge = [Sge {
+        addr: src.as_ptr() as usize,
+        len,
+        lkey: smr.lkey,
+    }];
+    // SAFETY: as above.
+    unsafe { e0.post_write(1, &sge, mr.remote(), 0, Some(1), 1) }.unwrap();
+    let mut out = Vec::new();
+    e0.poll(&mut out).unwrap();
+    assert!(e0.tx_pending(), "64 MiB cannot all be in the socket yet");
+    // The peer drains; the writer's polls hand on the rest, then nothing is pending.
+    let h = std::thread::spawn(move || {
+        poll_until(&mut e1, |c| matches!(c, Completion::WriteImm { .. })).unwrap();
+        assert!(dst.iter().all(|&b| b == 5));
+    });
+    poll_until(&mut e0, |c| matches!(c, Completion::WriteDone { .. })).unwrap();
+    assert!(!e0.tx_pending(), "the write is done");
+    h.join().unwrap();
+}

@@ -411,6 +411,16 @@ impl Protocol {
         self.q.waiting_on(|p| self.links[p].credits)
     }
 
+    /// The peers whose messages the running operation needs before it can move: a receive
+    /// outstanding or a send queued (for credits, an offer or a pool grant); else those whose
+    /// writes are in flight. A driver may sleep where only these can wake it.
+    pub fn wake_peers(&self) -> Vec<usize> {
+        if self.call.is_none() {
+            return Vec::new();
+        }
+        self.q.waiting_on(|_| 0)
+    }
+
     /// When `peer` was last heard from, and the sequence number then.
     pub fn last_heard(&self, peer: usize) -> Option<(Instant, u64)> {
         self.links.get(peer).and_then(|l| l.last_heard)

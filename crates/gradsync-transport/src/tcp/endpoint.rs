@@ -375,6 +375,16 @@ impl Endpoint for TcpEndpoint {
         Ok(())
     }
 
+    fn tx_pending(&self) -> bool {
+        !self.done.is_empty()
+            || self.peers.iter().flatten().any(|p| {
+                p.broken.is_none()
+                    && p.streams
+                        .iter()
+                        .any(|st| !st.tx_failed && !st.txq.is_empty())
+            })
+    }
+
     fn wait(&mut self, timeout: Duration) -> Result<()> {
         self.pollfds.clear();
         if !self.done.is_empty() {

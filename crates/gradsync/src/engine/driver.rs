@@ -942,8 +942,9 @@ impl Engine {
             if now - since >= self.opts.spin {
                 self.check_peers_alive()?;
                 let left = deadline - now;
+                let peers = self.proto.wake_peers();
                 self.ep
-                    .wait(left.min(Duration::from_millis(200)))
+                    .wait_on(&peers, left.min(Duration::from_millis(200)))
                     .map_err(|e| Error::transport(self.rank, "wait", e))?;
             } else if busy {
                 std::hint::spin_loop();
