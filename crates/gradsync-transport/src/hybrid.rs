@@ -349,10 +349,6 @@ impl Endpoint for HybridEndpoint {
         self.wait(timeout)
     }
 
-    fn tx_pending(&self) -> bool {
-        self.net.tx_pending() || self.shm.tx_pending()
-    }
-
     fn wait(&mut self, timeout: Duration) -> Result<()> {
         match (self.shm_peers > 0, self.net_peers > 0) {
             (true, true) => {

@@ -70,9 +70,10 @@
 //! both ranks, which holds for calls whose block (what the pair moves one way, from the
 //! signature's count; an all-to-allv's count as large) is at least the pair's block threshold,
 //! smaller blocks following `direct_min` — so a message of at least that size *waits* for its
-//! offer instead of taking a slot: every byte is copied once, by the sender, into place. The wait is bounded: once
-//! nothing has moved for [`OFFER_PATIENCE`](super::OFFER_PATIENCE) (a receiver configured
-//! otherwise, which never offers), the operation's waiting sends go through slots.
+//! offer instead of taking a slot: every byte is copied once, by the sender, into place. The
+//! wait is bounded: once nothing has moved for [`OFFER_PATIENCE`](super::OFFER_PATIENCE) (a
+//! receiver configured otherwise, which never offers), the operation's waiting sends go
+//! through slots.
 //!
 //! A pass posts at most one direct write of at least [`PACE_MIN`](super::PACE_MIN) bytes to each
 //! peer; the next one waits for the next round, after the driver has polled. Over shared memory
