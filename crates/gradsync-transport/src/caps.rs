@@ -105,6 +105,11 @@ pub trait Board: fmt::Debug {
     /// Posts `data` under `seq` (greater than every earlier posting's) and wakes peers that
     /// sleep in the endpoint's wait. `Ok(false)`: the slot it would reuse still holds a posting
     /// some peer has not released; try again later.
+    ///
+    /// The first 64 bytes of `data` are its head: a caller that keeps them the same from one
+    /// posting to the next (a header without the sequence number) lets the board leave them
+    /// where they are, in the readers' caches (the shared-memory board keeps them on a cache
+    /// line of their own).
     fn post(&mut self, seq: u64, data: &[u8]) -> Result<bool>;
 
     /// Copies `peer`'s posting under `seq` into `out` (replacing what it held); `Ok(false)`

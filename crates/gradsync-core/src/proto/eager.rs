@@ -76,6 +76,16 @@ impl Parts {
         &mut self.board[peer]
     }
 
+    /// Writes `seq`, the number the last board read of `peer` was made under, back into the
+    /// posting's header, which carries 0 there ([`DataHeader::set_seq`]).
+    #[inline]
+    pub(crate) fn board_seq(&mut self, peer: usize, seq: u64) {
+        let b = &mut self.board[peer];
+        if b.len() >= DATA_HEADER_LEN {
+            DataHeader::new_unchecked(&mut b[..]).set_seq(seq);
+        }
+    }
+
     /// What the last board read of `peer` brought.
     #[inline]
     pub(crate) fn board_data(&self, peer: usize) -> &[u8] {
@@ -106,10 +116,16 @@ impl Expected {
     /// the flags, the sender (`peer`) and the checksum, and the payload length it announces.
     #[inline]
     pub(crate) fn matches(&self, peer: usize, data: &[u8]) -> bool {
-        data.len() == DATA_HEADER_LEN + self.payload_len as usize
-            && data[..3] == self.bytes[..3]
-            && data[4..44] == self.bytes[4..44]
-            && data[44..48] == (peer as u32).to_le_bytes()
+        if data.len() != DATA_HEADER_LEN + self.payload_len as usize {
+            return false;
+        }
+        // Word by word, inlined: this runs for every eager message and board posting.
+        let word = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8"));
+        let (d, t) = (&data[..DATA_HEADER_LEN], &self.bytes);
+        // Bytes 0-2 (magic, version; not the flags) and 44-47 (the sender).
+        let first = (word(d, 0) ^ word(t, 0)) & 0x00ff_ffff;
+        let sender = u32::from_le_bytes(d[44..48].try_into().expect("4")) ^ peer as u32;
+        first == 0 && sender == 0 && (4..44).step_by(8).all(|at| word(d, at) == word(t, at))
     }
 
     /// Makes `slot` the template of `sig`'s messages: written whole the first time, after

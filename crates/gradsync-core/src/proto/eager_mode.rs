@@ -191,12 +191,18 @@ impl Protocol {
         self.parts.board_buf(peer)
     }
 
-    /// The outcome of a [`BoardRead`](Action::BoardRead) of `peer`: whether a posting was
-    /// there (then it is in [`board_buf`](Self::board_buf)).
-    pub fn handle_board_read(&mut self, peer: usize, got: bool) -> Result<(), ProtoError> {
+    /// The outcome of a [`BoardRead`](Action::BoardRead) of `peer` under `seq`: whether a
+    /// posting was there (then it is in [`board_buf`](Self::board_buf)).
+    pub fn handle_board_read(
+        &mut self,
+        peer: usize,
+        seq: u64,
+        got: bool,
+    ) -> Result<(), ProtoError> {
         if !got {
             return Ok(());
         }
+        self.parts.board_seq(peer, seq);
         let hdr = self.check_message(peer, self.parts.board_data(peer))?;
         let Some(c) = self.call.as_ref() else {
             return Ok(());

@@ -53,23 +53,24 @@ impl Protocol {
     }
 
     /// The header of this rank's posting for the operation [`fast_begin`](Self::fast_begin)
-    /// started, written into `out` (which it replaces): message 0, no checksum.
+    /// started, written into `out` (which it replaces): message 0, no checksum, sequence
+    /// number 0 (the board carries it; [`DataHeader::set_seq`]).
     pub fn fast_header(&self, out: &mut Vec<u8>) {
         let t = self.expect.as_ref().expect("fast_begin refreshed it");
         out.clear();
         out.extend_from_slice(&t.bytes);
-        DataHeader::new_unchecked(&mut out[..]).set_sender(self.cfg.rank as u32);
+        let mut h = DataHeader::new_unchecked(&mut out[..]);
+        h.set_sender(self.cfg.rank as u32);
+        h.set_seq(0);
     }
 
-    /// Checks `peer`'s posting `data` (header and payload) for `sig`, as the machine checks
-    /// an eager message: `Ok(true)` when it is the one expected, `Ok(false)` when it is valid
-    /// but carries a checksum (the machine's way verifies it), an error when it is not `sig`'s.
-    pub fn fast_check(
-        &self,
-        sig: &Signature,
-        peer: usize,
-        data: &[u8],
-    ) -> Result<bool, ProtoError> {
+    /// Checks `peer`'s posting for `sig`, as the last board read of `peer` brought it (header
+    /// and payload), as the machine checks an eager message: `Ok(true)` when it is the one
+    /// expected, `Ok(false)` when it is valid but carries a checksum (the machine's way
+    /// verifies it), an error when it is not `sig`'s.
+    pub fn fast_check(&mut self, sig: &Signature, peer: usize) -> Result<bool, ProtoError> {
+        self.parts.board_seq(peer, sig.seq);
+        let data = self.parts.board_data(peer);
         if let Some(t) = self.expect.as_ref()
             && t.matches(peer, data)
             && DataHeader::new_unchecked(data).flags() == 0

@@ -126,6 +126,11 @@
 //! tries again next round). A reader releases a call's postings when its next call starts,
 //! just before that call's own posting, which carries the release to the peers. A
 //! waiting rank's transport watches the call's postings, so a posting wakes a sleeping reader.
+//! A posting's header carries sequence number 0 ([`DataHeader::set_seq`]), since the board
+//! carries the number beside it: the header of a loop of equal calls is then the same bytes
+//! at every call, which a board keeps on a cache line that the poster does not rewrite and
+//! the readers keep in their caches. A reader writes the number back before it checks the
+//! header ([`Protocol::handle_board_read`] and [`Protocol::fast_check`] take it).
 //!
 //! **The fast path.** A board all-reduce whose schedule the driver already knows (not the
 //! first call of its shape) does not need the machine's rounds: the driver asks
@@ -165,12 +170,14 @@
 //! [`Protocol::fast_begin`]: super::Protocol::fast_begin
 //! [`Protocol::fast_check`]: super::Protocol::fast_check
 //! [`Protocol::fast_end`]: super::Protocol::fast_end
+//! [`Protocol::handle_board_read`]: super::Protocol::handle_board_read
 //! [`Program`]: crate::schedule::Program
 //! [`Schedule`]: crate::schedule::Schedule
 //! [`Mode`]: super::Mode
 //! [`Action`]: super::Action
 //! [`Config::stride`]: super::Config::stride
 //! [`DataHeader`]: crate::wire::DataHeader
+//! [`DataHeader::set_seq`]: crate::wire::DataHeader::set_seq
 //! [`Violation::UnknownSlot`]: super::Violation::UnknownSlot
 //! [`Violation::TooManyCredits`]: super::Violation::TooManyCredits
 //! [`Violation::UnsolicitedDirect`]: super::Violation::UnsolicitedDirect

@@ -376,17 +376,20 @@ fn board_postings_retry_until_accepted_and_are_released() {
         "{a:?}"
     );
     p.handle_posted(false);
-    p.handle_board_read(1, false).unwrap();
+    p.handle_board_read(1, 3, false).unwrap();
     // Nothing again in the same round.
     assert!(actions(&mut p).is_empty());
     p.handle_round(now, true);
     let a = actions(&mut p);
     assert!(a.iter().any(|a| matches!(a, Action::Post { .. })), "{a:?}");
     p.handle_posted(true);
+    // A posting's header carries sequence number 0; the number it was read under stands for
+    // it.
+    let mut posting = eager_message(3, 1, &[9; 4]);
+    DataHeader::new_unchecked(&mut posting[..]).set_seq(0);
     p.board_buf(1).clear();
-    p.board_buf(1)
-        .extend_from_slice(&eager_message(3, 1, &[9; 4]));
-    p.handle_board_read(1, true).unwrap();
+    p.board_buf(1).extend_from_slice(&posting);
+    p.handle_board_read(1, 3, true).unwrap();
     let a = actions(&mut p);
     assert!(
         matches!(a[..], [Action::DeliverEager { peer: 1, .. }]),

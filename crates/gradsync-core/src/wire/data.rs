@@ -19,6 +19,9 @@
 //! | 48 | 4 | CRC32C (Castagnoli) of the payload when [`FLAG_CRC32C`] is set, else 0 |
 //! | 52 | 12 | reserved (0) |
 //!
+//! A board posting's header carries sequence number 0 in its signature
+//! ([`DataHeader::set_seq`]): the board carries the number beside it.
+//!
 //! The checksum (`GRADSYNC_CHECKSUM=1`) covers the payload only: the header is already checked
 //! field by field against the receiver's own signature, so a damaged header is refused anyway.
 //! Without the flag no checksum is computed or checked, and the field stays 0.
@@ -121,6 +124,14 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> DataHeader<T> {
     /// Writes the sender rank.
     pub fn set_sender(&mut self, rank: u32) {
         self.buffer.as_mut()[field::SENDER..field::SENDER + 4].copy_from_slice(&rank.to_le_bytes());
+    }
+    /// Writes the signature's sequence number alone. A board posting's header carries 0 there:
+    /// the board carries the number beside the posting, so the header of a loop of equal
+    /// calls repeats from one posting to the next. A reader writes back the number it read
+    /// the posting under before it checks the header.
+    pub fn set_seq(&mut self, seq: u64) {
+        let at = field::SIG + super::signature::SEQ_AT;
+        self.buffer.as_mut()[at..at + 8].copy_from_slice(&seq.to_le_bytes());
     }
 }
 

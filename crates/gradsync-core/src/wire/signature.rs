@@ -24,6 +24,9 @@ use std::fmt;
 /// Length of an encoded [`Signature`].
 pub const SIGNATURE_LEN: usize = 32;
 
+/// Offset of the sequence number in an encoded [`Signature`].
+pub(crate) const SEQ_AT: usize = field::SEQ;
+
 mod field {
     pub const COLL: usize = 0;
     pub const DTYPE: usize = 1;

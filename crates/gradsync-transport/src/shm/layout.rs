@@ -2,7 +2,9 @@
 //! directory, the rings with their control blocks, and the board (see the [module
 //! documentation](super#segment-layout)).
 
-use super::wire::{BOARD_CAPACITY, INLINE_MAX, RECORD_HEADER_LEN, SLOT_HEADER_LEN};
+use super::wire::{
+    BOARD_CAPACITY, BOARD_HEAD, INLINE_MAX, RECORD_HEADER_LEN, SLOT_INLINE, SLOT_REST,
+};
 use crate::verbs::MAX_SEND;
 
 /// Bytes of ring data per sender in each segment.
@@ -70,9 +72,10 @@ pub(super) const D_ALLOC_OFF: usize = 56;
 
 const _: () = assert!(D_ALLOC_OFF + 8 == DIR_ENTRY_BYTES);
 
-/// Bytes of one board slot (a [slot header](super::wire::SlotHeader) and the posting), a
-/// whole number of cache lines.
-pub(super) const SLOT_BYTES: usize = (SLOT_HEADER_LEN + BOARD_CAPACITY).next_multiple_of(64);
+/// Bytes of one board slot (a [slot header](super::wire::SlotHeader) and the posting, its
+/// head on a line of its own), a whole number of cache lines.
+pub(super) const SLOT_BYTES: usize =
+    (SLOT_REST + BOARD_CAPACITY - BOARD_HEAD - SLOT_INLINE).next_multiple_of(64);
 
 /// Offset of the board's release-mark line from the board's start.
 pub(super) const MARK_LINE: usize = 2 * SLOT_BYTES;

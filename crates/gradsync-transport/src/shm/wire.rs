@@ -43,7 +43,7 @@
 //! # Board slot header
 //!
 //! 24 bytes in the poster's native byte order (the fields are atomics shared by the processes
-//! of one host), followed by the posting's data:
+//! of one host):
 //!
 //! | offset | size | field |
 //! |-------:|-----:|-------|
@@ -51,6 +51,13 @@
 //! | 8 | 4 | length of the posting, at most [`BOARD_CAPACITY`] |
 //! | 12 | 4 | unused |
 //! | 16 | 8 | the poster's release mark |
+//!
+//! The posting's data follows in three parts. Its head (the first [`BOARD_HEAD`] bytes: the
+//! caller's header) has a cache line of its own at offset [`SLOT_HEAD`], rewritten only when
+//! it differs from what the slot holds; the next [`SLOT_INLINE`] bytes share the first line
+//! with the header (offset [`SLOT_HEADER_LEN`]); the rest starts at [`SLOT_REST`]. A small
+//! posting whose head repeats the slot's earlier one (a loop of equal calls) thus changes one
+//! line, and a reader that kept the head line in its cache fetches one.
 
 use crate::verbs::MAX_SEND;
 use crate::wire::{WireError, array, put, wire_view};
@@ -84,8 +91,17 @@ pub const SLOT_SEQ: usize = 0;
 pub const SLOT_LEN: usize = 8;
 /// Offset of the poster's release mark in a board slot.
 pub const SLOT_MARK: usize = 16;
-/// Length of a board slot header: the posting's data starts here.
+/// Length of a board slot header: the posting's data after its head starts here.
 pub const SLOT_HEADER_LEN: usize = 24;
+/// Bytes at the start of a posting that make its head (the caller's header), kept on a line
+/// of their own.
+pub const BOARD_HEAD: usize = 64;
+/// Bytes of a posting after its head that share the first line with the slot header.
+pub const SLOT_INLINE: usize = 64 - SLOT_HEADER_LEN;
+/// Offset of a posting's head in a board slot.
+pub const SLOT_HEAD: usize = 64;
+/// Offset of the rest of a posting (after its head and the inline part) in a board slot.
+pub const SLOT_REST: usize = SLOT_HEAD + BOARD_HEAD;
 
 mod info_field {
     pub(super) const PID: usize = 0;

@@ -190,6 +190,8 @@ impl Engine {
                 }
                 self.build_message(msg, src, len, checksum);
                 if board {
+                    // The board carries the sequence number (`DataHeader::set_seq`).
+                    DataHeader::new_unchecked(&mut self.msg[..]).set_seq(0);
                     let (rank, msg) = (self.rank, std::mem::take(&mut self.msg));
                     let res = self.transport_board("eager post").and_then(|b| {
                         b.post(seq, &msg)
@@ -217,7 +219,7 @@ impl Engine {
                     .read(peer, seq, self.proto.board_buf(peer))
                     .map_err(|e| Error::transport(rank, "board read", e))?;
                 self.proto
-                    .handle_board_read(peer, got)
+                    .handle_board_read(peer, seq, got)
                     .map_err(|e| self.proto_error(e))
             }
             Action::BoardRelease { seq } => {

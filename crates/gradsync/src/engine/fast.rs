@@ -162,8 +162,7 @@ fn read_all(
             {
                 continue;
             }
-            let data = proto.board_posting(p);
-            if !proto.fast_check(sig, p, data).map_err(Fail::Proto)? {
+            if !proto.fast_check(sig, p).map_err(Fail::Proto)? {
                 return Ok(false);
             }
             got |= 1 << p;

@@ -347,8 +347,10 @@ impl SimRank {
                 } => {
                     let r = self.running.as_ref().expect("running");
                     let header = self.proto.data_header(msg, len * r.dtype.size());
-                    let data = Self::message(r, header, src, len, checksum);
+                    let mut data = Self::message(r, header, src, len, checksum);
                     if board {
+                        // The board carries the sequence number (`DataHeader::set_seq`).
+                        DataHeader::new_unchecked(&mut data[..]).set_seq(0);
                         // The slot it reuses must have been released by every peer.
                         let seq = header.sig.seq;
                         let old = boards[me].slots[(seq % 2) as usize].0;
@@ -379,7 +381,7 @@ impl SimRank {
                         buf.extend_from_slice(data);
                     }
                     self.proto
-                        .handle_board_read(peer, got)
+                        .handle_board_read(peer, seq, got)
                         .map_err(|e| err(me, e))?;
                 }
                 Action::BoardRelease { seq } => boards[me].released = seq,
