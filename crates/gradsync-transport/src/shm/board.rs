@@ -97,6 +97,41 @@ fn snapshot(seg: &Segment, at: usize, seq: u64) -> [u8; SLOT_HEADER_LEN] {
     raw
 }
 
+/// Copies `n` bytes, at most [`SLOT_INLINE`], from `src` to `dst` a word at a time (no call
+/// into the C library for the few bytes of a small posting).
+///
+/// # Safety
+///
+/// `src` is valid for reads and `dst` for writes of `n` bytes; they do not overlap.
+unsafe fn copy_short(src: *const u8, dst: *mut u8, n: usize) {
+    debug_assert!(n <= SLOT_INLINE);
+    // SAFETY: every access is within the first `n` bytes of `src` and `dst`.
+    unsafe {
+        if n < 8 {
+            for i in 0..n {
+                *dst.add(i) = *src.add(i);
+            }
+            return;
+        }
+        let mut i = 0;
+        while i + 8 <= n {
+            ptr::write_unaligned(
+                dst.add(i).cast::<u64>(),
+                ptr::read_unaligned(src.add(i).cast()),
+            );
+            i += 8;
+        }
+        if i < n {
+            // The last 8 bytes, overlapping the word before.
+            let at = n - 8;
+            ptr::write_unaligned(
+                dst.add(at).cast::<u64>(),
+                ptr::read_unaligned(src.add(at).cast()),
+            );
+        }
+    }
+}
+
 /// Whether the `bytes.len()` bytes at `at` equal `bytes`, compared a word at a time (a head
 /// is compared at every posting: no call into the C library for 64 bytes).
 ///
@@ -180,7 +215,7 @@ impl BoardState {
                 ptr::copy_nonoverlapping(head.as_ptr(), head_at, head.len());
             }
             let inline_at = own.span(at + SLOT_HEADER_LEN, inline.len());
-            ptr::copy_nonoverlapping(inline.as_ptr(), inline_at, inline.len());
+            copy_short(inline.as_ptr(), inline_at, inline.len());
             if !rest.is_empty() {
                 let rest_at = own.span(at + SLOT_REST, rest.len());
                 ptr::copy_nonoverlapping(rest.as_ptr(), rest_at, rest.len());
@@ -243,11 +278,13 @@ impl BoardState {
         let inline = (len - head).min(SLOT_INLINE);
         let rest = len - head - inline;
         out.clear();
-        out.reserve(len);
+        // Room for the whole inline part, which is copied whole (below).
+        out.reserve(len.max(head + SLOT_INLINE));
         // SAFETY: the spans lie in the peer's segment (checked by `span`); `out` has room for
-        // `len` bytes, which are initialised by the copies before the length is set. The peer
-        // may write the spans concurrently only by breaking the protocol, which the second
-        // look at `seq` below detects (the bytes are then discarded).
+        // `len` bytes and for `head + SLOT_INLINE`, and its first `len` bytes are initialised
+        // by the copies before the length is set. The peer may write the spans concurrently
+        // only by breaking the protocol, which the second look at `seq` below detects (the
+        // bytes are then discarded).
         unsafe {
             let o = out.as_mut_ptr();
             let head_at = p.seg.span(at + SLOT_HEAD, head);
@@ -257,8 +294,12 @@ impl BoardState {
             } else {
                 ptr::copy_nonoverlapping(head_at, o, head);
             }
-            let inline_at = p.seg.span(at + SLOT_HEADER_LEN, inline);
-            ptr::copy_nonoverlapping(inline_at, o.add(head), inline);
+            if inline > 0 {
+                // The whole inline part, of known length (inlined, no call), though only
+                // `inline` bytes of it are the posting's: its line is fetched whole anyway.
+                let inline_at = p.seg.span(at + SLOT_HEADER_LEN, SLOT_INLINE);
+                ptr::copy_nonoverlapping(inline_at, o.add(head), SLOT_INLINE);
+            }
             if rest > 0 {
                 let rest_at = p.seg.span(at + SLOT_REST, rest);
                 ptr::copy_nonoverlapping(rest_at, o.add(head + inline), rest);
