@@ -119,13 +119,20 @@ impl Expected {
         if data.len() != DATA_HEADER_LEN + self.payload_len as usize {
             return false;
         }
-        // Word by word, inlined: this runs for every eager message and board posting.
-        let word = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8"));
+        // Word by word, inlined: this runs for every eager message and board posting. No load
+        // straddles the sequence number (bytes 16-23), which a board reader has just written
+        // back: a load that overlaps a recent store only in part waits for it.
+        let w64 = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8"));
+        let w32 = |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().expect("4"));
         let (d, t) = (&data[..DATA_HEADER_LEN], &self.bytes);
-        // Bytes 0-2 (magic, version; not the flags) and 44-47 (the sender).
-        let first = (word(d, 0) ^ word(t, 0)) & 0x00ff_ffff;
-        let sender = u32::from_le_bytes(d[44..48].try_into().expect("4")) ^ peer as u32;
-        first == 0 && sender == 0 && (4..44).step_by(8).all(|at| word(d, at) == word(t, at))
+        // Bytes 0-2 (magic, version; not the flags), the signature and the fields to byte 43,
+        // and 44-47 (the sender).
+        (w32(d, 0) ^ w32(t, 0)) & 0x00ff_ffff == 0
+            && w64(d, 4) == w64(t, 4)
+            && w32(d, 12) == w32(t, 12)
+            && [16, 24, 32].iter().all(|&at| w64(d, at) == w64(t, at))
+            && w32(d, 40) == w32(t, 40)
+            && w32(d, 44) == peer as u32
     }
 
     /// Makes `slot` the template of `sig`'s messages: written whole the first time, after
