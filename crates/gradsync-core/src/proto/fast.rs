@@ -85,12 +85,6 @@ impl Protocol {
         Ok(h.crc32c.is_none())
     }
 
-    /// `peer`'s posting (header and payload) as the last board read of `peer` brought it.
-    #[inline]
-    pub fn board_posting(&self, peer: usize) -> &[u8] {
-        self.parts.board_data(peer)
-    }
-
     /// The payload of `peer`'s posting that the last board read of `peer` brought.
     #[inline]
     pub fn board_payload(&self, peer: usize) -> &[u8] {

@@ -151,6 +151,12 @@ pub struct DataHeaderRepr {
 }
 
 impl DataHeaderRepr {
+    /// The header as a board posting carries it: sequence number 0 ([`DataHeader::set_seq`]).
+    pub fn for_board(mut self) -> Self {
+        self.sig.seq = 0;
+        self
+    }
+
     /// Parses a header.
     pub fn parse<T: AsRef<[u8]>>(h: &DataHeader<T>) -> Result<Self, WireError> {
         h.check_len()?;

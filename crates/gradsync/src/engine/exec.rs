@@ -170,7 +170,7 @@ impl Engine {
                 len,
                 checksum,
             } => {
-                self.build_message(msg, src, len, checksum);
+                self.build_message(msg, src, len, checksum, false);
                 self.ep
                     .post_send(peer, &self.msg, 0)
                     .map_err(|e| Error::transport(self.rank, "eager send", e))
@@ -188,10 +188,8 @@ impl Engine {
                     self.proto.handle_posted(true);
                     return Ok(());
                 }
-                self.build_message(msg, src, len, checksum);
+                self.build_message(msg, src, len, checksum, board);
                 if board {
-                    // The board carries the sequence number (`DataHeader::set_seq`).
-                    DataHeader::new_unchecked(&mut self.msg[..]).set_seq(0);
                     let (rank, msg) = (self.rank, std::mem::take(&mut self.msg));
                     let res = self.transport_board("eager post").and_then(|b| {
                         b.post(seq, &msg)
@@ -329,12 +327,16 @@ impl Engine {
         }
     }
 
-    /// Builds a whole message (header and payload) in the engine's message buffer.
-    fn build_message(&mut self, msg: u32, src: Loc, len: usize, checksum: bool) {
+    /// Builds a whole message (header and payload) in the engine's message buffer, as a board
+    /// posting carries it when `board`.
+    fn build_message(&mut self, msg: u32, src: Loc, len: usize, checksum: bool, board: bool) {
         let r = self.running.as_ref().expect("running");
         let dt = r.sig.dtype;
         let s = slice(&r.bufs, src, len, dt);
         let mut header = self.proto.data_header(msg, s.len);
+        if board {
+            header = header.for_board();
+        }
         if checksum {
             header.crc32c = Some(crc(r.bufs, src, len, dt));
         }

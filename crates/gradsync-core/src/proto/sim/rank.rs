@@ -347,10 +347,9 @@ impl SimRank {
                 } => {
                     let r = self.running.as_ref().expect("running");
                     let header = self.proto.data_header(msg, len * r.dtype.size());
-                    let mut data = Self::message(r, header, src, len, checksum);
+                    let posted = if board { header.for_board() } else { header };
+                    let data = Self::message(r, posted, src, len, checksum);
                     if board {
-                        // The board carries the sequence number (`DataHeader::set_seq`).
-                        DataHeader::new_unchecked(&mut data[..]).set_seq(0);
                         // The slot it reuses must have been released by every peer.
                         let seq = header.sig.seq;
                         let old = boards[me].slots[(seq % 2) as usize].0;
