@@ -35,7 +35,9 @@ Token bucket: `tbf rate R burst B latency 10ms` on both ends, B = max(128 KiB, 1
 burst stays above the 64 KiB of a GSO packet (smaller bursts make tbf split them and TCP loses
 packets); a single TCP stream then gets ~956 Mbit/s of goodput through a 1000 Mbit link, the
 rate minus the Ethernet, IP and TCP headers. There is no delay emulation (netem is optional in
-kernels and not needed for bandwidth).
+kernels and not needed for bandwidth). TCP's congestion control is what a new network namespace
+gets, the host's `net.ipv4.tcp_congestion_control`, unless `--cc NAME` sets it in every host;
+`up`'s description (`tcp_cc` of each host) and `measure`'s table say which ran.
 
 `measure` runs, for every host count of `--hosts`, repetition and algorithm (algorithms alternate
 within a repetition so that all see the same machine load), `gradsync launch --nnodes H
@@ -197,9 +199,14 @@ def fmt_rate(r):
     return None if r is None else (int(r) if float(r).is_integer() else r)
 
 
-def up(pfx, hosts, rate=None, rate_of=None, mtu=1500):
-    """Creates the hosts; returns their description. Undoes everything on any failure."""
+def up(pfx, hosts, rate=None, rate_of=None, mtu=1500, cc=None):
+    """Creates the hosts; returns their description. Undoes everything on any failure.
+
+    cc: the TCP congestion control of every host (`net.ipv4.tcp_congestion_control` in each
+    namespace); without it a namespace keeps what a new one gets, the host's default."""
     check_prefix(pfx)
+    if cc is not None and not re.fullmatch(r"[a-z0-9_]{1,15}", cc):
+        raise Failure(f"--cc {cc!r}: a congestion control's name (reno, cubic, bbr, ...)")
     if not 1 <= hosts <= MAX_HOSTS:
         raise Failure(f"--hosts {hosts}: between 1 and {MAX_HOSTS}")
     if rate is not None and rate <= 0:
@@ -236,6 +243,10 @@ def up(pfx, hosts, rate=None, rate_of=None, mtu=1500):
             sh(["ip", "-n", ns, "link", "set", "lo", "up"])
             sh(["ip", "-n", ns, "link", "set", "eth0", "alias", alias, "up"])
             sh(["ip", "-n", ns, "addr", "add", addr_of(pfx, i) + "/24", "dev", "eth0"])
+            cc_key = "net.ipv4.tcp_congestion_control"
+            if cc is not None:
+                sh(["ip", "netns", "exec", ns, "sysctl", "-qw", f"{cc_key}={cc}"])
+            host_cc = sh(["ip", "netns", "exec", ns, "sysctl", "-n", cc_key]).strip()
             r = rates[i]
             if r is not None:
                 sh(["ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", "eth0", "root"]
@@ -248,6 +259,7 @@ def up(pfx, hosts, rate=None, rate_of=None, mtu=1500):
                 "ifname": "eth0",
                 "bridge_port": port,
                 "rate_mbit": fmt_rate(r),
+                "tcp_cc": host_cc,
                 "tbf": None if r is None else {"burst_bytes": burst_bytes(r),
                                                "latency": TBF_LATENCY},
             })
@@ -593,6 +605,7 @@ def measure(args):
     failures = {}  # (hosts, algo) -> first failure
     link = {}  # hosts -> slowest link rate (Mbit/s) or None
     goodput = {}  # hosts -> iperf3 goodputs (GB/s), one per repetition
+    ccs = set()  # the TCP congestion controls the hosts ran
     t0 = time.monotonic()
     run_no = 0
     with tempfile.TemporaryDirectory(prefix="emuhosts-") as workdir:
@@ -600,9 +613,10 @@ def measure(args):
             if present(args.name):
                 down(args.name)
             t_up = time.monotonic()
-            desc = up(args.name, hosts, args.rate, args.rate_of, args.mtu)
+            desc = up(args.name, hosts, args.rate, args.rate_of, args.mtu, args.cc)
             try:
                 rates = [h["rate_mbit"] for h in desc["hosts"]]
+                ccs.update(h["tcp_cc"] for h in desc["hosts"])
                 link[hosts] = None if None in rates else min(rates)
                 print(f"# {hosts} hosts up in {time.monotonic() - t_up:.2f} s "
                       f"(link rates, Mbit/s: {rates})", file=sys.stderr)
@@ -641,7 +655,7 @@ def measure(args):
             finally:
                 down(args.name, quiet=True)
     elapsed = time.monotonic() - t0
-    print(table(args, algos, results, failures, link, goodput))
+    print(table(args, algos, results, failures, link, goodput, sorted(ccs)))
     print(f"\n{run_no} runs in {elapsed:.1f} s")
     if args.svg:
         with open(args.svg, "w") as f:
@@ -654,15 +668,15 @@ def pct_of_link(busbw, mbit):
     return None if not mbit else busbw * 8000.0 / mbit * 100.0
 
 
-def table(args, algos, results, failures, link, goodput=None):
+def table(args, algos, results, failures, link, goodput=None, ccs=()):
     goodput = goodput or {}
     parts = [f"{fmt_rate(args.rate)} Mbit/s"] if args.rate else []
     parts += ["host %s %s Mbit/s" % tuple(x.split("=", 1)) for x in args.rate_of or []]
     rate = ", ".join(parts) or "unlimited"
     lines = [
         f"all_reduce {fmt_size(args.size)} {args.dtype} sum, {args.nproc} rank(s) per host, "
-        f"links {rate}, {args.iters} iters + {args.warmup} warm-up, median of {args.reps} "
-        f"rep(s) (min-max)",
+        f"links {rate}, TCP {'/'.join(ccs) or '?'}, {args.iters} iters + {args.warmup} "
+        f"warm-up, median of {args.reps} rep(s) (min-max)",
         "",
         "| hosts | ranks | algo | busbw GB/s | algbw GB/s | time ms | busbw % of link | "
         "busbw % of iperf3 | wrong |" + (" predicted ms | predicted / measured |"
@@ -820,6 +834,9 @@ def main(argv=None):
     p.add_argument("--rate-of", action="append", metavar="I=MBIT",
                    help="a different rate for host I (repeatable)")
     p.add_argument("--mtu", type=int, default=1500, help="MTU of the links (default 1500)")
+    p.add_argument("--cc", help="TCP congestion control of every host (reno, cubic, bbr, ...; "
+                   "default: what a new network namespace gets, the host's "
+                   "net.ipv4.tcp_congestion_control)")
 
     p = sub.add_parser("down", help="remove the hosts of a prefix (idempotent)")
     g = p.add_mutually_exclusive_group(required=True)
@@ -841,6 +858,9 @@ def main(argv=None):
     p.add_argument("--rate-of", action="append", metavar="I=MBIT",
                    help="a different rate for host I (repeatable)")
     p.add_argument("--mtu", type=int, default=1500, help="MTU of the links (default 1500)")
+    p.add_argument("--cc", help="TCP congestion control of every host (reno, cubic, bbr, ...; "
+                   "default: what a new network namespace gets, the host's "
+                   "net.ipv4.tcp_congestion_control)")
     p.add_argument("--size", type=size_arg, default=64 << 20, help="bytes (default 64M)")
     p.add_argument("--algos", default="ring", help="GRADSYNC_ALGO values, comma separated")
     p.add_argument("--reps", type=int, default=3, help="repetitions (default 3)")
@@ -875,7 +895,7 @@ def main(argv=None):
         signal.signal(sig, interrupt)
     try:
         if args.cmd == "up":
-            desc = up(args.name, args.hosts, args.rate, args.rate_of, args.mtu)
+            desc = up(args.name, args.hosts, args.rate, args.rate_of, args.mtu, args.cc)
             print(json.dumps(desc, indent=2))
         elif args.cmd == "down":
             preflight()

@@ -757,6 +757,8 @@ fn netns_script_up_exec_down() {
             "1000",
             "--rate-of",
             "1=500",
+            "--cc",
+            "reno",
         ],
     );
     let desc: serde_json::Value = serde_json::from_str(&desc).expect("up prints JSON");
@@ -766,6 +768,8 @@ fn netns_script_up_exec_down() {
         assert_eq!(host["namespace"], guard.ns(i).as_str(), "{desc}");
         assert_eq!(host["address"], guard.addr(i).as_str(), "{desc}");
         assert_eq!(host["bridge_port"], guard.port(i).as_str(), "{desc}");
+        // Reno is built into every kernel; the namespace reports what it runs.
+        assert_eq!(host["tcp_cc"], "reno", "{desc}");
     }
     assert_eq!(desc["hosts"][1]["rate_mbit"], 500, "{desc}");
     let exec = |args: &[&str]| {
@@ -773,6 +777,8 @@ fn netns_script_up_exec_down() {
         all.extend_from_slice(args);
         must("python3", &all)
     };
+    let cc = exec(&["sysctl", "-n", "net.ipv4.tcp_congestion_control"]);
+    assert_eq!(cc.trim(), "reno", "host 1 runs {cc}");
     let addr = exec(&["ip", "-o", "addr", "show", "dev", "eth0"]);
     assert!(addr.contains(&format!("{}/24", guard.addr(1))), "{addr}");
     let qdisc = exec(&["tc", "qdisc", "show", "dev", "eth0"]);
