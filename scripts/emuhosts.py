@@ -31,7 +31,8 @@ equal, which is harmless: every namespace sees only its own bridge). Every link 
 the interface alias `emuhosts:PFX`, which `down --all` uses to find leftovers; `up` also records
 its description in /run/emuhosts/PFX.json.
 
-Token bucket: `tbf rate R burst B latency 10ms` on both ends, B = max(128 KiB, 1 ms at R). The
+Token bucket: `tbf rate R burst B latency Q` on both ends, B = max(128 KiB, 1 ms at R), Q the
+switch's buffer in time at R (`--queue-ms`, default 10: 375 KB at 300 Mbit/s). The
 burst stays above the 64 KiB of a GSO packet (smaller bursts make tbf split them and TCP loses
 packets); a single TCP stream then gets ~956 Mbit/s of goodput through a 1000 Mbit link, the
 rate minus the Ethernet, IP and TCP headers. There is no delay emulation (netem is optional in
@@ -75,7 +76,7 @@ STATE_DIR = "/run/emuhosts"
 ALIAS = "emuhosts:"
 PREFIX_RE = re.compile(r"[A-Za-z0-9_.-]{1,32}")
 MAX_HOSTS = 245
-TBF_LATENCY = "10ms"
+TBF_LATENCY_MS = 10.0
 MIN_BURST = 128 * 1024
 JOB_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
             "MASTER_ADDR", "MASTER_PORT", "GRADSYNC_LAUNCHED", "OMPI_COMM_WORLD_RANK",
@@ -172,8 +173,13 @@ def burst_bytes(mbit):
     return max(MIN_BURST, int(mbit * 1e6 / 8 / 1000))
 
 
-def tbf_args(mbit):
-    return ["tbf", "rate", f"{mbit}mbit", "burst", str(burst_bytes(mbit)), "latency", TBF_LATENCY]
+def fmt_ms(ms):
+    return f"{int(ms) if float(ms).is_integer() else ms}ms"
+
+
+def tbf_args(mbit, queue_ms=TBF_LATENCY_MS):
+    return ["tbf", "rate", f"{mbit}mbit", "burst", str(burst_bytes(mbit)), "latency",
+            fmt_ms(queue_ms)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,14 +205,17 @@ def fmt_rate(r):
     return None if r is None else (int(r) if float(r).is_integer() else r)
 
 
-def up(pfx, hosts, rate=None, rate_of=None, mtu=1500, cc=None):
+def up(pfx, hosts, rate=None, rate_of=None, mtu=1500, cc=None, queue_ms=TBF_LATENCY_MS):
     """Creates the hosts; returns their description. Undoes everything on any failure.
 
     cc: the TCP congestion control of every host (`net.ipv4.tcp_congestion_control` in each
-    namespace); without it a namespace keeps what a new one gets, the host's default."""
+    namespace); without it a namespace keeps what a new one gets, the host's default.
+    queue_ms: the most a token bucket queues, in milliseconds of its rate (the switch's buffer)."""
     check_prefix(pfx)
     if cc is not None and not re.fullmatch(r"[a-z0-9_]{1,15}", cc):
         raise Failure(f"--cc {cc!r}: a congestion control's name (reno, cubic, bbr, ...)")
+    if not 0 < queue_ms <= 1000:
+        raise Failure(f"--queue-ms {queue_ms:g}: must be above 0 and at most 1000")
     if not 1 <= hosts <= MAX_HOSTS:
         raise Failure(f"--hosts {hosts}: between 1 and {MAX_HOSTS}")
     if rate is not None and rate <= 0:
@@ -250,8 +259,8 @@ def up(pfx, hosts, rate=None, rate_of=None, mtu=1500, cc=None):
             r = rates[i]
             if r is not None:
                 sh(["ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", "eth0", "root"]
-                   + tbf_args(r))
-                sh(["tc", "qdisc", "replace", "dev", port, "root"] + tbf_args(r))
+                   + tbf_args(r, queue_ms))
+                sh(["tc", "qdisc", "replace", "dev", port, "root"] + tbf_args(r, queue_ms))
             desc["hosts"].append({
                 "index": i,
                 "namespace": ns,
@@ -261,7 +270,7 @@ def up(pfx, hosts, rate=None, rate_of=None, mtu=1500, cc=None):
                 "rate_mbit": fmt_rate(r),
                 "tcp_cc": host_cc,
                 "tbf": None if r is None else {"burst_bytes": burst_bytes(r),
-                                               "latency": TBF_LATENCY},
+                                               "latency": fmt_ms(queue_ms)},
             })
         write_state(pfx, desc)
     except BaseException:
@@ -613,7 +622,8 @@ def measure(args):
             if present(args.name):
                 down(args.name)
             t_up = time.monotonic()
-            desc = up(args.name, hosts, args.rate, args.rate_of, args.mtu, args.cc)
+            desc = up(args.name, hosts, args.rate, args.rate_of, args.mtu, args.cc,
+                      args.queue_ms)
             try:
                 rates = [h["rate_mbit"] for h in desc["hosts"]]
                 ccs.update(h["tcp_cc"] for h in desc["hosts"])
@@ -675,7 +685,8 @@ def table(args, algos, results, failures, link, goodput=None, ccs=()):
     rate = ", ".join(parts) or "unlimited"
     lines = [
         f"all_reduce {fmt_size(args.size)} {args.dtype} sum, {args.nproc} rank(s) per host, "
-        f"links {rate}, TCP {'/'.join(ccs) or '?'}, {args.iters} iters + {args.warmup} "
+        f"links {rate}{f' (queue {args.queue_ms:g} ms)' if rate != 'unlimited' else ''}, "
+        f"TCP {'/'.join(ccs) or '?'}, {args.iters} iters + {args.warmup} "
         f"warm-up, median of {args.reps} rep(s) (min-max)",
         "",
         "| hosts | ranks | algo | busbw GB/s | algbw GB/s | time ms | busbw % of link | "
@@ -837,6 +848,9 @@ def main(argv=None):
     p.add_argument("--cc", help="TCP congestion control of every host (reno, cubic, bbr, ...; "
                    "default: what a new network namespace gets, the host's "
                    "net.ipv4.tcp_congestion_control)")
+    p.add_argument("--queue-ms", type=float, default=TBF_LATENCY_MS,
+                   help="the most each token bucket queues, in ms at its rate: the switch's "
+                        f"buffer (default {TBF_LATENCY_MS:g})")
 
     p = sub.add_parser("down", help="remove the hosts of a prefix (idempotent)")
     g = p.add_mutually_exclusive_group(required=True)
@@ -861,6 +875,9 @@ def main(argv=None):
     p.add_argument("--cc", help="TCP congestion control of every host (reno, cubic, bbr, ...; "
                    "default: what a new network namespace gets, the host's "
                    "net.ipv4.tcp_congestion_control)")
+    p.add_argument("--queue-ms", type=float, default=TBF_LATENCY_MS,
+                   help="the most each token bucket queues, in ms at its rate: the switch's "
+                        f"buffer (default {TBF_LATENCY_MS:g})")
     p.add_argument("--size", type=size_arg, default=64 << 20, help="bytes (default 64M)")
     p.add_argument("--algos", default="ring", help="GRADSYNC_ALGO values, comma separated")
     p.add_argument("--reps", type=int, default=3, help="repetitions (default 3)")
@@ -895,7 +912,8 @@ def main(argv=None):
         signal.signal(sig, interrupt)
     try:
         if args.cmd == "up":
-            desc = up(args.name, args.hosts, args.rate, args.rate_of, args.mtu, args.cc)
+            desc = up(args.name, args.hosts, args.rate, args.rate_of, args.mtu, args.cc,
+                      args.queue_ms)
             print(json.dumps(desc, indent=2))
         elif args.cmd == "down":
             preflight()

@@ -759,6 +759,8 @@ fn netns_script_up_exec_down() {
             "1=500",
             "--cc",
             "reno",
+            "--queue-ms",
+            "4",
         ],
     );
     let desc: serde_json::Value = serde_json::from_str(&desc).expect("up prints JSON");
@@ -782,12 +784,16 @@ fn netns_script_up_exec_down() {
     let addr = exec(&["ip", "-o", "addr", "show", "dev", "eth0"]);
     assert!(addr.contains(&format!("{}/24", guard.addr(1))), "{addr}");
     let qdisc = exec(&["tc", "qdisc", "show", "dev", "eth0"]);
+    // Both ends of a link queue at most the 4 ms given (`lat`).
     assert!(
-        qdisc.contains("tbf") && qdisc.contains("500Mbit"),
+        qdisc.contains("tbf") && qdisc.contains("500Mbit") && qdisc.contains("lat 4ms"),
         "{qdisc}"
     );
     let qdisc = must("tc", &["qdisc", "show", "dev", &guard.port(0)]);
-    assert!(qdisc.contains("tbf") && qdisc.contains("1Gbit"), "{qdisc}");
+    assert!(
+        qdisc.contains("tbf") && qdisc.contains("1Gbit") && qdisc.contains("lat 4ms"),
+        "{qdisc}"
+    );
     must("python3", &[script, "down", "--name", &pfx]);
     assert!(!guard.any_left(), "down left namespaces or links of {pfx}");
     // Idempotent.
