@@ -831,6 +831,19 @@ def interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+def link_args(p):
+    """The options of the hosts' links, which `up` and `measure` share (after --rate)."""
+    p.add_argument("--rate-of", action="append", metavar="I=MBIT",
+                   help="a different rate for host I (repeatable)")
+    p.add_argument("--mtu", type=int, default=1500, help="MTU of the links (default 1500)")
+    p.add_argument("--cc", help="TCP congestion control of every host (reno, cubic, bbr, ...; "
+                   "default: what a new network namespace gets, the host's "
+                   "net.ipv4.tcp_congestion_control)")
+    p.add_argument("--queue-ms", type=float, default=TBF_LATENCY_MS,
+                   help="the most each token bucket queues, in ms at its rate: the switch's "
+                        f"buffer (default {TBF_LATENCY_MS:g})")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(
         description=__doc__,
@@ -842,15 +855,7 @@ def main(argv=None):
     p.add_argument("--hosts", type=int, required=True, help="number of hosts")
     p.add_argument("--rate", type=float, help="link rate of every host in Mbit/s (both "
                    "directions); unlimited without")
-    p.add_argument("--rate-of", action="append", metavar="I=MBIT",
-                   help="a different rate for host I (repeatable)")
-    p.add_argument("--mtu", type=int, default=1500, help="MTU of the links (default 1500)")
-    p.add_argument("--cc", help="TCP congestion control of every host (reno, cubic, bbr, ...; "
-                   "default: what a new network namespace gets, the host's "
-                   "net.ipv4.tcp_congestion_control)")
-    p.add_argument("--queue-ms", type=float, default=TBF_LATENCY_MS,
-                   help="the most each token bucket queues, in ms at its rate: the switch's "
-                        f"buffer (default {TBF_LATENCY_MS:g})")
+    link_args(p)
 
     p = sub.add_parser("down", help="remove the hosts of a prefix (idempotent)")
     g = p.add_mutually_exclusive_group(required=True)
@@ -869,15 +874,7 @@ def main(argv=None):
     p.add_argument("--hosts", type=int_list, default=[4], help="host count(s): 4 or 2,3,4")
     p.add_argument("--nproc", type=int, default=1, help="ranks per host (default 1)")
     p.add_argument("--rate", type=float, help="link rate in Mbit/s (default unlimited)")
-    p.add_argument("--rate-of", action="append", metavar="I=MBIT",
-                   help="a different rate for host I (repeatable)")
-    p.add_argument("--mtu", type=int, default=1500, help="MTU of the links (default 1500)")
-    p.add_argument("--cc", help="TCP congestion control of every host (reno, cubic, bbr, ...; "
-                   "default: what a new network namespace gets, the host's "
-                   "net.ipv4.tcp_congestion_control)")
-    p.add_argument("--queue-ms", type=float, default=TBF_LATENCY_MS,
-                   help="the most each token bucket queues, in ms at its rate: the switch's "
-                        f"buffer (default {TBF_LATENCY_MS:g})")
+    link_args(p)
     p.add_argument("--size", type=size_arg, default=64 << 20, help="bytes (default 64M)")
     p.add_argument("--algos", default="ring", help="GRADSYNC_ALGO values, comma separated")
     p.add_argument("--reps", type=int, default=3, help="repetitions (default 3)")
