@@ -77,6 +77,7 @@ ALIAS = "emuhosts:"
 PREFIX_RE = re.compile(r"[A-Za-z0-9_.-]{1,32}")
 MAX_HOSTS = 245
 TBF_LATENCY_MS = 10.0
+CC_SYSCTL = "net.ipv4.tcp_congestion_control"
 MIN_BURST = 128 * 1024
 JOB_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
             "MASTER_ADDR", "MASTER_PORT", "GRADSYNC_LAUNCHED", "OMPI_COMM_WORLD_RANK",
@@ -173,13 +174,9 @@ def burst_bytes(mbit):
     return max(MIN_BURST, int(mbit * 1e6 / 8 / 1000))
 
 
-def fmt_ms(ms):
-    return f"{int(ms) if float(ms).is_integer() else ms}ms"
-
-
 def tbf_args(mbit, queue_ms=TBF_LATENCY_MS):
     return ["tbf", "rate", f"{mbit}mbit", "burst", str(burst_bytes(mbit)), "latency",
-            fmt_ms(queue_ms)]
+            f"{queue_ms:g}ms"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -252,10 +249,9 @@ def up(pfx, hosts, rate=None, rate_of=None, mtu=1500, cc=None, queue_ms=TBF_LATE
             sh(["ip", "-n", ns, "link", "set", "lo", "up"])
             sh(["ip", "-n", ns, "link", "set", "eth0", "alias", alias, "up"])
             sh(["ip", "-n", ns, "addr", "add", addr_of(pfx, i) + "/24", "dev", "eth0"])
-            cc_key = "net.ipv4.tcp_congestion_control"
             if cc is not None:
-                sh(["ip", "netns", "exec", ns, "sysctl", "-qw", f"{cc_key}={cc}"])
-            host_cc = sh(["ip", "netns", "exec", ns, "sysctl", "-n", cc_key]).strip()
+                sh(["ip", "netns", "exec", ns, "sysctl", "-qw", f"{CC_SYSCTL}={cc}"])
+            host_cc = sh(["ip", "netns", "exec", ns, "sysctl", "-n", CC_SYSCTL]).strip()
             r = rates[i]
             if r is not None:
                 sh(["ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", "eth0", "root"]
@@ -270,7 +266,7 @@ def up(pfx, hosts, rate=None, rate_of=None, mtu=1500, cc=None, queue_ms=TBF_LATE
                 "rate_mbit": fmt_rate(r),
                 "tcp_cc": host_cc,
                 "tbf": None if r is None else {"burst_bytes": burst_bytes(r),
-                                               "latency": fmt_ms(queue_ms)},
+                                               "latency": f"{queue_ms:g}ms"},
             })
         write_state(pfx, desc)
     except BaseException:
@@ -682,10 +678,10 @@ def table(args, algos, results, failures, link, goodput=None, ccs=()):
     goodput = goodput or {}
     parts = [f"{fmt_rate(args.rate)} Mbit/s"] if args.rate else []
     parts += ["host %s %s Mbit/s" % tuple(x.split("=", 1)) for x in args.rate_of or []]
-    rate = ", ".join(parts) or "unlimited"
+    rate = f"{', '.join(parts)} (queue {args.queue_ms:g} ms)" if parts else "unlimited"
     lines = [
         f"all_reduce {fmt_size(args.size)} {args.dtype} sum, {args.nproc} rank(s) per host, "
-        f"links {rate}{f' (queue {args.queue_ms:g} ms)' if rate != 'unlimited' else ''}, "
+        f"links {rate}, "
         f"TCP {'/'.join(ccs) or '?'}, {args.iters} iters + {args.warmup} "
         f"warm-up, median of {args.reps} rep(s) (min-max)",
         "",
