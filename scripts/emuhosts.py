@@ -38,7 +38,9 @@ packets); a single TCP stream then gets ~956 Mbit/s of goodput through a 1000 Mb
 rate minus the Ethernet, IP and TCP headers. There is no delay emulation (netem is optional in
 kernels and not needed for bandwidth). TCP's congestion control is what a new network namespace
 gets, the host's `net.ipv4.tcp_congestion_control`, unless `--cc NAME` sets it in every host;
-`up`'s description (`tcp_cc` of each host) and `measure`'s table say which ran.
+`up`'s description (`tcp_cc` of each host) and `measure`'s table say which ran. A namespace may
+choose only among the host's `net.ipv4.tcp_allowed_congestion_control`; for another name the
+script says so, and how to allow it, before it makes any host.
 
 `measure` runs, for every host count of `--hosts`, repetition and algorithm (algorithms alternate
 within a repetition so that all see the same machine load), `gradsync launch --nnodes H
@@ -78,6 +80,7 @@ PREFIX_RE = re.compile(r"[A-Za-z0-9_.-]{1,32}")
 MAX_HOSTS = 245
 TBF_LATENCY_MS = 10.0
 CC_SYSCTL = "net.ipv4.tcp_congestion_control"
+CC_PROC = "/proc/sys/net/ipv4/tcp_"
 MIN_BURST = 128 * 1024
 JOB_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
             "MASTER_ADDR", "MASTER_PORT", "GRADSYNC_LAUNCHED", "OMPI_COMM_WORLD_RANK",
@@ -202,6 +205,29 @@ def fmt_rate(r):
     return None if r is None else (int(r) if float(r).is_integer() else r)
 
 
+def check_cc(cc):
+    """Fails unless a network namespace may choose congestion control `cc`: outside the
+    initial namespace the kernel takes only those of `net.ipv4.tcp_allowed_congestion_control`
+    (and loads no module)."""
+    try:
+        with open(CC_PROC + "allowed_congestion_control") as f:
+            allowed = f.read().split()
+        with open(CC_PROC + "available_congestion_control") as f:
+            available = f.read().split()
+    except OSError:
+        return
+    if cc in allowed:
+        return
+    if cc in available:
+        how = (f"add it: sysctl -w net.ipv4.tcp_allowed_congestion_control="
+               f"\"{' '.join(allowed + [cc])}\"")
+    else:
+        how = (f"this kernel has not loaded it (available: {' '.join(available)}); "
+               f"`modprobe tcp_{cc}` loads it where there is such a module, then allow it")
+    raise Failure(f"--cc {cc}: a network namespace may only choose among "
+                  f"net.ipv4.tcp_allowed_congestion_control ({' '.join(allowed)}); {how}")
+
+
 def up(pfx, hosts, rate=None, rate_of=None, mtu=1500, cc=None, queue_ms=TBF_LATENCY_MS):
     """Creates the hosts; returns their description. Undoes everything on any failure.
 
@@ -211,6 +237,8 @@ def up(pfx, hosts, rate=None, rate_of=None, mtu=1500, cc=None, queue_ms=TBF_LATE
     check_prefix(pfx)
     if cc is not None and not re.fullmatch(r"[a-z0-9_]{1,15}", cc):
         raise Failure(f"--cc {cc!r}: a congestion control's name (reno, cubic, bbr, ...)")
+    if cc is not None:
+        check_cc(cc)
     if not 0 < queue_ms <= 1000:
         raise Failure(f"--queue-ms {queue_ms:g}: must be above 0 and at most 1000")
     if not 1 <= hosts <= MAX_HOSTS:
@@ -834,7 +862,8 @@ def link_args(p):
     p.add_argument("--mtu", type=int, default=1500, help="MTU of the links (default 1500)")
     p.add_argument("--cc", help="TCP congestion control of every host (reno, cubic, bbr, ...; "
                    "default: what a new network namespace gets, the host's "
-                   "net.ipv4.tcp_congestion_control)")
+                   "net.ipv4.tcp_congestion_control; one of "
+                   "net.ipv4.tcp_allowed_congestion_control)")
     p.add_argument("--queue-ms", type=float, default=TBF_LATENCY_MS,
                    help="the most each token bucket queues, in ms at its rate: the switch's "
                         f"buffer (default {TBF_LATENCY_MS:g})")

@@ -798,4 +798,21 @@ fn netns_script_up_exec_down() {
     assert!(!guard.any_left(), "down left namespaces or links of {pfx}");
     // Idempotent.
     must("python3", &[script, "down", "--name", &pfx]);
+    // A congestion control a namespace may not choose is named with what it may, before any
+    // host is made.
+    let (ok, out) = sh(
+        "python3",
+        &[
+            script, "up", "--name", &pfx, "--hosts", "1", "--cc", "nosuchcc",
+        ],
+    );
+    assert!(!ok, "up --cc nosuchcc succeeded: {out}");
+    assert!(
+        out.contains("--cc nosuchcc") && out.contains("net.ipv4.tcp_allowed_congestion_control"),
+        "{out}"
+    );
+    assert!(
+        !guard.any_left(),
+        "a refused up left namespaces or links of {pfx}"
+    );
 }
