@@ -552,17 +552,22 @@ def one_run(args, desc, algo, hosts, port, token, workdir, tag):
         return None, f"cannot read rank 0's JSON {jsons[0]}: {e}\n{tail(outs[0])}"
 
 
+NSTAT = ("TcpOutSegs", "TcpRetransSegs", "TcpExtTCPTimeouts", "TcpExtTCPLossProbes",
+         "TcpExtTCPToZeroWindowAdv", "TcpExtTCPWinProbe")
+
+
 def tcp_counters(desc):
-    """(segments sent, segments retransmitted, retransmission timeouts) summed over the hosts:
-    the kernel's TCP counters of every host's namespace, since the host came up."""
-    total = [0, 0, 0]
-    names = ("TcpOutSegs", "TcpRetransSegs", "TcpExtTCPTimeouts")
+    """The kernel's TCP counters of `NSTAT` summed over the hosts' namespaces, since the hosts
+    came up: segments sent, segments retransmitted, retransmission timeouts, tail loss probes,
+    zero windows advertised (a receiver that had no room), window probes sent (a sender that
+    met a zero window, on its persist timer)."""
+    total = [0] * len(NSTAT)
     for h in desc["hosts"]:
-        out = sh(["ip", "netns", "exec", h["namespace"], "nstat", "-asz", *names])
+        out = sh(["ip", "netns", "exec", h["namespace"], "nstat", "-asz", *NSTAT])
         for line in out.splitlines():
             f = line.split()
-            if len(f) >= 2 and f[0] in names:
-                total[names.index(f[0])] += int(f[1])
+            if len(f) >= 2 and f[0] in NSTAT:
+                total[NSTAT.index(f[0])] += int(f[1])
     return total
 
 
@@ -670,12 +675,13 @@ def measure(args):
                                            f"r{run_no}")
                         dt = time.monotonic() - t
                         if before is not None:
-                            sent, retrans, rto = (a - b for a, b in
-                                                  zip(tcp_counters(desc), before))
+                            sent, retrans, rto, tlp, zero, probes = (
+                                a - b for a, b in zip(tcp_counters(desc), before))
                             print(f"# hosts {hosts} rep {rep + 1} {algo}: TCP sent {sent} "
                                   f"segments, retransmitted {retrans} "
-                                  f"({100 * retrans / max(sent, 1):.2f}%), {rto} timeouts",
-                                  file=sys.stderr)
+                                  f"({100 * retrans / max(sent, 1):.2f}%), {rto} timeouts, "
+                                  f"{tlp} loss probes, {zero} zero windows, {probes} window "
+                                  f"probes", file=sys.stderr)
                         if row is None:
                             failures.setdefault((hosts, algo), why)
                             print(f"# hosts {hosts} rep {rep + 1} {algo}: FAILED after "
@@ -925,8 +931,10 @@ def main(argv=None):
                    help="also measure one iperf3 stream from host 0 to host 1 for SECONDS in "
                         "every repetition, and give busbw as a share of its goodput")
     p.add_argument("--nstat", action="store_true",
-                   help="also give, per run, the TCP segments the hosts sent and how many of "
-                        "them were retransmissions (the kernel's counters in each host)")
+                   help="also give, per run, the TCP segments the hosts sent, how many of "
+                        "them were retransmissions, the retransmission timeouts, tail loss "
+                        "probes, zero windows advertised and window probes (the kernel's "
+                        "counters in each host)")
 
     args = ap.parse_args(argv)
     # SIGTERM and SIGHUP unwind like Ctrl-C, so that every `finally` tears the hosts down.

@@ -728,6 +728,25 @@ fn netns_doctor_names_a_slow_pair_as_a_link() {
     );
 }
 
+/// Reads the hosts' TCP counters as `emuhosts.py measure --nstat` does, sends 100 kB over
+/// loopback inside host 0, reads them again; prints both lists as JSON. Arguments: the
+/// script's folder, `up`'s description.
+const NSTAT_CHECK: &str = r#"
+import json, subprocess, sys
+sys.path.insert(0, sys.argv[1])
+import emuhosts
+desc = json.loads(sys.argv[2])
+before = emuhosts.tcp_counters(desc)
+send = ("import socket\n"
+        "s = socket.create_server(('127.0.0.1', 0))\n"
+        "c = socket.create_connection(s.getsockname())\n"
+        "c.sendall(b'x' * 100000)\n"
+        "c.close()\n")
+subprocess.run(["ip", "netns", "exec", desc["hosts"][0]["namespace"], "python3", "-c", send],
+               check=True)
+print(json.dumps([before, emuhosts.tcp_counters(desc)]))
+"#;
+
 #[test]
 fn netns_script_up_exec_down() {
     let _serial = serial();
@@ -781,6 +800,25 @@ fn netns_script_up_exec_down() {
     };
     let cc = exec(&["sysctl", "-n", "net.ipv4.tcp_congestion_control"]);
     assert_eq!(cc.trim(), "reno", "host 1 runs {cc}");
+    // `measure --nstat` reads every host's TCP counters: a transfer inside host 0 raises its
+    // segments sent, and every counter is read.
+    let counters = must(
+        "python3",
+        &[
+            "-c",
+            NSTAT_CHECK,
+            Path::new(script).parent().unwrap().to_str().unwrap(),
+            &desc.to_string(),
+        ],
+    );
+    let counters: Vec<Vec<u64>> = serde_json::from_str(counters.trim()).expect("JSON");
+    assert_eq!(counters.len(), 2, "{counters:?}");
+    assert_eq!(counters[0].len(), 6, "{counters:?}");
+    assert_eq!(counters[1].len(), 6, "{counters:?}");
+    assert!(
+        counters[1][0] > counters[0][0],
+        "segments sent did not grow: {counters:?}"
+    );
     let addr = exec(&["ip", "-o", "addr", "show", "dev", "eth0"]);
     assert!(addr.contains(&format!("{}/24", guard.addr(1))), "{addr}");
     let qdisc = exec(&["tc", "qdisc", "show", "dev", "eth0"]);
