@@ -80,7 +80,8 @@ PREFIX_RE = re.compile(r"[A-Za-z0-9_.-]{1,32}")
 MAX_HOSTS = 245
 TBF_LATENCY_MS = 10.0
 CC_SYSCTL = "net.ipv4.tcp_congestion_control"
-CC_PROC = "/proc/sys/net/ipv4/tcp_"
+CC_ALLOWED = "net.ipv4.tcp_allowed_congestion_control"
+CC_AVAILABLE = "net.ipv4.tcp_available_congestion_control"
 MIN_BURST = 128 * 1024
 JOB_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
             "MASTER_ADDR", "MASTER_PORT", "GRADSYNC_LAUNCHED", "OMPI_COMM_WORLD_RANK",
@@ -205,27 +206,31 @@ def fmt_rate(r):
     return None if r is None else (int(r) if float(r).is_integer() else r)
 
 
+def read_sysctl(name):
+    """The value of sysctl `name` (dotted) in this namespace, from /proc/sys."""
+    with open("/proc/sys/" + name.replace(".", "/")) as f:
+        return f.read()
+
+
 def check_cc(cc):
-    """Fails unless a network namespace may choose congestion control `cc`: outside the
-    initial namespace the kernel takes only those of `net.ipv4.tcp_allowed_congestion_control`
-    (and loads no module)."""
+    """Fails unless `cc` names a congestion control a network namespace may choose: outside
+    the initial namespace the kernel takes only those of `CC_ALLOWED` (and loads no module)."""
+    if not re.fullmatch(r"[a-z0-9_]{1,15}", cc):
+        raise Failure(f"--cc {cc!r}: a congestion control's name (reno, cubic, bbr, ...)")
     try:
-        with open(CC_PROC + "allowed_congestion_control") as f:
-            allowed = f.read().split()
-        with open(CC_PROC + "available_congestion_control") as f:
-            available = f.read().split()
+        allowed = read_sysctl(CC_ALLOWED).split()
+        available = read_sysctl(CC_AVAILABLE).split()
     except OSError:
         return
     if cc in allowed:
         return
     if cc in available:
-        how = (f"add it: sysctl -w net.ipv4.tcp_allowed_congestion_control="
-               f"\"{' '.join(allowed + [cc])}\"")
+        how = f"add it: sysctl -w {CC_ALLOWED}=\"{' '.join(allowed + [cc])}\""
     else:
         how = (f"this kernel has not loaded it (available: {' '.join(available)}); "
                f"`modprobe tcp_{cc}` loads it where there is such a module, then allow it")
-    raise Failure(f"--cc {cc}: a network namespace may only choose among "
-                  f"net.ipv4.tcp_allowed_congestion_control ({' '.join(allowed)}); {how}")
+    raise Failure(f"--cc {cc}: a network namespace may only choose among {CC_ALLOWED} "
+                  f"({' '.join(allowed)}); {how}")
 
 
 def up(pfx, hosts, rate=None, rate_of=None, mtu=1500, cc=None, queue_ms=TBF_LATENCY_MS):
@@ -235,8 +240,6 @@ def up(pfx, hosts, rate=None, rate_of=None, mtu=1500, cc=None, queue_ms=TBF_LATE
     namespace); without it a namespace keeps what a new one gets, the host's default.
     queue_ms: the most a token bucket queues, in milliseconds of its rate (the switch's buffer)."""
     check_prefix(pfx)
-    if cc is not None and not re.fullmatch(r"[a-z0-9_]{1,15}", cc):
-        raise Failure(f"--cc {cc!r}: a congestion control's name (reno, cubic, bbr, ...)")
     if cc is not None:
         check_cc(cc)
     if not 0 < queue_ms <= 1000:
