@@ -31,8 +31,17 @@ equal, which is harmless: every namespace sees only its own bridge). Every link 
 the interface alias `emuhosts:PFX`, which `down --all` uses to find leftovers; `up` also records
 its description in /run/emuhosts/PFX.json.
 
-Token bucket: `tbf rate R burst B latency Q` on both ends, B = max(128 KiB, 1 ms at R), Q the
-switch's buffer in time at R (`--queue-ms`, default 10: 375 KB at 300 Mbit/s). The
+Token bucket: `tbf rate R burst B latency Q` on both ends, B = max(128 KiB, 1 ms at R). On
+the download (the bridge port, where the traffic of several hosts meets) Q is the switch's
+buffer in time at R (`--queue-ms`, default 10: 375 KB at 300 Mbit/s). On the upload it is the
+host's own transmit queue (`--nic-queue-ms`, default 100), which a real NIC's queue of 1000
+packets and TCP's small-queue limit keep from dropping: a packet the host's own queue drops
+never left it, and when its socket had nothing else in flight Linux sends it again only on its
+probe timer, the minimum retransmission timeout of 200 ms, one segment first. With a 10 ms
+upload queue, a rank that starts sending to a second peer while the queue holds what it sends
+to the first met that stall in some calls (a traced 1 MiB Rabenseifner all-reduce on 4 hosts
+at 300 Mbit/s: every host silent for 170-250 ms, then one 1448-byte segment, its ACK 40 ms
+later). The
 burst stays above the 64 KiB of a GSO packet (smaller bursts make tbf split them and TCP loses
 packets); a single TCP stream then gets ~956 Mbit/s of goodput through a 1000 Mbit link, the
 rate minus the Ethernet, IP and TCP headers. There is no delay emulation (netem is optional in
@@ -79,6 +88,8 @@ ALIAS = "emuhosts:"
 PREFIX_RE = re.compile(r"[A-Za-z0-9_.-]{1,32}")
 MAX_HOSTS = 245
 TBF_LATENCY_MS = 10.0
+# The host's own transmit queue (the upload's token bucket), in ms at the link's rate.
+NIC_QUEUE_MS = 100.0
 CC_SYSCTL = "net.ipv4.tcp_congestion_control"
 CC_ALLOWED = "net.ipv4.tcp_allowed_congestion_control"
 CC_AVAILABLE = "net.ipv4.tcp_available_congestion_control"
@@ -233,17 +244,20 @@ def check_cc(cc):
                   f"({' '.join(allowed)}); {how}")
 
 
-def up(pfx, hosts, rate=None, rate_of=None, mtu=1500, cc=None, queue_ms=TBF_LATENCY_MS):
+def up(pfx, hosts, rate=None, rate_of=None, mtu=1500, cc=None, queue_ms=TBF_LATENCY_MS,
+       nic_queue_ms=NIC_QUEUE_MS):
     """Creates the hosts; returns their description. Undoes everything on any failure.
 
     cc: the TCP congestion control of every host (`net.ipv4.tcp_congestion_control` in each
     namespace); without it a namespace keeps what a new one gets, the host's default.
-    queue_ms: the most a token bucket queues, in milliseconds of its rate (the switch's buffer)."""
+    queue_ms: the most a download's token bucket queues, in milliseconds of its rate (the
+    switch's buffer); nic_queue_ms: the same for an upload's (the host's transmit queue)."""
     check_prefix(pfx)
     if cc is not None:
         check_cc(cc)
-    if not 0 < queue_ms <= 1000:
-        raise Failure(f"--queue-ms {queue_ms:g}: must be above 0 and at most 1000")
+    for name, ms in (("--queue-ms", queue_ms), ("--nic-queue-ms", nic_queue_ms)):
+        if not 0 < ms <= 1000:
+            raise Failure(f"{name} {ms:g}: must be above 0 and at most 1000")
     if not 1 <= hosts <= MAX_HOSTS:
         raise Failure(f"--hosts {hosts}: between 1 and {MAX_HOSTS}")
     if rate is not None and rate <= 0:
@@ -286,7 +300,7 @@ def up(pfx, hosts, rate=None, rate_of=None, mtu=1500, cc=None, queue_ms=TBF_LATE
             r = rates[i]
             if r is not None:
                 sh(["ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", "eth0", "root"]
-                   + tbf_args(r, queue_ms))
+                   + tbf_args(r, nic_queue_ms))
                 sh(["tc", "qdisc", "replace", "dev", port, "root"] + tbf_args(r, queue_ms))
             desc["hosts"].append({
                 "index": i,
@@ -297,7 +311,8 @@ def up(pfx, hosts, rate=None, rate_of=None, mtu=1500, cc=None, queue_ms=TBF_LATE
                 "rate_mbit": fmt_rate(r),
                 "tcp_cc": host_cc,
                 "tbf": None if r is None else {"burst_bytes": burst_bytes(r),
-                                               "latency": f"{queue_ms:g}ms"},
+                                               "latency": f"{queue_ms:g}ms",
+                                               "upload_latency": f"{nic_queue_ms:g}ms"},
             })
         write_state(pfx, desc)
     except BaseException:
@@ -574,6 +589,20 @@ def tcp_counters(desc):
     return total
 
 
+def queue_drops(desc):
+    """Packets the hosts' token buckets dropped since the hosts came up, summed over the hosts:
+    (on the uploads, the hosts' own transmit queues; on the downloads, the switch's ports)."""
+    total = [0, 0]
+    for h in desc["hosts"]:
+        for k, cmd in enumerate((["ip", "netns", "exec", h["namespace"], "tc", "-s", "qdisc",
+                                  "show", "dev", h["ifname"]],
+                                 ["tc", "-s", "qdisc", "show", "dev", h["bridge_port"]])):
+            m = re.search(r"\(dropped (\d+),", sh(cmd))
+            if m:
+                total[k] += int(m.group(1))
+    return total
+
+
 def iperf_goodput(desc, seconds, port=5201):
     """TCP goodput in GB/s of one iperf3 stream from host 0 to host 1 for `seconds` (what the
     receiver got), or None with the reason printed."""
@@ -655,7 +684,7 @@ def measure(args):
                 down(args.name)
             t_up = time.monotonic()
             desc = up(args.name, hosts, args.rate, args.rate_of, args.mtu, args.cc,
-                      args.queue_ms)
+                      args.queue_ms, args.nic_queue_ms)
             try:
                 rates = [h["rate_mbit"] for h in desc["hosts"]]
                 ccs.update(h["tcp_cc"] for h in desc["hosts"])
@@ -673,6 +702,7 @@ def measure(args):
                         run_no += 1
                         port = args.port + run_no % 1000
                         before = tcp_counters(desc) if args.nstat else None
+                        drops = queue_drops(desc) if args.nstat else None
                         t = time.monotonic()
                         row, why = one_run(args, desc, algo, hosts, port, token, workdir,
                                            f"r{run_no}")
@@ -680,11 +710,14 @@ def measure(args):
                         if before is not None:
                             sent, retrans, rto, tlp, zero, probes = (
                                 a - b for a, b in zip(tcp_counters(desc), before))
+                            up_drops, down_drops = (
+                                a - b for a, b in zip(queue_drops(desc), drops))
                             print(f"# hosts {hosts} rep {rep + 1} {algo}: TCP sent {sent} "
                                   f"segments, retransmitted {retrans} "
                                   f"({100 * retrans / max(sent, 1):.2f}%), {rto} timeouts, "
                                   f"{tlp} loss probes, {zero} zero windows, {probes} window "
-                                  f"probes", file=sys.stderr)
+                                  f"probes; dropped {up_drops} packets in the hosts' own "
+                                  f"queues, {down_drops} in the switch", file=sys.stderr)
                         if row is None:
                             failures.setdefault((hosts, algo), why)
                             print(f"# hosts {hosts} rep {rep + 1} {algo}: FAILED after "
@@ -715,7 +748,8 @@ def table(args, algos, results, failures, link, goodput=None, ccs=()):
     goodput = goodput or {}
     parts = [f"{fmt_rate(args.rate)} Mbit/s"] if args.rate else []
     parts += ["host %s %s Mbit/s" % tuple(x.split("=", 1)) for x in args.rate_of or []]
-    rate = f"{', '.join(parts)} (queue {args.queue_ms:g} ms)" if parts else "unlimited"
+    rate = (f"{', '.join(parts)} (switch queue {args.queue_ms:g} ms, "
+            f"host queue {args.nic_queue_ms:g} ms)" if parts else "unlimited")
     lines = [
         f"all_reduce {fmt_size(args.size)} {args.dtype} sum, {args.nproc} rank(s) per host, "
         f"links {rate}, "
@@ -874,8 +908,11 @@ def link_args(p):
                    "net.ipv4.tcp_congestion_control; one of "
                    "net.ipv4.tcp_allowed_congestion_control)")
     p.add_argument("--queue-ms", type=float, default=TBF_LATENCY_MS,
-                   help="the most each token bucket queues, in ms at its rate: the switch's "
+                   help="the most a host's download queues, in ms at its rate: the switch's "
                         f"buffer (default {TBF_LATENCY_MS:g})")
+    p.add_argument("--nic-queue-ms", type=float, default=NIC_QUEUE_MS,
+                   help="the most a host's upload queues, in ms at its rate: its own transmit "
+                        f"queue (default {NIC_QUEUE_MS:g})")
 
 
 def main(argv=None):
@@ -937,7 +974,8 @@ def main(argv=None):
                    help="also give, per run, the TCP segments the hosts sent, how many of "
                         "them were retransmissions, the retransmission timeouts, tail loss "
                         "probes, zero windows advertised and window probes (the kernel's "
-                        "counters in each host)")
+                        "counters in each host), and the packets the token buckets dropped "
+                        "on the uploads (the hosts' own queues) and downloads (the switch)")
 
     args = ap.parse_args(argv)
     # SIGTERM and SIGHUP unwind like Ctrl-C, so that every `finally` tears the hosts down.
@@ -946,7 +984,7 @@ def main(argv=None):
     try:
         if args.cmd == "up":
             desc = up(args.name, args.hosts, args.rate, args.rate_of, args.mtu, args.cc,
-                      args.queue_ms)
+                      args.queue_ms, args.nic_queue_ms)
             print(json.dumps(desc, indent=2))
         elif args.cmd == "down":
             preflight()

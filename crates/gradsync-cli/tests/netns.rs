@@ -747,6 +747,26 @@ subprocess.run(["ip", "netns", "exec", desc["hosts"][0]["namespace"], "python3",
 print(json.dumps([before, emuhosts.tcp_counters(desc)]))
 "#;
 
+/// Reads the token buckets' drops around a burst of UDP from host 1 to host 0 (18 MB in
+/// datagrams of 60 kB, through a socket buffer of 16 MB, forced), faster than host 1's upload
+/// takes and larger than its queue: the upload's count grows. Prints `[before, after]`, each
+/// `[uploads, downloads]`.
+const DROPS_CHECK: &str = r#"
+import json, subprocess, sys
+sys.path.insert(0, sys.argv[1])
+import emuhosts
+desc = json.loads(sys.argv[2])
+before = emuhosts.queue_drops(desc)
+send = ("import socket\n"
+        "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        "s.setsockopt(socket.SOL_SOCKET, 32, 16 << 20)\n"
+        "for _ in range(300):\n"
+        "    s.sendto(b'x' * 60000, (%r, 9))\n" % desc["hosts"][0]["address"])
+subprocess.run(["ip", "netns", "exec", desc["hosts"][1]["namespace"], "python3", "-c", send],
+               check=True)
+print(json.dumps([before, emuhosts.queue_drops(desc)]))
+"#;
+
 #[test]
 fn netns_script_up_exec_down() {
     let _serial = serial();
@@ -780,6 +800,8 @@ fn netns_script_up_exec_down() {
             "reno",
             "--queue-ms",
             "4",
+            "--nic-queue-ms",
+            "20",
         ],
     );
     let desc: serde_json::Value = serde_json::from_str(&desc).expect("up prints JSON");
@@ -793,6 +815,8 @@ fn netns_script_up_exec_down() {
         assert_eq!(host["tcp_cc"], "reno", "{desc}");
     }
     assert_eq!(desc["hosts"][1]["rate_mbit"], 500, "{desc}");
+    assert_eq!(desc["hosts"][1]["tbf"]["latency"], "4ms", "{desc}");
+    assert_eq!(desc["hosts"][1]["tbf"]["upload_latency"], "20ms", "{desc}");
     let exec = |args: &[&str]| {
         let mut all = vec![script, "exec", "--name", &pfx, "--host", "1", "--"];
         all.extend_from_slice(args);
@@ -822,10 +846,26 @@ fn netns_script_up_exec_down() {
     let addr = exec(&["ip", "-o", "addr", "show", "dev", "eth0"]);
     assert!(addr.contains(&format!("{}/24", guard.addr(1))), "{addr}");
     let qdisc = exec(&["tc", "qdisc", "show", "dev", "eth0"]);
-    // Both ends of a link queue at most the 4 ms given (`lat`).
+    // The upload (the host's own queue) queues at most the 20 ms given, the download (the
+    // switch's port) the 4 ms (`lat`).
     assert!(
-        qdisc.contains("tbf") && qdisc.contains("500Mbit") && qdisc.contains("lat 4ms"),
+        qdisc.contains("tbf") && qdisc.contains("500Mbit") && qdisc.contains("lat 20ms"),
         "{qdisc}"
+    );
+    // What a full upload queue drops is counted (`measure --nstat`).
+    let drops = must(
+        "python3",
+        &[
+            "-c",
+            DROPS_CHECK,
+            Path::new(script).parent().unwrap().to_str().unwrap(),
+            &desc.to_string(),
+        ],
+    );
+    let drops: Vec<Vec<u64>> = serde_json::from_str(drops.trim()).expect("JSON");
+    assert!(
+        drops.len() == 2 && drops[0].len() == 2 && drops[1][0] > drops[0][0],
+        "the upload dropped nothing of a burst larger than its queue: {drops:?}"
     );
     let qdisc = must("tc", &["qdisc", "show", "dev", &guard.port(0)]);
     assert!(
