@@ -733,10 +733,12 @@ pub fn run(args: &ScaleArgs) -> anyhow::Result<i32> {
         println!("{}", c.text);
     }
     let cfg = gradsync::Config::new("", 0, 1);
-    let (nsocks, nslots) = (cfg.nsocks, cfg.nslots);
+    let (nsocks, nslots) = (cfg.tcp_streams(false), cfg.nslots);
+    let streams = if nsocks == 1 { "stream" } else { "streams" };
     println!(
         "\n# per-rank connections and receive memory: the peers one rank's program talks to \
-         (most over the ranks), TCP sockets ({nsocks} streams a peer and a listener), and the \
+         (most over the ranks), TCP sockets ({nsocks} {streams} a peer on another host and a \
+         listener), and the \
          inbox for those peers ({nslots} slots of {} each; past the receive budget of {}, \
          slots only for the peers at power-of-two distances, and a shared pool for the \
          others); `any`: every candidate together, `full mesh`: every other rank",

@@ -181,6 +181,13 @@ pub enum Violation {
         /// The header's bytes.
         header: [u8; 24],
     },
+    /// tcp: a part of a striped write that does not fit the pair's streams or the parts
+    /// before it.
+    #[error("striped write: {why}")]
+    Stripe {
+        /// What does not fit.
+        why: String,
+    },
     /// tcp: a two-sided message longer than any sender may post.
     #[error("send of {len} bytes exceeds the {max}-byte limit")]
     OversizedSend {

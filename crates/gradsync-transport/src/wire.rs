@@ -85,6 +85,17 @@ pub enum WireError {
         /// The flags found.
         flags: u8,
     },
+    /// A part number that its count does not allow (a part of a striped write: at least 2
+    /// parts, numbered from 0).
+    #[error("{format} part {part} of {parts}")]
+    BadPart {
+        /// The format.
+        format: &'static str,
+        /// The part's number.
+        part: u8,
+        /// The number of parts.
+        parts: u8,
+    },
     /// A length field past the format's limit.
     #[error("{format} of {len} bytes (at most {max})")]
     TooLong {

@@ -94,6 +94,101 @@ fn write_with_immediate_lands_in_place() {
     }
 }
 
+/// Writes with immediate of 64 KiB and more to a peer of several streams are striped over
+/// them: each completes once, whole (one immediate, the full length), in the order posted, its
+/// bytes in place, whatever its gather list; smaller writes and sends go whole, as before.
+#[test]
+fn striped_writes_complete_whole_and_in_order() {
+    for nsocks in [2, 3, 5] {
+        let (mut e0, mut e1) = pair(nsocks);
+        let mut dst = vec![0u8; 8 << 20];
+        // SAFETY: dst outlives the endpoint's use of it in this test.
+        let mr = unsafe { e1.register(dst.as_mut_ptr(), dst.len(), Access::REMOTE_WRITE) }.unwrap();
+        let src: Vec<u8> = (0..(2u32 << 20)).map(|i| (i * 13 % 241) as u8).collect();
+        // SAFETY: src outlives the writes (we poll until every WriteDone below).
+        let smr =
+            unsafe { e0.register(src.as_ptr() as *mut u8, src.len(), Access::LOCAL_READ) }.unwrap();
+        // (length, pieces of the gather list); below 64 KiB a write is not striped.
+        let writes = [
+            (65_535, 1),
+            (65_536, 1),
+            (100_003, 3),
+            (1 << 20, 2),
+            (4096, 1),
+            (1_500_001, 7),
+            (65_600, 5),
+        ];
+        let mut at = 0usize;
+        let mut placed = Vec::new();
+        for (k, &(len, pieces)) in writes.iter().enumerate() {
+            // Pieces of uneven length, from different places of src.
+            let mut sges = Vec::new();
+            let mut left = len;
+            for j in 0..pieces {
+                let n = if j + 1 == pieces { left } else { left / 3 + j };
+                sges.push(Sge {
+                    addr: src.as_ptr() as usize + (j * 4099) % 1000,
+                    len: n,
+                    lkey: smr.lkey,
+                });
+                left -= n;
+            }
+            // SAFETY: as above.
+            unsafe { e0.post_write(1, &sges, mr.remote(), at as u64, Some(k as u32), k as u64) }
+                .unwrap();
+            if k == 2 {
+                e0.post_send(1, b"between", 99).unwrap();
+            }
+            placed.push((at, sges));
+            at += len + 7;
+        }
+        let mut imms = Vec::new();
+        let mut recv = false;
+        poll_until(&mut e1, |c| {
+            match c {
+                Completion::WriteImm { peer: 0, imm, len } => {
+                    assert_eq!(*len as usize, writes[*imm as usize].0, "write {imm}");
+                    imms.push(*imm);
+                }
+                Completion::Recv { peer: 0, data } => recv = data == b"between",
+                other => panic!("unexpected {other:?}"),
+            }
+            imms.len() == writes.len() && recv
+        })
+        .unwrap();
+        // The striped ones (64 KiB and more) in the order posted.
+        let striped: Vec<u32> = imms
+            .iter()
+            .copied()
+            .filter(|&k| writes[k as usize].0 >= 65_536)
+            .collect();
+        assert_eq!(striped, vec![1, 2, 3, 5, 6], "nsocks {nsocks}: {imms:?}");
+        let mut done = Vec::new();
+        poll_until(&mut e0, |c| {
+            match c {
+                Completion::WriteDone { wr_id } => done.push(*wr_id),
+                Completion::SendDone { wr_id: 99 } => {}
+                other => panic!("unexpected {other:?}"),
+            }
+            done.len() == writes.len()
+        })
+        .unwrap();
+        done.sort();
+        assert_eq!(done, (0..writes.len() as u64).collect::<Vec<_>>());
+        for (k, (at, sges)) in placed.iter().enumerate() {
+            let mut want = Vec::new();
+            for s in sges {
+                let off = s.addr - src.as_ptr() as usize;
+                want.extend_from_slice(&src[off..off + s.len]);
+            }
+            assert!(
+                dst[*at..*at + want.len()] == want[..],
+                "nsocks {nsocks}: write {k} landed wrong"
+            );
+        }
+    }
+}
+
 #[test]
 fn bad_key_is_an_error_naming_the_peer() {
     let (mut e0, mut e1) = pair(1);

@@ -37,7 +37,8 @@ pub struct Config {
     pub local_rank: Option<usize>,
     /// Deadline of init and of every collective (`GRADSYNC_TIMEOUT`, seconds).
     pub timeout: Duration,
-    /// TCP streams per peer (`GRADSYNC_NSOCKS`).
+    /// TCP streams per peer (`GRADSYNC_NSOCKS`); 0, the default: one to a peer on another host
+    /// and two to one on this host (see [`tcp_streams`](Self::tcp_streams)).
     pub nsocks: usize,
     /// Network interface for data connections (`GRADSYNC_SOCKET_IFNAME`).
     pub socket_ifname: Option<String>,
@@ -254,8 +255,13 @@ impl TransportMode {
     }
 }
 
-/// Default `GRADSYNC_NSOCKS`.
-pub const DEFAULT_NSOCKS: usize = 2;
+/// TCP streams to a peer on another host unless `GRADSYNC_NSOCKS` is set: one. Across emulated hosts with BBR (the kernel's default here),
+/// a 1 MiB all-reduce measured closer to the cost model with one stream than with two, whole
+/// writes in turn or striped (docs/hosts.md).
+pub const DEFAULT_NSOCKS: usize = 1;
+/// TCP streams to a peer on this host unless `GRADSYNC_NSOCKS` is set: over loopback, 2 ranks,
+/// 64 MiB, two streams measured 1.08x one.
+pub const DEFAULT_NSOCKS_LOCAL: usize = 2;
 /// Default `GRADSYNC_RECV_BUDGET`: every peer keeps the default 8 slots of 512 KiB up to 256
 /// ranks; 1024 ranks get 2 slots a peer (1 GiB, within a 4 GiB pin limit under RDMA).
 pub const DEFAULT_RECV_BUDGET: usize = 1 << 30;
@@ -378,7 +384,7 @@ impl Config {
             world,
             local_rank: None,
             timeout: DEFAULT_TIMEOUT,
-            nsocks: DEFAULT_NSOCKS,
+            nsocks: 0,
             socket_ifname: None,
             socket_bufsize: 0,
             chunk_bytes: DEFAULT_CHUNK,
@@ -406,6 +412,16 @@ impl Config {
             calibrate: Calibrate::Auto,
             calibrate_budget: Duration::from_secs(3),
             cost_file: None,
+        }
+    }
+
+    /// TCP streams to a peer on this host (`same_host`) or on another: `GRADSYNC_NSOCKS` if
+    /// set, else two on this host and one to another.
+    pub fn tcp_streams(&self, same_host: bool) -> usize {
+        match self.nsocks {
+            0 if same_host => DEFAULT_NSOCKS_LOCAL,
+            0 => DEFAULT_NSOCKS,
+            n => n,
         }
     }
 

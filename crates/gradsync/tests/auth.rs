@@ -22,7 +22,7 @@ fn store(token: &str) -> (StoreServer, String) {
 fn hello(comm_id: u64, rank: u32, stream: u16, nsocks: u16) -> [u8; 24] {
     let mut b = [0u8; 24];
     b[0..4].copy_from_slice(&0x4753_5448u32.to_le_bytes());
-    b[4..6].copy_from_slice(&1u16.to_le_bytes());
+    b[4..6].copy_from_slice(&gradsync_transport::tcp::wire::HELLO_VERSION.to_le_bytes());
     b[8..16].copy_from_slice(&comm_id.to_le_bytes());
     b[16..20].copy_from_slice(&rank.to_le_bytes());
     b[20..22].copy_from_slice(&stream.to_le_bytes());

@@ -307,6 +307,44 @@ fn a_receive_budget_gives_every_peer_fewer_slots_and_results_stay_right() {
     assert_eq!(res.len(), world);
 }
 
+/// Across emulated hosts with several streams a pair, every write of 64 KiB or more is
+/// striped over them (the 512 KiB slots and the direct writes of these all-reduces): the
+/// results are the same as on one stream, the default, for every algorithm.
+#[test]
+fn striped_writes_across_hosts_give_the_same_results_as_one_stream() {
+    for nsocks in [0, 3] {
+        for algo in [
+            Algorithm::Ring,
+            Algorithm::Rabenseifner,
+            Algorithm::DoubleTree,
+        ] {
+            let res = run(
+                4,
+                move |cfg| {
+                    cfg.host_id = Some(format!("host-{}", cfg.rank / 2));
+                    cfg.nsocks = nsocks;
+                    cfg.algorithm = Some(algo);
+                },
+                move |mut c| {
+                    let rank = c.rank();
+                    // 3 MiB and 12 bytes: parts that do not divide evenly.
+                    let n = (3 << 18) + 3;
+                    let mut buf: Vec<f32> = (0..n).map(|i| (i % 89) as f32 + rank as f32).collect();
+                    c.all_reduce(&mut buf, ReduceOp::Sum).unwrap();
+                    buf.iter()
+                        .enumerate()
+                        .filter(|(i, v)| **v != 4.0 * (*i % 89) as f32 + 6.0)
+                        .count()
+                },
+            );
+            assert!(
+                res.iter().all(|&wrong| wrong == 0),
+                "{algo:?}, GRADSYNC_NSOCKS={nsocks}: wrong elements per rank {res:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn tcp_pairs_keep_every_slot_in_flight_across_hosts_and_three_inside_one() {
     // 4 ranks as 2 emulated hosts of 2, every pair over TCP.

@@ -60,6 +60,8 @@ impl Lazy {
             comm_id: f.comm_id,
             topts: TcpOptions {
                 nsocks: 1,
+                nsocks_local: 1,
+                local: Vec::new(),
                 sock_buf: 0,
                 timeout: f.timeout,
                 token: f.token,

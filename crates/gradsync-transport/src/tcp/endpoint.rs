@@ -2,13 +2,16 @@
 //! and the [`Endpoint`] implementation.
 
 use super::lazy::Lazy;
-use super::stream::{RXBUF, Rx, Stream, TxItem, done_completion, flush, rx_stream};
+use super::stream::{
+    RXBUF, Rx, STRIPE_MIN, Stream, Stripes, TxItem, flush, rx_stream, sent_completion,
+};
 use super::wire::FrameHeaderRepr;
 use crate::caps::{Board, PeerCaps, Route, SharedMemory};
 use crate::error::{Result, TransportError};
 use crate::regions::RegionTable;
 use crate::verbs::{Access, Completion, Endpoint, MemoryRegion, Sge, check_send_len};
 use crate::wire::RemoteRegion;
+use std::collections::HashMap;
 use std::io::{self, Read};
 use std::time::{Duration, Instant};
 
@@ -18,15 +21,24 @@ pub(super) struct Peer {
     pub(super) streams: Vec<Stream>,
     next_tx: usize,
     broken: Option<String>,
+    /// The striped writes received (see [`super::stream`]).
+    stripes: Stripes,
+    /// Parts still queued of the striped writes posted, by work request.
+    pub(super) parts_left: HashMap<u64, usize>,
+    /// Writes to this peer are striped over its streams (it is on another host).
+    stripe: bool,
 }
 
 impl Peer {
-    /// A peer reached through `streams`.
-    pub(super) fn new(streams: Vec<Stream>) -> Peer {
+    /// A peer reached through `streams`; `stripe`: large writes to it are striped over them.
+    pub(super) fn new(streams: Vec<Stream>, stripe: bool) -> Peer {
         Peer {
             streams,
             next_tx: 0,
             broken: None,
+            stripes: Stripes::default(),
+            parts_left: HashMap::new(),
+            stripe,
         }
     }
 }
@@ -94,9 +106,9 @@ impl TcpEndpoint {
         Ok(p)
     }
 
+    /// Queues `item` on the peer's next stream in turn.
     fn enqueue(&mut self, peer: usize, item: TxItem, op: &'static str) -> Result<()> {
         let rank = self.rank;
-        let mut done = Vec::new();
         let p = self.peer_mut(peer, op)?;
         let n = p.streams.len();
         let Some(i) = (0..n)
@@ -110,23 +122,50 @@ impl TcpEndpoint {
             });
         };
         p.next_tx = (i + 1) % n;
+        self.push(peer, i, item, op)
+    }
+
+    /// Queues `item` on stream `i` of `peer`, and sends at once if nothing was queued there: a
+    /// small message then leaves without waiting for the next poll.
+    fn push(&mut self, peer: usize, i: usize, item: TxItem, op: &'static str) -> Result<()> {
+        let rank = self.rank;
+        let mut done = Vec::new();
+        let p = self.peer_mut(peer, op)?;
         let st = &mut p.streams[i];
         st.txq.push_back(item);
-        if st.txq.len() == 1 {
-            // Send at once: a small message then leaves without waiting for the next poll.
-            if let Err(e) = flush(st, &mut done) {
-                st.tx_failed = true;
-                st.txq.clear();
-                return Err(TransportError::Io {
-                    rank,
-                    peer,
-                    op,
-                    source: e,
-                });
-            }
+        if st.txq.len() == 1
+            && let Err(e) = flush(st, &mut done)
+        {
+            st.tx_failed = true;
+            st.txq.clear();
+            return Err(TransportError::Io {
+                rank,
+                peer,
+                op,
+                source: e,
+            });
         }
-        self.done.extend(done.into_iter().map(done_completion));
+        let comps: Vec<Completion> = done
+            .into_iter()
+            .filter_map(|s| sent_completion(&mut p.parts_left, s))
+            .collect();
+        self.done.extend(comps);
         Ok(())
+    }
+
+    /// The streams a write of `total` bytes with immediate to `peer` is striped over, if it
+    /// is: the peer's streams, when the peer is on another host, there are several, none has
+    /// failed, and the write is at least [`STRIPE_MIN`].
+    fn stripes_for(&self, peer: usize, total: usize) -> Option<usize> {
+        let p = self.peers.get(peer)?.as_ref()?;
+        let k = p.streams.len();
+        (p.stripe
+            && k >= 2
+            && k <= usize::from(u8::MAX)
+            && total >= STRIPE_MIN
+            && p.broken.is_none()
+            && p.streams.iter().all(|st| !st.tx_failed))
+        .then_some(k)
     }
 
     /// Closes gracefully: stops sending, then reads and discards until every peer has closed
@@ -248,6 +287,38 @@ impl Endpoint for TcpEndpoint {
                 msg: format!("{total} bytes exceed one write"),
             });
         }
+        if let (Some(imm), Some(k)) = (imm, self.stripes_for(peer, total)) {
+            // Part i of k on stream i: shares of a multiple of 64 bytes, the last the rest.
+            let share = total.div_ceil(k).next_multiple_of(64);
+            let spans: Vec<(usize, usize)> = sges.iter().map(|s| (s.addr, s.len)).collect();
+            self.peers[peer]
+                .as_mut()
+                .expect("stripes_for found the peer")
+                .parts_left
+                .insert(wr_id, k);
+            for i in 0..k {
+                let (a, b) = ((i * share).min(total), ((i + 1) * share).min(total));
+                let hdr = FrameHeaderRepr::WritePart {
+                    rkey: remote.rkey,
+                    offset: offset + a as u64,
+                    len: (b - a) as u32,
+                    imm,
+                    part: i as u8,
+                    parts: k as u8,
+                }
+                .to_bytes();
+                let item = TxItem {
+                    hdr,
+                    sges: sub_spans(&spans, a, b),
+                    _owned: Vec::new(),
+                    wr_id,
+                    is_send: false,
+                    part: true,
+                };
+                self.push(peer, i, item, "post_write")?;
+            }
+            return Ok(());
+        }
         let hdr = FrameHeaderRepr::Write {
             rkey: remote.rkey,
             offset,
@@ -261,6 +332,7 @@ impl Endpoint for TcpEndpoint {
             _owned: Vec::new(),
             wr_id,
             is_send: false,
+            part: false,
         };
         self.enqueue(peer, item, "post_write")
     }
@@ -281,6 +353,7 @@ impl Endpoint for TcpEndpoint {
                 _owned: owned,
                 wr_id,
                 is_send: true,
+                part: false,
             },
             "post_send",
         )
@@ -347,6 +420,7 @@ impl Endpoint for TcpEndpoint {
             let base = idx;
             idx += p.streams.len();
             let mut done = Vec::new();
+            let nstreams = p.streams.len();
             for (i, st) in p.streams.iter_mut().enumerate() {
                 // A stream in the middle of a frame is always visited: its last read may have
                 // ended exactly at the end of a payload (the per-poll budget ran out), and the
@@ -363,14 +437,27 @@ impl Endpoint for TcpEndpoint {
                 if !readable || st.eof {
                     continue;
                 }
-                rx_stream(rank, peer, st, &self.regions, out)?;
+                rx_stream(
+                    rank,
+                    peer,
+                    i,
+                    nstreams,
+                    st,
+                    &mut p.stripes,
+                    &self.regions,
+                    out,
+                )?;
             }
             // Only once every stream is drained: data a peer sent on one stream before it
             // closed must not be lost because another stream ended first.
             if p.streams.iter().all(|st| st.eof) {
                 p.broken = Some("the peer closed the connection".into());
             }
-            out.extend(done.into_iter().map(done_completion));
+            let parts_left = &mut p.parts_left;
+            out.extend(
+                done.into_iter()
+                    .filter_map(|s| sent_completion(parts_left, s)),
+            );
         }
         Ok(())
     }
@@ -439,4 +526,21 @@ impl Endpoint for TcpEndpoint {
         }
         Ok(())
     }
+}
+
+/// The spans covering bytes `a..b` of the payload that `spans` (address, length) make up.
+fn sub_spans(spans: &[(usize, usize)], a: usize, b: usize) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    for &(addr, len) in spans {
+        let (lo, hi) = (a.max(at), b.min(at + len));
+        if lo < hi {
+            out.push((addr + (lo - at), hi - lo));
+        }
+        at += len;
+        if at >= b {
+            break;
+        }
+    }
+    out
 }

@@ -5,7 +5,7 @@ use super::endpoint::{Peer, TcpEndpoint};
 use super::lazy::Lazy;
 use super::options::TcpOptions;
 use super::setup::{accept_ready, accept_stream, dial_stream, set_nonblocking};
-use super::stream::{Stream, done_completion, flush};
+use super::stream::{Stream, flush, sent_completion};
 use crate::AddressBook;
 use crate::error::{Result, TransportError};
 use crate::verbs::Endpoint;
@@ -51,7 +51,6 @@ impl TcpEndpoint {
             let Some((sock, from)) = accept_ready(rank, &lz.listener)? else {
                 return Ok(());
             };
-            let nsocks = lz.opts.nsocks.max(1);
             let deadline = Instant::now() + lz.opts.timeout;
             let peers = &self.peers;
             let partial = &lz.partial;
@@ -69,6 +68,7 @@ impl TcpEndpoint {
             else {
                 continue;
             };
+            let nsocks = lz.opts.streams_to(peer);
             let slots = lz
                 .partial
                 .entry(peer)
@@ -95,7 +95,8 @@ impl TcpEndpoint {
                 })?;
             streams.push(Stream::new(sock));
         }
-        self.peers[peer] = Some(Peer::new(streams));
+        let stripe = self.lazy.as_ref().is_none_or(|lz| !lz.opts.is_local(peer));
+        self.peers[peer] = Some(Peer::new(streams, stripe));
         if let Some(lz) = self.lazy.as_mut() {
             lz.missing = lz.missing.saturating_sub(1);
         }
@@ -135,7 +136,7 @@ impl TcpEndpoint {
             .addrs
             .resolve(&lower, deadline)?;
         for (p, addr) in lower.into_iter().zip(addrs) {
-            let socks = (0..opts.nsocks.max(1))
+            let socks = (0..opts.streams_to(p))
                 .map(|s| dial_stream(rank, p, addr, s, comm_id, &opts, deadline))
                 .collect::<Result<Vec<_>>>()?;
             self.install(p, socks)?;
@@ -183,15 +184,19 @@ impl TcpEndpoint {
     /// Flushes what is queued to the connected peers (best effort; a failing stream is marked
     /// as [`poll`](crate::Endpoint::poll) would).
     fn flush_queued(&mut self) {
-        let mut done = Vec::new();
         for p in self.peers.iter_mut().flatten() {
+            let mut done = Vec::new();
             for st in p.streams.iter_mut() {
                 if !st.tx_failed && !st.txq.is_empty() && flush(st, &mut done).is_err() {
                     st.tx_failed = true;
                     st.txq.clear();
                 }
             }
+            let parts_left = &mut p.parts_left;
+            self.done.extend(
+                done.into_iter()
+                    .filter_map(|s| sent_completion(parts_left, s)),
+            );
         }
-        self.done.extend(done.into_iter().map(done_completion));
     }
 }

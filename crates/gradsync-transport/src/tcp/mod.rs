@@ -9,9 +9,13 @@
 //! copied, the rest is read from the socket directly into place. Sends go out with one
 //! `sendmsg` over the header and the gather list. All sockets are non-blocking and driven by
 //! [`Endpoint::poll`](crate::Endpoint::poll) from the caller's thread;
-//! [`Endpoint::wait`](crate::Endpoint::wait) sleeps in `poll(2)`. Frames of one write travel on
-//! one stream; consecutive writes go round-robin over the streams, so their completions may
-//! arrive out of order (the engine orders them by its slot counters).
+//! [`Endpoint::wait`](crate::Endpoint::wait) sleeps in `poll(2)`. A write with immediate of at
+//! least 64 KiB to a peer on another host (see [`TcpOptions::local`]) with several streams is
+//! striped: one part on each stream, and it
+//! completes once every part has landed, the striped writes of a pair in the order they were
+//! posted, so that one write does not share the link with the next. Smaller writes and sends
+//! travel whole on one stream, the streams taken in turn, so their completions may arrive out
+//! of order (the engine orders them by its slot counters).
 //!
 //! # Authentication
 //!

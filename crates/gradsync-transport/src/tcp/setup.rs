@@ -36,7 +36,6 @@ impl TcpEndpoint {
         opts: &TcpOptions,
     ) -> Result<TcpEndpoint> {
         let world = addrs.len();
-        let nsocks = opts.nsocks.max(1);
         let start = Instant::now();
         let deadline = start + opts.timeout;
         let io_err = |peer: usize, op: &'static str| {
@@ -48,14 +47,14 @@ impl TcpEndpoint {
             }
         };
         let mut slots: Vec<Vec<Option<TcpStream>>> = (0..world)
-            .map(|_| (0..nsocks).map(|_| None).collect())
+            .map(|p| (0..opts.streams_to(p)).map(|_| None).collect())
             .collect();
         for (peer, addr) in addrs.iter().enumerate().take(rank) {
             for (s, slot) in slots[peer].iter_mut().enumerate() {
                 *slot = Some(dial_stream(rank, peer, *addr, s, comm_id, opts, deadline)?);
             }
         }
-        let expected = (world - rank - 1) * nsocks;
+        let expected: usize = (rank + 1..world).map(|p| opts.streams_to(p)).sum();
         let mut got = 0;
         listener
             .set_nonblocking(true)
@@ -105,15 +104,15 @@ impl TcpEndpoint {
                 peers.push(None);
                 continue;
             }
-            let mut streams = Vec::with_capacity(nsocks);
+            let mut streams = Vec::with_capacity(socks.len());
             for sock in socks.into_iter().flatten() {
                 sock.set_nonblocking(true)
                     .map_err(io_err(p, "set_nonblocking"))?;
                 streams.push(Stream::new(sock));
             }
-            peers.push(Some(Peer::new(streams)));
+            peers.push(Some(Peer::new(streams, !opts.is_local(p))));
         }
-        tracing::info!(target: "gradsync::net", "rank {rank}: connected to {} peers with {nsocks} stream(s) each in {:.1} ms", world - 1, start.elapsed().as_secs_f64() * 1e3);
+        tracing::info!(target: "gradsync::net", "rank {rank}: connected to {} peers in {:.1} ms ({} stream(s) to a peer on another host, {} on this one)", world - 1, start.elapsed().as_secs_f64() * 1e3, opts.nsocks.max(1), opts.nsocks_local.max(1));
         Ok(TcpEndpoint::new(rank, world, peers, opts.window))
     }
 }
@@ -129,7 +128,7 @@ pub(crate) fn dial_stream(
     opts: &TcpOptions,
     deadline: Instant,
 ) -> Result<TcpStream> {
-    let nsocks = opts.nsocks.max(1);
+    let nsocks = opts.streams_to(peer);
     let io_err = |op: &'static str| {
         move |source| TransportError::Io {
             rank,
@@ -199,7 +198,6 @@ pub(crate) fn accept_stream(
     deadline: Instant,
     fits: impl Fn(usize, usize) -> bool,
 ) -> Result<Option<(usize, usize, TcpStream)>> {
-    let nsocks = opts.nsocks.max(1);
     let io_err = |op: &'static str| {
         move |source| TransportError::Io {
             rank,
@@ -229,8 +227,8 @@ pub(crate) fn accept_stream(
         && cid == comm_id
         && peer < world
         && peer != rank
-        && s < nsocks
-        && n == nsocks
+        && s < opts.streams_to(peer)
+        && n == opts.streams_to(peer)
         && fits(peer, s);
     if !valid {
         tracing::warn!(target: "gradsync::net", "rank {rank}: dropped a connection from {from} with an invalid hello (magic 0x{magic:08x}, version {version}, communicator {cid:x}, rank {peer}, stream {s}/{n})");

@@ -1,5 +1,19 @@
 //! One TCP stream: its receive state machine (a frame header, then the payload read straight
-//! into the destination region) and its send queue, flushed with `sendmsg`.
+//! into the destination region) and its send queue, flushed with `sendmsg`; and the receive
+//! side of the writes striped over a pair's streams ([`Stripes`]).
+//!
+//! # Striped writes
+//!
+//! A write with immediate of at least [`STRIPE_MIN`] bytes to a peer reached over several
+//! streams is cut into one part per stream (part `i` on stream `i`, see [`super::wire`]), so
+//! that every stream carries a share of each write, one write after the other. Posting whole
+//! writes to the streams in turn lets a write overtake the one posted before it to the same
+//! peer: both share the link, and the first lands later than it would alone (a Rabenseifner
+//! all-reduce sends the last step of one call and the first of the next to the same partner,
+//! back to back). Each stream delivers its parts in order, so the `k`-th part a stream delivers
+//! belongs to the pair's `k`-th striped write, and a write completes, with its immediate and
+//! the length of all its parts, once every stream has delivered its part of it; writes
+//! complete in the order they were posted.
 
 use super::wire::{FRAME_HEADER_LEN, FrameHeader, FrameHeaderRepr};
 use crate::error::{Result, TransportError, Violation};
@@ -18,6 +32,11 @@ const RX_BUDGET: usize = 8 << 20;
 /// Payload bytes left to read below which the receive buffer is used instead of reading
 /// straight into the region.
 const DIRECT_MIN: usize = 16 * 1024;
+/// Writes with immediate of at least this many bytes are striped over a peer's streams.
+pub(super) const STRIPE_MIN: usize = 64 * 1024;
+/// Striped writes that may wait for parts on other streams (a bound on what a peer can make
+/// this rank hold).
+const MAX_PENDING_STRIPES: u64 = 4096;
 
 /// Where a stream is in the frame it receives.
 #[derive(Debug)]
@@ -30,6 +49,8 @@ pub(super) enum Rx {
         remaining: usize,
         imm: Option<u32>,
         total: u32,
+        /// A part of a striped write (its immediate is that of the whole write).
+        part: bool,
     },
     /// Reading a send's payload.
     Send { data: Vec<u8>, need: usize },
@@ -44,11 +65,13 @@ pub(super) struct TxItem {
     pub(super) _owned: Vec<u8>,
     pub(super) wr_id: u64,
     pub(super) is_send: bool,
+    /// A part of a striped write: the write is done once every part is.
+    pub(super) part: bool,
 }
 
 impl TxItem {
     /// Bytes of the frame, header included.
-    fn total(&self) -> usize {
+    pub(super) fn total(&self) -> usize {
         FRAME_HEADER_LEN + self.sges.iter().map(|s| s.1).sum::<usize>()
     }
 }
@@ -93,19 +116,115 @@ impl Stream {
     }
 }
 
-pub(super) fn done_completion(d: u64) -> Completion {
-    if d & (1 << 63) != 0 {
-        Completion::SendDone {
-            wr_id: d & !(1 << 63),
+/// A queued frame the kernel has taken whole.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Sent {
+    pub(super) wr_id: u64,
+    pub(super) is_send: bool,
+    pub(super) part: bool,
+}
+
+/// The sender's completion of a frame the kernel has taken, given the parts of striped writes
+/// still queued (by work request): a striped write completes with its last part.
+pub(super) fn sent_completion(
+    parts_left: &mut std::collections::HashMap<u64, usize>,
+    s: Sent,
+) -> Option<Completion> {
+    if s.part {
+        let left = parts_left.get_mut(&s.wr_id)?;
+        *left -= 1;
+        if *left > 0 {
+            return None;
         }
+        parts_left.remove(&s.wr_id);
+    }
+    Some(if s.is_send {
+        Completion::SendDone { wr_id: s.wr_id }
     } else {
-        Completion::WriteDone { wr_id: d }
+        Completion::WriteDone { wr_id: s.wr_id }
+    })
+}
+
+/// The receive side of one peer's striped writes: which parts have landed (see the [module
+/// documentation](self#striped-writes)).
+#[derive(Debug, Default)]
+pub(super) struct Stripes {
+    /// Per stream, the number (among the pair's striped writes) of the next part it delivers.
+    next: Vec<u64>,
+    /// The number of the first write not completed.
+    base: u64,
+    /// The writes from `base` on: immediate, bytes landed, parts landed.
+    pending: VecDeque<(u32, u64, usize)>,
+}
+
+impl Stripes {
+    /// Part `part` of `parts` of a write with immediate `imm` begins on stream `index` of
+    /// `streams`: whether it fits them (before its payload is read).
+    fn check(
+        &self,
+        index: usize,
+        streams: usize,
+        part: u8,
+        parts: u8,
+    ) -> std::result::Result<(), String> {
+        if usize::from(parts) != streams || usize::from(part) != index {
+            return Err(format!(
+                "part {part} of {parts} on stream {index} of {streams} (part i of a write goes on stream i, one part per stream)"
+            ));
+        }
+        let m = self.next.get(index).copied().unwrap_or(self.base);
+        if m - self.base >= MAX_PENDING_STRIPES {
+            return Err(format!(
+                "{MAX_PENDING_STRIPES} writes wait for parts on other streams"
+            ));
+        }
+        Ok(())
+    }
+
+    /// The part on stream `index` of `streams`, of `len` bytes, has landed: completes, in order,
+    /// the writes whose every part has.
+    fn landed(
+        &mut self,
+        peer: usize,
+        index: usize,
+        streams: usize,
+        imm: u32,
+        len: u32,
+        out: &mut Vec<Completion>,
+    ) -> std::result::Result<(), String> {
+        if self.next.len() < streams {
+            self.next.resize(streams, self.base);
+        }
+        let m = self.next[index];
+        self.next[index] += 1;
+        let at = (m - self.base) as usize;
+        while self.pending.len() <= at {
+            self.pending.push_back((imm, 0, 0));
+        }
+        let w = &mut self.pending[at];
+        if w.2 > 0 && w.0 != imm {
+            return Err(format!(
+                "write {m} has immediate {:#x} on one stream and {imm:#x} on stream {index}",
+                w.0
+            ));
+        }
+        w.0 = imm;
+        w.1 += u64::from(len);
+        w.2 += 1;
+        while self.pending.front().is_some_and(|w| w.2 == streams) {
+            let (imm, bytes, _) = self.pending.pop_front().expect("front");
+            self.base += 1;
+            let len = u32::try_from(bytes)
+                .map_err(|_| format!("write {} of {bytes} bytes", self.base - 1))?;
+            out.push(Completion::WriteImm { peer, imm, len });
+        }
+        Ok(())
     }
 }
 
 /// Sends as much of the stream's queue as the socket takes. Appends wr_ids of items that
 /// finished (tagged: high bit set for sends) to `done`.
-pub(super) fn flush(st: &mut Stream, done: &mut Vec<u64>) -> io::Result<()> {
+pub(super) fn flush(st: &mut Stream, done: &mut Vec<Sent>) -> io::Result<()> {
     const MAXIOV: usize = 64;
     loop {
         let mut iov: Vec<libc::iovec> = Vec::with_capacity(MAXIOV);
@@ -156,7 +275,11 @@ pub(super) fn flush(st: &mut Stream, done: &mut Vec<u64>) -> io::Result<()> {
                 n -= left;
                 st.tx_off = 0;
                 let item = st.txq.pop_front().expect("item");
-                done.push(item.wr_id | if item.is_send { 1 << 63 } else { 0 });
+                done.push(Sent {
+                    wr_id: item.wr_id,
+                    is_send: item.is_send,
+                    part: item.part,
+                });
             } else {
                 st.tx_off += n;
                 n = 0;
@@ -170,11 +293,16 @@ fn unsafe_zeroed_msghdr() -> libc::msghdr {
     unsafe { std::mem::zeroed() }
 }
 
-/// Reads what is available on one stream; returns true if anything was read.
+/// Reads what is available on stream `index` of a peer's `streams`; returns true if anything
+/// was read. `stripes` is the peer's striped writes.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn rx_stream(
     rank: usize,
     peer: usize,
+    index: usize,
+    streams: usize,
     st: &mut Stream,
+    stripes: &mut Stripes,
     regions: &RegionTable,
     out: &mut Vec<Completion>,
 ) -> Result<bool> {
@@ -213,6 +341,27 @@ pub(super) fn rx_stream(
                                 remaining: len as usize,
                                 imm,
                                 total: len,
+                                part: false,
+                            }
+                        }
+                        FrameHeaderRepr::WritePart {
+                            rkey,
+                            offset,
+                            len,
+                            imm,
+                            part,
+                            parts,
+                        } => {
+                            stripes
+                                .check(index, streams, part, parts)
+                                .map_err(|why| proto(Violation::Stripe { why }))?;
+                            let dst = regions.check_remote_write(peer, rkey, offset, len as u64)?;
+                            Rx::Write {
+                                dst,
+                                remaining: len as usize,
+                                imm: Some(imm),
+                                total: len,
+                                part: true,
                             }
                         }
                         FrameHeaderRepr::Send { len } => {
@@ -234,9 +383,15 @@ pub(super) fn rx_stream(
                 remaining,
                 imm,
                 total,
+                part,
             } => {
                 if *remaining == 0 {
-                    if let Some(imm) = *imm {
+                    if *part {
+                        let imm = imm.expect("a part has an immediate");
+                        stripes
+                            .landed(peer, index, streams, imm, *total, out)
+                            .map_err(|why| proto(Violation::Stripe { why }))?;
+                    } else if let Some(imm) = *imm {
                         out.push(Completion::WriteImm {
                             peer,
                             imm,

@@ -10,12 +10,19 @@
 //!
 //! | offset | size | field |
 //! |-------:|-----:|-------|
-//! | 0 | 1 | kind: 1 write, 2 write with immediate, 3 send |
-//! | 1 | 3 | reserved (0) |
-//! | 4 | 4 | immediate value (write with immediate; ignored otherwise) |
+//! | 0 | 1 | kind: 1 write, 2 write with immediate, 3 send, 4 part of a striped write |
+//! | 1 | 1 | part number, from 0 (kind 4; 0 otherwise) |
+//! | 2 | 1 | number of parts, at least 2 (kind 4; 0 otherwise) |
+//! | 3 | 1 | reserved (0) |
+//! | 4 | 4 | immediate value (write with immediate, part; ignored otherwise) |
 //! | 8 | 4 | remote key (writes; ignored for a send) |
 //! | 12 | 4 | payload length |
 //! | 16 | 8 | offset in the remote region (writes; ignored for a send) |
+//!
+//! A striped write is a write with immediate cut into as many parts as the pair has streams,
+//! part `i` on stream `i`: each part lands where its offset says, and the receiver completes
+//! the write (one immediate, the length of all parts) once every part of it has landed (see
+//! [the TCP transport's documentation](super)).
 //!
 //! # Hello
 //!
@@ -44,7 +51,7 @@ pub const HELLO_LEN: usize = 24;
 /// Magic number of a hello (`"GSTH"` as a little-endian `u32`).
 pub const HELLO_MAGIC: u32 = 0x4753_5448;
 /// Version of the hello (and of the frames after it).
-pub const HELLO_VERSION: u16 = 1;
+pub const HELLO_VERSION: u16 = 2;
 /// Length of a handshake nonce.
 pub const NONCE_LEN: usize = 32;
 /// Length of a handshake proof.
@@ -58,6 +65,8 @@ pub const KIND_WRITE: u8 = 1;
 pub const KIND_WRITE_IMM: u8 = 2;
 /// Frame kind: a two-sided send.
 pub const KIND_SEND: u8 = 3;
+/// Frame kind: a part of a write with immediate striped over the streams of a pair.
+pub const KIND_WRITE_PART: u8 = 4;
 
 mod frame_field {
     pub(super) const KIND: usize = 0;
@@ -145,20 +154,60 @@ pub enum FrameHeaderRepr {
         /// Payload length.
         len: u32,
     },
+    /// Part `part` of `parts` of a write with immediate `imm`: `len` bytes at `offset` into the
+    /// region `rkey`; the payload follows.
+    WritePart {
+        /// The target region's key.
+        rkey: u32,
+        /// Offset in the region of this part.
+        offset: u64,
+        /// This part's payload length.
+        len: u32,
+        /// The immediate of the whole write.
+        imm: u32,
+        /// This part's number, from 0.
+        part: u8,
+        /// The number of parts (at least 2).
+        parts: u8,
+    },
 }
 
 impl FrameHeaderRepr {
-    /// Parses a header: the reserved bytes must be zero and the kind known. Fields a kind does
-    /// not use are ignored.
+    /// Parses a header: the reserved bytes must be zero (a part's number and count apart) and
+    /// the kind known. Fields a kind does not use are ignored.
     pub fn parse<T: AsRef<[u8]>>(h: &FrameHeader<T>) -> Result<Self, WireError> {
         h.check_len()?;
-        if h.reserved() != 0 {
+        let reserved = h.reserved();
+        let allowed = if h.kind() == KIND_WRITE_PART {
+            0xffff
+        } else {
+            0
+        };
+        if reserved & !allowed != 0 {
             return Err(WireError::Reserved {
                 format: "frame header",
-                found: u64::from(h.reserved()),
+                found: u64::from(reserved & !allowed),
             });
         }
         match h.kind() {
+            KIND_WRITE_PART => {
+                let (part, parts) = (reserved as u8, (reserved >> 8) as u8);
+                if parts < 2 || part >= parts {
+                    return Err(WireError::BadPart {
+                        format: "striped write",
+                        part,
+                        parts,
+                    });
+                }
+                Ok(FrameHeaderRepr::WritePart {
+                    rkey: h.rkey(),
+                    offset: h.offset(),
+                    len: h.payload_len(),
+                    imm: h.imm(),
+                    part,
+                    parts,
+                })
+            }
             KIND_WRITE | KIND_WRITE_IMM => Ok(FrameHeaderRepr::Write {
                 rkey: h.rkey(),
                 offset: h.offset(),
@@ -178,7 +227,9 @@ impl FrameHeaderRepr {
     /// Payload bytes after the header.
     pub const fn payload_len(&self) -> u32 {
         match *self {
-            FrameHeaderRepr::Write { len, .. } | FrameHeaderRepr::Send { len } => len,
+            FrameHeaderRepr::Write { len, .. }
+            | FrameHeaderRepr::Send { len }
+            | FrameHeaderRepr::WritePart { len, .. } => len,
         }
     }
 
@@ -214,6 +265,21 @@ impl FrameHeaderRepr {
             FrameHeaderRepr::Send { len } => {
                 h.set_kind(KIND_SEND);
                 h.set_payload_len(len);
+            }
+            FrameHeaderRepr::WritePart {
+                rkey,
+                offset,
+                len,
+                imm,
+                part,
+                parts,
+            } => {
+                h.set_kind(KIND_WRITE_PART);
+                h.set_reserved(u32::from(part) | u32::from(parts) << 8);
+                h.set_imm(imm);
+                h.set_rkey(rkey);
+                h.set_payload_len(len);
+                h.set_offset(offset);
             }
         }
     }
@@ -424,6 +490,15 @@ mod tests {
         0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, // offset u64::MAX
     ];
 
+    /// Part 1 of 2 of a write with immediate 7: 32 bytes into key 9 at offset 0x100.
+    static FRAME_WRITE_PART: [u8; 24] = [
+        0x04, 0x01, 0x02, 0x00, // kind 4, part 1, of 2, reserved
+        0x07, 0x00, 0x00, 0x00, // imm 7
+        0x09, 0x00, 0x00, 0x00, // rkey 9
+        0x20, 0x00, 0x00, 0x00, // len 32
+        0x00, 0x01, 0, 0, 0, 0, 0, 0, // offset 0x100
+    ];
+
     /// A send of 300 bytes.
     static FRAME_SEND: [u8; 24] = [
         0x03, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, // kind 3
@@ -452,6 +527,17 @@ mod tests {
                 },
             ),
             (&FRAME_SEND, FrameHeaderRepr::Send { len: 300 }),
+            (
+                &FRAME_WRITE_PART,
+                FrameHeaderRepr::WritePart {
+                    rkey: 9,
+                    offset: 0x100,
+                    len: 32,
+                    imm: 7,
+                    part: 1,
+                    parts: 2,
+                },
+            ),
             (
                 &FRAME_WRITE,
                 FrameHeaderRepr::Write {
@@ -499,9 +585,42 @@ mod tests {
         );
         assert_eq!(e.to_string(), "reserved bytes set in frame header: 0x100");
         let mut b = FRAME_SEND;
-        b[0] = 4;
+        b[0] = 5;
         let e = FrameHeaderRepr::parse(&FrameHeader::new_unchecked(&b[..])).unwrap_err();
-        assert_eq!(e.to_string(), "unknown frame kind 4");
+        assert_eq!(e.to_string(), "unknown frame kind 5");
+        // Only a part has a number and a count, and only where they make sense.
+        let mut b = FRAME_WRITE_IMM;
+        b[1] = 1;
+        assert!(matches!(
+            FrameHeaderRepr::parse(&FrameHeader::new_unchecked(&b[..])),
+            Err(WireError::Reserved { found: 1, .. })
+        ));
+        let mut b = FRAME_WRITE_PART;
+        b[3] = 1;
+        assert!(matches!(
+            FrameHeaderRepr::parse(&FrameHeader::new_unchecked(&b[..])),
+            Err(WireError::Reserved {
+                found: 0x1_0000,
+                ..
+            })
+        ));
+        for (part, parts) in [(0, 0), (0, 1), (1, 1), (2, 2), (7, 3)] {
+            let mut b = FRAME_WRITE_PART;
+            (b[1], b[2]) = (part, parts);
+            let e = FrameHeaderRepr::parse(&FrameHeader::new_unchecked(&b[..])).unwrap_err();
+            assert_eq!(
+                e,
+                WireError::BadPart {
+                    format: "striped write",
+                    part,
+                    parts
+                }
+            );
+        }
+        let mut b = FRAME_WRITE_PART;
+        (b[1], b[2]) = (3, 3);
+        let e = FrameHeaderRepr::parse(&FrameHeader::new_unchecked(&b[..])).unwrap_err();
+        assert_eq!(e.to_string(), "striped write part 3 of 3");
         // A send ignores the fields it does not use; a write without immediate its immediate.
         let mut b = FRAME_SEND;
         b[4..12].fill(0xee);
@@ -521,7 +640,7 @@ mod tests {
     /// Communicator 0x0807060504030201, rank 3, stream 1 of 2.
     static HELLO: [u8; 24] = [
         0x48, 0x54, 0x53, 0x47, // magic "GSTH"
-        0x01, 0x00, 0x00, 0x00, // version 1, reserved
+        0x02, 0x00, 0x00, 0x00, // version 2, reserved
         0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, // communicator id
         0x03, 0x00, 0x00, 0x00, // rank 3
         0x01, 0x00, 0x02, 0x00, // stream 1, 2 streams
@@ -549,7 +668,7 @@ mod tests {
                 v.stream(),
                 v.nsocks()
             ),
-            (HELLO_MAGIC, 1, 0x0807_0605_0403_0201, 3, 1, 2)
+            (HELLO_MAGIC, 2, 0x0807_0605_0403_0201, 3, 1, 2)
         );
         assert_eq!(HelloRepr::parse(&v), Ok(hello()));
     }
@@ -567,11 +686,12 @@ mod tests {
             parse(&b).unwrap_err().to_string(),
             "bad magic 0x58535448 in hello"
         );
+        // Version 1 had no striped writes.
         let mut b = HELLO;
-        b[4] = 2;
+        b[4] = 1;
         assert_eq!(
             parse(&b).unwrap_err().to_string(),
-            "unsupported hello version 2"
+            "unsupported hello version 1"
         );
         let mut b = HELLO;
         b[7] = 1;

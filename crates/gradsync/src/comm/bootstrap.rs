@@ -74,7 +74,7 @@ impl Communicator {
 
     /// Builds a communicator over TCP: rendezvous through the store at `config.store_addr`
     /// (started by rank 0 when `config.host_store`), exchange of listening addresses and inbox
-    /// keys, then a connection of `config.nsocks` streams to each peer, made when the first
+    /// keys, then a connection of [`Config::tcp_streams`] streams to each peer, made when the first
     /// operation that talks to it starts (`config.runtime_connect`, the default) or to every
     /// peer at init. Bounded by `config.timeout`.
     pub fn init(config: Config) -> Result<Self> {
@@ -338,7 +338,9 @@ impl Communicator {
                 Some(ep) => ep,
                 None => {
                     let topts = TcpOptions {
-                        nsocks: config.nsocks,
+                        nsocks: config.tcp_streams(false),
+                        nsocks_local: config.tcp_streams(true),
+                        local: (0..world).map(|p| local.contains(&p)).collect(),
                         sock_buf: config.socket_bufsize,
                         timeout: step_budget(ex, config.timeout.saturating_sub(t0.elapsed())),
                         token: token.map(<[u8]>::to_vec),
@@ -436,9 +438,11 @@ impl Communicator {
             } else {
                 format!(
                     "tcp streams/peer {} slots/peer {near}{}",
-                    config.nsocks,
-                    if topo.hosts() > 1 && far != near {
-                        format!(" ({far} to another host)")
+                    config.tcp_streams(true),
+                    if topo.hosts() > 1 && (far != near || config.tcp_streams(false) != config.tcp_streams(true)) {
+                        let n = config.tcp_streams(false);
+                        let s = if n == 1 { "" } else { "s" };
+                        format!(" ({n} stream{s} and {far} slots to another host)")
                     } else {
                         String::new()
                     }
