@@ -723,33 +723,49 @@ mod tests {
 
         #[test]
         fn fuzz_frame_header_parse(b in proptest::collection::vec(any::<u8>(), 0..40)) {
+            // Kinds 1-3 have bytes 1-3 zero; a part (kind 4) its number below its count
+            // (at least 2) in bytes 1 and 2, byte 3 zero.
+            let valid = b.len() >= FRAME_HEADER_LEN
+                && match b[0] {
+                    1..=3 => b[1..4] == [0, 0, 0],
+                    KIND_WRITE_PART => b[3] == 0 && b[2] >= 2 && b[1] < b[2],
+                    _ => false,
+                };
             match FrameHeaderRepr::parse(&FrameHeader::new_unchecked(&b[..])) {
                 Ok(f) => {
-                    prop_assert!(b.len() >= FRAME_HEADER_LEN && b[1..4] == [0, 0, 0]);
-                    prop_assert!((1..=3).contains(&b[0]));
+                    prop_assert!(valid);
                     prop_assert_eq!(f.payload_len().to_le_bytes(), [b[12], b[13], b[14], b[15]]);
                     // Re-emitting keeps every field the kind uses.
                     let out = f.to_bytes();
-                    prop_assert_eq!(out[0], b[0]);
+                    prop_assert_eq!(&out[..4], &b[..4]);
                     prop_assert_eq!(&out[12..16], &b[12..16]);
                     if b[0] != KIND_SEND {
                         prop_assert_eq!(&out[8..], &b[8..FRAME_HEADER_LEN]);
                     }
+                    if b[0] == KIND_WRITE_IMM || b[0] == KIND_WRITE_PART {
+                        prop_assert_eq!(&out[4..8], &b[4..8]);
+                    }
                 }
-                Err(_) => prop_assert!(
-                    b.len() < FRAME_HEADER_LEN || b[1..4] != [0, 0, 0] || !(1..=3).contains(&b[0])
-                ),
+                Err(_) => prop_assert!(!valid),
             }
         }
 
         #[test]
         fn fuzz_frame_header_round_trip(
-            send: bool, rkey: u32, offset: u64, len: u32, imm in any::<Option<u32>>()
+            kind in 0..3u8, rkey: u32, offset: u64, len: u32, imm in any::<Option<u32>>(),
+            parts in 2..=u8::MAX, part: u8
         ) {
-            let r = if send {
-                FrameHeaderRepr::Send { len }
-            } else {
-                FrameHeaderRepr::Write { rkey, offset, len, imm }
+            let r = match kind {
+                0 => FrameHeaderRepr::Send { len },
+                1 => FrameHeaderRepr::Write { rkey, offset, len, imm },
+                _ => FrameHeaderRepr::WritePart {
+                    rkey,
+                    offset,
+                    len,
+                    imm: imm.unwrap_or(0),
+                    part: part % parts,
+                    parts,
+                },
             };
             let b = r.to_bytes();
             prop_assert_eq!(FrameHeaderRepr::parse(&FrameHeader::new_unchecked(&b[..])), Ok(r));
