@@ -4,8 +4,8 @@
 //!
 //! # Striped writes
 //!
-//! A write with immediate of at least [`STRIPE_MIN`] bytes to a peer reached over several
-//! streams is cut into one part per stream (part `i` on stream `i`, see [`super::wire`]), so
+//! A write with immediate of at least [`STRIPE_MIN`] bytes to a peer on another host reached
+//! over several streams is cut into one part per stream (part `i` on stream `i`, see [`super::wire`]), so
 //! that every stream carries a share of each write, one write after the other. Posting whole
 //! writes to the streams in turn lets a write overtake the one posted before it to the same
 //! peer: both share the link, and the first lands later than it would alone (a Rabenseifner
@@ -158,8 +158,8 @@ pub(super) struct Stripes {
 }
 
 impl Stripes {
-    /// Part `part` of `parts` of a write with immediate `imm` begins on stream `index` of
-    /// `streams`: whether it fits them (before its payload is read).
+    /// Part `part` of `parts` of a striped write begins on stream `index` of `streams`:
+    /// whether it fits them (before its payload is read).
     fn check(
         &self,
         index: usize,
