@@ -39,9 +39,10 @@
 //!    same clear-to-send scheme an RDMA backend uses. The receiver checks the header, reduces or
 //!    copies the payload into place, and hands the slot back.
 //! 3. The caller's thread drives all of it: it spins briefly (`GRADSYNC_SPIN_US`: polling
-//!    without yielding for up to 50 us when every rank of the host has a core, yielding its core
-//!    after that) and then sleeps in the transport, so small messages are fast on an idle machine
-//!    and oversubscribed ranks (more ranks than cores) do not starve each other.
+//!    without yielding for up to 50 us when every rank of the host, and of the machine's other
+//!    network namespaces, has a core, yielding its core after that) and then sleeps in the
+//!    transport, so small messages are fast on an idle machine and oversubscribed ranks (more
+//!    ranks than cores) do not starve each other.
 //!
 //! # Bus bandwidth
 //!

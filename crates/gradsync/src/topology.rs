@@ -26,6 +26,29 @@ pub fn host_identity() -> String {
     format!("{host}/{boot}/{netns}")
 }
 
+/// The machine of a host identity that [`host_identity`] made: its hostname and boot id, which
+/// the ranks in the network namespaces of one machine share, and with them its CPUs. `None`
+/// for an identity of another form (one given in `GRADSYNC_HOST_ID`).
+pub fn machine_of(identity: &str) -> Option<&str> {
+    let mut parts = identity.splitn(3, '/');
+    let (host, boot, netns) = (parts.next()?, parts.next()?, parts.next()?);
+    let uuid = boot.len() == 36
+        && boot.bytes().enumerate().all(|(i, b)| {
+            matches!(i, 8 | 13 | 18 | 23) == (b == b'-') && (b == b'-' || b.is_ascii_hexdigit())
+        });
+    (uuid && netns.starts_with("net:")).then(|| &identity[..host.len() + 1 + boot.len()])
+}
+
+/// How many of the ranks of `ids` (host identities) run on the machine of rank `rank`, in
+/// whatever network namespace: the ranks that share its CPUs. Where the identities are not
+/// [`host_identity`]'s, the ranks of its host.
+pub fn machine_ranks(ids: &[String], rank: usize) -> usize {
+    match machine_of(&ids[rank]) {
+        Some(m) => ids.iter().filter(|id| machine_of(id) == Some(m)).count(),
+        None => ids.iter().filter(|id| **id == ids[rank]).count(),
+    }
+}
+
 /// The short name of a host identity (its hostname part) for messages.
 pub fn host_label(identity: &str) -> &str {
     identity.split('/').next().unwrap_or(identity)
@@ -563,6 +586,46 @@ mod tests {
         let id = host_identity();
         assert!(id.contains("net:["), "{id}");
         assert_eq!(host_identity(), id);
+    }
+
+    #[test]
+    fn ranks_in_other_namespaces_of_a_machine_share_it() {
+        let own = host_identity();
+        assert_eq!(
+            machine_of(&own),
+            own.rsplit_once('/').map(|(m, _)| m),
+            "{own}"
+        );
+        let boot = "0c6f3b8e-2b1d-4f4e-9a57-1d2e3f4a5b6c";
+        let id = |host: &str, boot: &str, ns: u32| format!("{host}/{boot}/net:[{ns}]");
+        // Two emulated hosts of machine a (two namespaces each), and machine b.
+        let ids = vec![
+            id("a", boot, 1),
+            id("a", boot, 2),
+            id("a", boot, 1),
+            id("b", boot, 1),
+            id("a", boot, 3),
+        ];
+        assert_eq!(machine_of(&ids[0]), Some(&*format!("a/{boot}")));
+        assert_eq!(Topology::from_identities(&ids).local_ranks(0), vec![0, 2]);
+        assert_eq!(machine_ranks(&ids, 0), 4);
+        assert_eq!(machine_ranks(&ids, 1), 4);
+        assert_eq!(machine_ranks(&ids, 3), 1);
+        // GRADSYNC_HOST_ID's identities are hosts of their own, whatever they hold.
+        for given in [
+            "node7",
+            "a/b/c",
+            "a/not-a-boot-id-of-36-characters-xx/net:[1]",
+        ] {
+            assert_eq!(machine_of(given), None, "{given}");
+        }
+        let given = vec![
+            "a/b/c".to_string(),
+            "a/b/d".to_string(),
+            "a/b/c".to_string(),
+        ];
+        assert_eq!(machine_ranks(&given, 0), 2);
+        assert_eq!(machine_ranks(&given, 1), 1);
     }
 
     #[test]
