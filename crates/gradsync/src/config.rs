@@ -255,9 +255,9 @@ impl TransportMode {
     }
 }
 
-/// TCP streams to a peer on another host unless `GRADSYNC_NSOCKS` is set: one. Across emulated hosts with BBR (the kernel's default here),
-/// a 1 MiB all-reduce measured closer to the cost model with one stream than with two, whole
-/// writes in turn or striped (docs/hosts.md).
+/// TCP streams to a peer on another host unless `GRADSYNC_NSOCKS` is set: one. Across emulated
+/// hosts with BBR (the kernel's default here), a 1 MiB all-reduce measured closer to the cost
+/// model with one stream than with two, whole writes in turn or striped (docs/hosts.md).
 pub const DEFAULT_NSOCKS: usize = 1;
 /// TCP streams to a peer on this host unless `GRADSYNC_NSOCKS` is set: over loopback, 2 ranks,
 /// 64 MiB, two streams measured 1.08x one.

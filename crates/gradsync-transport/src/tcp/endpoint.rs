@@ -2,9 +2,7 @@
 //! and the [`Endpoint`] implementation.
 
 use super::lazy::Lazy;
-use super::stream::{
-    RXBUF, Rx, STRIPE_MIN, Stream, Stripes, TxItem, flush, rx_stream, sent_completion,
-};
+use super::stream::{RXBUF, Rx, STRIPE_MIN, Sent, Stream, Stripes, TxItem, flush, rx_stream};
 use super::wire::FrameHeaderRepr;
 use crate::caps::{Board, PeerCaps, Route, SharedMemory};
 use crate::error::{Result, TransportError};
@@ -24,7 +22,7 @@ pub(super) struct Peer {
     /// The striped writes received (see [`super::stream`]).
     stripes: Stripes,
     /// Parts still queued of the striped writes posted, by work request.
-    pub(super) parts_left: HashMap<u64, usize>,
+    parts_left: HashMap<u64, usize>,
     /// Writes to this peer are striped over its streams (it is on another host).
     stripe: bool,
 }
@@ -39,6 +37,28 @@ impl Peer {
             stripes: Stripes::default(),
             parts_left: HashMap::new(),
             stripe,
+        }
+    }
+
+    /// Appends to `out` the completions of the frames the kernel has taken whole (`sent`): a
+    /// striped write completes with the last of its parts.
+    pub(super) fn complete_sent(&mut self, sent: Vec<Sent>, out: &mut Vec<Completion>) {
+        for s in sent {
+            if s.part {
+                let Some(left) = self.parts_left.get_mut(&s.wr_id) else {
+                    continue;
+                };
+                *left -= 1;
+                if *left > 0 {
+                    continue;
+                }
+                self.parts_left.remove(&s.wr_id);
+            }
+            out.push(if s.is_send {
+                Completion::SendDone { wr_id: s.wr_id }
+            } else {
+                Completion::WriteDone { wr_id: s.wr_id }
+            });
         }
     }
 }
@@ -130,7 +150,8 @@ impl TcpEndpoint {
     fn push(&mut self, peer: usize, i: usize, item: TxItem, op: &'static str) -> Result<()> {
         let rank = self.rank;
         let mut done = Vec::new();
-        let p = self.peer_mut(peer, op)?;
+        self.peer_mut(peer, op)?;
+        let p = self.peers[peer].as_mut().expect("peer_mut found the peer");
         let st = &mut p.streams[i];
         st.txq.push_back(item);
         if st.txq.len() == 1
@@ -145,11 +166,7 @@ impl TcpEndpoint {
                 source: e,
             });
         }
-        let comps: Vec<Completion> = done
-            .into_iter()
-            .filter_map(|s| sent_completion(&mut p.parts_left, s))
-            .collect();
-        self.done.extend(comps);
+        p.complete_sent(done, &mut self.done);
         Ok(())
     }
 
@@ -453,11 +470,7 @@ impl Endpoint for TcpEndpoint {
             if p.streams.iter().all(|st| st.eof) {
                 p.broken = Some("the peer closed the connection".into());
             }
-            let parts_left = &mut p.parts_left;
-            out.extend(
-                done.into_iter()
-                    .filter_map(|s| sent_completion(parts_left, s)),
-            );
+            p.complete_sent(done, out);
         }
         Ok(())
     }

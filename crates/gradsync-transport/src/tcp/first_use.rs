@@ -5,7 +5,7 @@ use super::endpoint::{Peer, TcpEndpoint};
 use super::lazy::Lazy;
 use super::options::TcpOptions;
 use super::setup::{accept_ready, accept_stream, dial_stream, set_nonblocking};
-use super::stream::{Stream, flush, sent_completion};
+use super::stream::{Stream, flush};
 use crate::AddressBook;
 use crate::error::{Result, TransportError};
 use crate::verbs::Endpoint;
@@ -192,11 +192,7 @@ impl TcpEndpoint {
                     st.txq.clear();
                 }
             }
-            let parts_left = &mut p.parts_left;
-            self.done.extend(
-                done.into_iter()
-                    .filter_map(|s| sent_completion(parts_left, s)),
-            );
+            p.complete_sent(done, &mut self.done);
         }
     }
 }

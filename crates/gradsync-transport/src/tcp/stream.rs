@@ -5,8 +5,9 @@
 //! # Striped writes
 //!
 //! A write with immediate of at least [`STRIPE_MIN`] bytes to a peer on another host reached
-//! over several streams is cut into one part per stream (part `i` on stream `i`, see [`super::wire`]), so
-//! that every stream carries a share of each write, one write after the other. Posting whole
+//! over several streams is cut into one part per stream (part `i` on stream `i`, see
+//! [`super::wire`]), so that every stream carries a share of each write, one write after the
+//! other. Posting whole
 //! writes to the streams in turn lets a write overtake the one posted before it to the same
 //! peer: both share the link, and the first lands later than it would alone (a Rabenseifner
 //! all-reduce sends the last step of one call and the first of the next to the same partner,
@@ -47,13 +48,22 @@ pub(super) enum Rx {
     Write {
         dst: usize,
         remaining: usize,
-        imm: Option<u32>,
+        end: WriteEnd,
         total: u32,
-        /// A part of a striped write (its immediate is that of the whole write).
-        part: bool,
     },
     /// Reading a send's payload.
     Send { data: Vec<u8>, need: usize },
+}
+
+/// What a write's last byte landing completes.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum WriteEnd {
+    /// Nothing: a write without immediate.
+    Silent,
+    /// The write, with this immediate.
+    Imm(u32),
+    /// A part of the striped write of this immediate (see [`Stripes`]).
+    Part(u32),
 }
 
 /// A frame queued for sending: its header and the spans of its payload.
@@ -122,27 +132,6 @@ pub(super) struct Sent {
     pub(super) wr_id: u64,
     pub(super) is_send: bool,
     pub(super) part: bool,
-}
-
-/// The sender's completion of a frame the kernel has taken, given the parts of striped writes
-/// still queued (by work request): a striped write completes with its last part.
-pub(super) fn sent_completion(
-    parts_left: &mut std::collections::HashMap<u64, usize>,
-    s: Sent,
-) -> Option<Completion> {
-    if s.part {
-        let left = parts_left.get_mut(&s.wr_id)?;
-        *left -= 1;
-        if *left > 0 {
-            return None;
-        }
-        parts_left.remove(&s.wr_id);
-    }
-    Some(if s.is_send {
-        Completion::SendDone { wr_id: s.wr_id }
-    } else {
-        Completion::WriteDone { wr_id: s.wr_id }
-    })
 }
 
 /// The receive side of one peer's striped writes: which parts have landed (see the [module
@@ -328,22 +317,18 @@ pub(super) fn rx_stream(
                     }
                     st.lo += FRAME_HEADER_LEN;
                     st.header_only = view.payload_len() as usize >= DIRECT_MIN;
-                    st.rx = match parsed.map_err(bad)? {
+                    let (rkey, offset, len, end) = match parsed.map_err(bad)? {
                         FrameHeaderRepr::Write {
                             rkey,
                             offset,
                             len,
                             imm,
-                        } => {
-                            let dst = regions.check_remote_write(peer, rkey, offset, len as u64)?;
-                            Rx::Write {
-                                dst,
-                                remaining: len as usize,
-                                imm,
-                                total: len,
-                                part: false,
-                            }
-                        }
+                        } => (
+                            rkey,
+                            offset,
+                            len,
+                            imm.map_or(WriteEnd::Silent, WriteEnd::Imm),
+                        ),
                         FrameHeaderRepr::WritePart {
                             rkey,
                             offset,
@@ -355,24 +340,26 @@ pub(super) fn rx_stream(
                             stripes
                                 .check(index, streams, part, parts)
                                 .map_err(|why| proto(Violation::Stripe { why }))?;
-                            let dst = regions.check_remote_write(peer, rkey, offset, len as u64)?;
-                            Rx::Write {
-                                dst,
-                                remaining: len as usize,
-                                imm: Some(imm),
-                                total: len,
-                                part: true,
-                            }
+                            (rkey, offset, len, WriteEnd::Part(imm))
                         }
                         FrameHeaderRepr::Send { len } => {
                             if len as usize > MAX_SEND {
                                 return Err(proto(Violation::OversizedSend { len, max: MAX_SEND }));
                             }
-                            Rx::Send {
+                            st.rx = Rx::Send {
                                 data: Vec::with_capacity(len as usize),
                                 need: len as usize,
-                            }
+                            };
+                            progressed = true;
+                            continue;
                         }
+                    };
+                    let dst = regions.check_remote_write(peer, rkey, offset, len as u64)?;
+                    st.rx = Rx::Write {
+                        dst,
+                        remaining: len as usize,
+                        end,
+                        total: len,
                     };
                     progressed = true;
                     continue;
@@ -381,22 +368,20 @@ pub(super) fn rx_stream(
             Rx::Write {
                 dst,
                 remaining,
-                imm,
+                end,
                 total,
-                part,
             } => {
                 if *remaining == 0 {
-                    if *part {
-                        let imm = imm.expect("a part has an immediate");
-                        stripes
-                            .landed(peer, index, streams, imm, *total, out)
-                            .map_err(|why| proto(Violation::Stripe { why }))?;
-                    } else if let Some(imm) = *imm {
-                        out.push(Completion::WriteImm {
+                    match *end {
+                        WriteEnd::Silent => {}
+                        WriteEnd::Imm(imm) => out.push(Completion::WriteImm {
                             peer,
                             imm,
                             len: *total,
-                        });
+                        }),
+                        WriteEnd::Part(imm) => stripes
+                            .landed(peer, index, streams, imm, *total, out)
+                            .map_err(|why| proto(Violation::Stripe { why }))?,
                     }
                     st.rx = Rx::Header;
                     continue;

@@ -441,17 +441,14 @@ impl Communicator {
             if net_route == Route::Rdma {
                 format!("rdma queue pairs/peer {}", config.ib.qps_per_conn)
             } else {
-                format!(
-                    "tcp streams/peer {} slots/peer {near}{}",
-                    config.tcp_streams(true),
-                    if topo.hosts() > 1 && (far != near || config.tcp_streams(false) != config.tcp_streams(true)) {
-                        let n = config.tcp_streams(false);
-                        let s = if n == 1 { "" } else { "s" };
-                        format!(" ({n} stream{s} and {far} slots to another host)")
-                    } else {
-                        String::new()
-                    }
-                )
+                let (here, there) = (config.tcp_streams(true), config.tcp_streams(false));
+                let across = if topo.hosts() > 1 && (far != near || there != here) {
+                    let s = if there == 1 { "" } else { "s" };
+                    format!(" ({there} stream{s} and {far} slots to another host)")
+                } else {
+                    String::new()
+                };
+                format!("tcp streams/peer {here} slots/peer {near}{across}")
             },
             config.chunk_bytes / 1024,
             config.nslots,
