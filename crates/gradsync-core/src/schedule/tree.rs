@@ -37,18 +37,27 @@
 //! subtree first (it arrives first), so the result's bits never depend on timing.
 //!
 //! In the tree all-reduce a rank folds segment `j` of its children only once it has the result
-//! of segment `j - FOLD_LEAD` (received from its parent, or, at the root, folded), so no child
-//! runs more than `FOLD_LEAD` segments ahead of the broadcast. Without that bound a leaf child,
-//! whose sends wait for nothing, takes most of its parent's download while a sibling, which
-//! forwards a subtree and shares its own upload with the broadcast down, falls behind: the
-//! parent's download is then full while results trickle out, and half idle while the late
-//! child catches up. On emulated hosts at 1 Gbit/s (`scripts/emuhosts.py`) the two phases
-//! alternated about once a second, and a 64 MiB all-reduce took 1.55 times as long on 4 hosts
-//! and 1.3 times on 8 as with the bound. A lead of 3 measured best on 4 hosts (1.19-1.27 s,
-//! against 1.34-1.44 s with 4, 1.40-1.47 s with 2, and 1.38-1.42 s with 3 at the root and 5 a
-//! level below), and within the noise of 4 and 6 on 8. The bound has a cost where TCP loses
-//! packets often (8 hosts at 300 Mbit/s: 1.1-1.2 times as long as without it): a child's
-//! loss recovery then stalls its siblings too, where they would otherwise use the link.
+//! of segment `j - L` (received from its parent, or, at the root, folded), so no child runs
+//! more than `L` segments ahead of the broadcast. Without that bound a leaf child, whose sends
+//! wait for nothing, takes most of its parent's download while a sibling, which forwards a
+//! subtree and shares its own upload with the broadcast down, falls behind: the parent's
+//! download is then full while results trickle out, and half idle while the late child catches
+//! up. On emulated hosts at 1 Gbit/s (`scripts/emuhosts.py`) the two phases alternated about
+//! once a second, and a 64 MiB all-reduce took 1.55 times as long on 4 hosts and 1.3 times on
+//! 8 as with the bound.
+//!
+//! The lead `L` (`fold_lead`) must cover the time from folding a segment to having its
+//! result, and every level below a rank adds a round trip to it: the root's fold of segment
+//! `j` waits for its child's, which waits for the grandchild's, each gated by a result that
+//! came down the same way. So `L` is 3 up to 4 ranks and `2 levels - 1` above (5 on 8 ranks,
+//! 7 on 16). 64 MiB on emulated hosts, the leads taking turns, 2 or 3 runs of 3 calls: on 4
+//! hosts at 1 Gbit/s leads of 3 to 6 all took 1.19-1.21 s a call (3 the fastest by 1%); on 8
+//! hosts a lead of 3 took 2.09-2.14 s, 5 took 1.80-1.82 s (the model's 1.77 s), 8 and 12
+//! 1.84-1.90 s; on 8 hosts at 300 Mbit/s 7.56-7.57 s with 3, 6.50-6.55 with 5, 6.64-6.82 with
+//! 7. On 16 hosts at 300 Mbit/s, 16 MiB: 2.90 s with 3, 2.51 with 5, 2.57 with 7, 2.61 with 9.
+//! Where TCP loses packets a child's
+//! loss recovery stalls its siblings through the bound, where they would otherwise use the
+//! link; the longer lead leaves them more room.
 //!
 //! # Buffers
 //!
@@ -247,9 +256,15 @@ pub(crate) fn reduce(p: &Params, shape: Shape) -> Program {
     prog
 }
 
-/// Segments by which a rank of the tree all-reduce may fold its children's contributions ahead
-/// of the results it has (see the module docs, "Pipelining").
-pub(crate) const FOLD_LEAD: usize = 3;
+/// Segments by which a rank of the tree all-reduce over `world` ranks may fold its children's
+/// contributions ahead of the results it has (see the module docs, "Pipelining"): 3 up to 4
+/// ranks, then two more for every further level of the binomial tree (`2 levels - 1`), since
+/// each level below a rank adds a round trip to the time between folding a segment and having
+/// its result.
+pub(crate) fn fold_lead(world: usize) -> usize {
+    let levels = world.max(2).next_power_of_two().trailing_zeros() as usize;
+    (2 * levels).saturating_sub(1).max(3)
+}
 
 /// Tree all-reduce: reduce to rank 0 up a tree of `shape`, then broadcast from rank 0 down the same
 /// tree, both pipelined by segment and accumulating in `Output`. With [`Shape::Star`] this is the
@@ -263,10 +278,11 @@ pub(crate) fn all_reduce(p: &Params, shape: Shape) -> Program {
     }
     // The op after which each segment's result is in `Output`.
     let mut results: Vec<OpId> = Vec::new();
+    let lead = fold_lead(p.world);
     for (j, (off, len)) in segments(p.count, p.segment).enumerate() {
         let out = Loc::new(Buf::Output, off);
         let own = Loc::new(own_buf, off);
-        let after = j.checked_sub(FOLD_LEAD).map(|k| results[k]);
+        let after = j.checked_sub(lead).map(|k| results[k]);
         let (acc, mut last) = fold_children(&mut prog, &me.children, own, out, len, after);
         let have: OpId = if me.is_root {
             if finalizes(p) {

@@ -248,14 +248,23 @@ fn deterministic_programs() {
 }
 
 /// The tree all-reduce folds a segment's contributions only once the result of the segment
-/// `FOLD_LEAD` before it is in `Output`, on every rank with children, whatever the world, the
-/// segment and the place; ranks without children send whenever their parent takes it.
+/// `fold_lead(world)` before it is in `Output` (3 up to 4 ranks, `2 levels - 1` above), on every
+/// rank with children, whatever the world, the segment and the place; ranks without children send
+/// whenever their parent takes it.
 #[test]
 fn the_tree_all_reduce_folds_at_most_fold_lead_segments_ahead_of_its_results() {
-    use super::tree::FOLD_LEAD;
+    use super::tree::fold_lead;
     let seg = 8;
     for world in 2..=16 {
-        let nseg = FOLD_LEAD + 4;
+        let lead = fold_lead(world);
+        // 3 up to 4 ranks, then two more for every further level.
+        let levels = (world as f64).log2().ceil() as usize;
+        assert_eq!(
+            lead,
+            if world <= 4 { 3 } else { 2 * levels - 1 },
+            "world {world}"
+        );
+        let nseg = lead + 4;
         for in_place in [false, true] {
             for op in [ReduceOp::Sum, ReduceOp::Avg] {
                 for rank in 0..world {
@@ -294,7 +303,7 @@ fn the_tree_all_reduce_folds_at_most_fold_lead_segments_ahead_of_its_results() {
                     for (j, f) in first_fold.iter().enumerate() {
                         let Some(f) = *f else { continue };
                         let want: Vec<OpId> = j
-                            .checked_sub(FOLD_LEAD)
+                            .checked_sub(lead)
                             .map(|k| result[k].expect("a result"))
                             .into_iter()
                             .collect();
