@@ -55,9 +55,8 @@
 //! hosts a lead of 3 took 2.09-2.14 s, 5 took 1.80-1.82 s (the model's 1.77 s), 8 and 12
 //! 1.84-1.90 s; on 8 hosts at 300 Mbit/s 7.56-7.57 s with 3, 6.50-6.55 with 5, 6.64-6.82 with
 //! 7. On 16 hosts at 300 Mbit/s, 16 MiB: 2.90 s with 3, 2.51 with 5, 2.57 with 7, 2.61 with 9.
-//! Where TCP loses packets a child's
-//! loss recovery stalls its siblings through the bound, where they would otherwise use the
-//! link; the longer lead leaves them more room.
+//! Where TCP loses packets a child's loss recovery stalls its siblings through the bound, where
+//! they would otherwise use the link; the longer lead leaves them more room.
 //!
 //! # Buffers
 //!

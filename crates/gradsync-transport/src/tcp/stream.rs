@@ -7,11 +7,10 @@
 //! A write with immediate of at least [`STRIPE_MIN`] bytes to a peer on another host reached
 //! over several streams is cut into one part per stream (part `i` on stream `i`, see
 //! [`super::wire`]), so that every stream carries a share of each write, one write after the
-//! other. Posting whole
-//! writes to the streams in turn lets a write overtake the one posted before it to the same
-//! peer: both share the link, and the first lands later than it would alone (a Rabenseifner
-//! all-reduce sends the last step of one call and the first of the next to the same partner,
-//! back to back). Each stream delivers its parts in order, so the `k`-th part a stream delivers
+//! other. Posting whole writes to the streams in turn lets a write overtake the one posted
+//! before it to the same peer: both share the link, and the first lands later than it would
+//! alone (a Rabenseifner all-reduce sends the last step of one call and the first of the next
+//! to the same partner, back to back). Each stream delivers its parts in order, so the `k`-th part a stream delivers
 //! belongs to the pair's `k`-th striped write, and a write completes, with its immediate and
 //! the length of all its parts, once every stream has delivered its part of it; writes
 //! complete in the order they were posted.
