@@ -314,3 +314,49 @@ fn the_tree_all_reduce_folds_at_most_fold_lead_segments_ahead_of_its_results() {
         }
     }
 }
+
+/// Across hosts the tree all-reduce cuts two segments per level of the binomial tree, none under
+/// an eighth of the caller's segment nor over it; on one host (and for the star) it keeps the
+/// caller's, and its messages are then no longer than that.
+#[test]
+fn the_tree_all_reduce_cuts_finer_segments_across_hosts() {
+    use super::tree::tree_segment;
+    let at = |world: usize, local_size: usize, count: usize, segment: usize| {
+        tree_segment(&Params {
+            segment,
+            local_size,
+            ..params(world, count, Algorithm::Tree)
+        })
+    };
+    // One host: the caller's.
+    assert_eq!(at(8, 0, 1 << 18, 1 << 17), 1 << 17);
+    assert_eq!(at(8, 8, 1 << 18, 1 << 17), 1 << 17);
+    // 8 hosts (3 levels) at 1 MiB of f32: 6 segments of 43691 elements instead of 2.
+    assert_eq!(at(8, 1, 1 << 18, 1 << 17), (1usize << 18).div_ceil(6));
+    assert_eq!(at(8, 2, 1 << 18, 1 << 17), (1usize << 18).div_ceil(6));
+    // 4 hosts (2 levels) at 128 KiB: the floor, an eighth of the caller's segment.
+    assert_eq!(at(4, 1, 1 << 15, 1 << 17), 1 << 14);
+    // From 2 levels x the caller's segment on, the caller's.
+    assert_eq!(at(4, 1, 1 << 20, 1 << 17), 1 << 17);
+    assert_eq!(at(3, 1, 100, 1), 1);
+    // The program's messages follow it.
+    for (world, local_size) in [(8, 1), (8, 2), (8, 0)] {
+        let p = Params {
+            rank: 1,
+            segment: 1 << 17,
+            local_size,
+            ..params(world, 1 << 18, Algorithm::Tree)
+        };
+        let want = at(world, local_size, 1 << 18, 1 << 17);
+        let longest = build(&p)
+            .unwrap()
+            .ops()
+            .iter()
+            .filter_map(|o| match o {
+                Op::Send { len, .. } | Op::Recv { len, .. } => Some(*len),
+                _ => None,
+            })
+            .max();
+        assert_eq!(longest, Some(want), "world {world} local_size {local_size}");
+    }
+}

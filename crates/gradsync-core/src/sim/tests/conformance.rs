@@ -746,3 +746,42 @@ fn all_to_allv_uneven_counts() {
         }
     }
 }
+
+/// The all-reduces whose programs change across hosts (`local_size` below the world: the tree's
+/// segments, Rabenseifner's message order, the double tree's), over the two-level topologies,
+/// with segments that the tree cuts finer there (an eighth of 512 and 4096 elements, two per
+/// level) as well as the sweep's, every dtype x op pair in rotation, in place and out of place.
+#[test]
+fn all_reduce_across_hosts() {
+    let mut cases = Vec::new();
+    let mut i = 0usize;
+    let pairs = dtype_ops(Collective::AllReduce);
+    for algorithm in [
+        Algorithm::Tree,
+        Algorithm::Rabenseifner,
+        Algorithm::DoubleTree,
+    ] {
+        for (world, local_size) in topologies() {
+            for (count, segment) in [(1000, 512), (10007, 4096), (1000, 7), (257, usize::MAX)] {
+                for in_place in [false, true] {
+                    i += 1;
+                    let (dtype, op) = rotate(&pairs, i);
+                    cases.push(Case {
+                        coll: Collective::AllReduce,
+                        algorithm,
+                        world,
+                        local_size,
+                        count,
+                        root: 0,
+                        dtype,
+                        op,
+                        segment,
+                        in_place,
+                        seed: i % SEEDS,
+                    });
+                }
+            }
+        }
+    }
+    sweep(cases);
+}
