@@ -36,7 +36,9 @@
 //! No op of a program is longer than [`Params::segment`] elements: messages are split, and every
 //! dependency is per segment, so step k of segment j can run while step k - 1 of segment j + 1 is
 //! still in flight. Both sides split a block the same way (`segment`-sized pieces and a shorter
-//! last one), so matched sends and receives always agree on length.
+//! last one), so matched sends and receives always agree on length. Some programs cut smaller
+//! pieces where that pipelines better (the double tree's, and the tree all-reduce's across
+//! hosts), the same way on every rank.
 //!
 //! The one exception is [`Algorithm::Eager`]: its messages carry a rank's whole buffer whatever
 //! `segment` says (one message per pair of ranks is the point of it; the engine uses it only for
@@ -285,8 +287,9 @@ pub struct Params {
     pub algorithm: Algorithm,
     /// Ranks per host. Hosts hold contiguous blocks of ranks, as `torchrun` numbers them: host `h`
     /// holds ranks `h * local_size .. (h + 1) * local_size`. 0 means unknown, taken as a single
-    /// host of `world` ranks. Only [`Algorithm::Hierarchical`] uses it; it needs `local_size` to
-    /// divide `world` (see [`host_shape`]).
+    /// host of `world` ranks. [`Algorithm::Hierarchical`] needs it to divide `world` (see
+    /// [`host_shape`]); with it below `world` Rabenseifner orders its messages for the next step
+    /// and the tree all-reduce cuts smaller segments (see the `halving` and `tree` schedules).
     pub local_size: usize,
 }
 

@@ -63,14 +63,16 @@
 //! A segment crosses every level of the tree twice, up and down, and a rank forwards it only
 //! once it has all of it, so a buffer of one or two segments crosses the levels one after the
 //! other with most links idle. Across hosts ([`Params::local_size`] below the world) the tree
-//! all-reduce therefore cuts at least two segments per level (`count / (2 levels)`, as the
-//! double tree does per hop of its height), none under an eighth of the caller's segment (64 KiB
-//! of the default 512 KiB); from `2 levels` caller's segments on nothing changes. On emulated
-//! hosts at 1 Gbit/s (`scripts/emuhosts.py`, 3 runs of 3 calls, the two taking turns) the
-//! segments of 512 KiB against these took, on 4 hosts, 2.5 against 2.2 ms at 128 KiB, 7.3
-//! against 4.7 at 256 KiB and 29.2 against 24.4 at 1 MiB; on 8 hosts 5.5 against 4.3, 14.7
-//! against 8.7 and 50.2 against 38.9; at 4 MiB both 93 ms on 4 hosts and 156-158 on 8. On one
-//! host the caller's segment stays.
+//! all-reduce therefore cuts two segments per level (`count / (2 levels)`, as the double tree
+//! does per hop of its height), but none under an eighth of the caller's segment (64 KiB of the
+//! default 512 KiB: a buffer of 128 KiB on 4 hosts stays two segments) and none over it (from
+//! `2 levels` caller's segments on nothing changes: 2 MiB on 4 hosts, 3 MiB on 8). On emulated
+//! hosts (`scripts/emuhosts.py`, the two binaries taking turns) segments of 512 KiB against these
+//! took at 1 MiB 29.3 against 24.2 ms on 4 hosts and 51.9 against 39.8 on 8 at 1 Gbit/s, 98.8
+//! against 83.7 and 169.3 against 138.4 at 300 Mbit/s (medians of 5 runs of 3 calls); at
+//! 1 Gbit/s, 3 runs, 2.5 against 2.2 ms at 128 KiB and 7.3 against 4.7 at 256 KiB on 4 hosts,
+//! 5.5 against 4.3 and 14.7 against 8.7 on 8, and at 4 MiB, the same program, 93 ms on 4 hosts
+//! and 156-158 on 8. On one host the caller's segment stays.
 //!
 //! # Buffers
 //!
@@ -282,7 +284,7 @@ pub(crate) fn fold_lead(world: usize) -> usize {
 /// The segment of the binomial tree all-reduce: the caller's on one host; across hosts
 /// ([`Params::local_size`] below the world) small enough for two segments per level of the tree
 /// (`count / (2 levels)`), but not under an eighth of the caller's (64 KiB of the default
-/// 512 KiB), so that a buffer of a few segments still pipelines over the levels (see the module
+/// 512 KiB) nor over it, so that a buffer of a few segments still pipelines over the levels (see the module
 /// docs, "Segments across hosts").
 pub(crate) fn tree_segment(p: &Params) -> usize {
     if p.local_size == 0 || p.local_size >= p.world {

@@ -339,24 +339,44 @@ fn the_tree_all_reduce_cuts_finer_segments_across_hosts() {
     // From 2 levels x the caller's segment on, the caller's.
     assert_eq!(at(4, 1, 1 << 20, 1 << 17), 1 << 17);
     assert_eq!(at(3, 1, 100, 1), 1);
-    // The program's messages follow it.
-    for (world, local_size) in [(8, 1), (8, 2), (8, 0)] {
-        let p = Params {
-            rank: 1,
-            segment: 1 << 17,
-            local_size,
-            ..params(world, 1 << 18, Algorithm::Tree)
+    // The programs' messages follow it, on every rank; the star keeps the caller's segment.
+    for (world, local_size, shape) in [
+        (8, 1, Algorithm::Tree),
+        (8, 2, Algorithm::Tree),
+        (8, 0, Algorithm::Tree),
+        (2, 1, Algorithm::Tree),
+        (5, 1, Algorithm::Tree),
+        (8, 1, Algorithm::Central),
+    ] {
+        let count = 1 << 18;
+        let want = if shape == Algorithm::Tree {
+            at(world, local_size, count, 1 << 17)
+        } else {
+            1 << 17
         };
-        let want = at(world, local_size, 1 << 18, 1 << 17);
-        let longest = build(&p)
-            .unwrap()
-            .ops()
-            .iter()
-            .filter_map(|o| match o {
-                Op::Send { len, .. } | Op::Recv { len, .. } => Some(*len),
-                _ => None,
-            })
-            .max();
-        assert_eq!(longest, Some(want), "world {world} local_size {local_size}");
+        for rank in 0..world {
+            let p = Params {
+                rank,
+                segment: 1 << 17,
+                local_size,
+                ..params(world, count, shape)
+            };
+            let lens: Vec<usize> = build(&p)
+                .unwrap()
+                .ops()
+                .iter()
+                .filter_map(|o| match o {
+                    Op::Send { len, .. } | Op::Recv { len, .. } => Some(*len),
+                    _ => None,
+                })
+                .collect();
+            let ctx = format!("{shape} world {world} local_size {local_size} rank {rank}");
+            assert_eq!(lens.iter().max(), Some(&want), "{ctx}");
+            // Every message but a buffer's last piece is a whole segment.
+            assert!(
+                lens.iter().all(|&l| l == want || l == count % want),
+                "{ctx}: {lens:?}"
+            );
+        }
     }
 }

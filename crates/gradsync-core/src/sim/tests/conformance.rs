@@ -748,7 +748,8 @@ fn all_to_allv_uneven_counts() {
 }
 
 /// The all-reduces whose programs change across hosts (`local_size` below the world: the tree's
-/// segments, Rabenseifner's message order, the double tree's), over the two-level topologies,
+/// segments, Rabenseifner's message order, the double tree's), over the two-level topologies and
+/// 2, 5 and 8 hosts of one rank,
 /// with segments that the tree cuts finer there (an eighth of 512 and 4096 elements, two per
 /// level) as well as the sweep's, every dtype x op pair in rotation, in place and out of place.
 #[test]
@@ -761,7 +762,8 @@ fn all_reduce_across_hosts() {
         Algorithm::Rabenseifner,
         Algorithm::DoubleTree,
     ] {
-        for (world, local_size) in topologies() {
+        let shapes = topologies().into_iter().chain([(2, 1), (5, 1), (8, 1)]);
+        for (world, local_size) in shapes {
             for (count, segment) in [(1000, 512), (10007, 4096), (1000, 7), (257, usize::MAX)] {
                 for in_place in [false, true] {
                     i += 1;
