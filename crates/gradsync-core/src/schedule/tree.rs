@@ -63,16 +63,16 @@
 //! A segment crosses every level of the tree twice, up and down, and a rank forwards it only
 //! once it has all of it, so a buffer of one or two segments crosses the levels one after the
 //! other with most links idle. Across hosts ([`Params::local_size`] below the world) the tree
-//! all-reduce therefore cuts two segments per level (`count / (2 levels)`, as the double tree
-//! does per hop of its height), but none under an eighth of the caller's segment (64 KiB of the
-//! default 512 KiB: a buffer of 128 KiB on 4 hosts stays two segments) and none over it (from
-//! `2 levels` caller's segments on nothing changes: 2 MiB on 4 hosts, 3 MiB on 8). On emulated
-//! hosts (`scripts/emuhosts.py`, the two binaries taking turns) segments of 512 KiB against these
-//! took at 1 MiB 29.3 against 24.2 ms on 4 hosts and 51.9 against 39.8 on 8 at 1 Gbit/s, 98.8
-//! against 83.7 and 169.3 against 138.4 at 300 Mbit/s (medians of 5 runs of 3 calls); at
-//! 1 Gbit/s, 3 runs, 2.5 against 2.2 ms at 128 KiB and 7.3 against 4.7 at 256 KiB on 4 hosts,
-//! 5.5 against 4.3 and 14.7 against 8.7 on 8, and at 4 MiB, the same program, 93 ms on 4 hosts
-//! and 156-158 on 8. On one host the caller's segment stays.
+//! all-reduce therefore cuts four segments per level (`count / (4 levels)`), but none under an
+//! eighth of the caller's segment (64 KiB of the default 512 KiB: a buffer of 128 KiB on 4 hosts
+//! stays two segments) and none over it (from `4 levels` caller's segments on nothing changes:
+//! 4 MiB on 4 hosts, 6 MiB on 8). On emulated hosts (`scripts/emuhosts.py`, the binaries taking
+//! turns, medians of 5 runs of 3 calls) segments of 512 KiB against these took at 1 MiB 29.8
+//! against 20.9 ms on 4 hosts and 51.6 against 34.0 on 8 at 1 Gbit/s, 96.2 against 70.2 and
+//! 168.2 against 121.0 at 300 Mbit/s. Two segments per level took 24.2 and 39.8 ms at
+//! 1 Gbit/s in runs of their own; two against four, taking turns (3 runs, 1 Gbit/s): 10.2 and
+//! 9.8 ms at 512 KiB on 4 hosts, 51.6 and 45.7 at 2 MiB, and on 8 hosts 82.2 and 72.0 at 2 MiB,
+//! 158.1 and 148.4 at 4 MiB. On one host the caller's segment stays.
 //!
 //! # Buffers
 //!
@@ -282,8 +282,8 @@ pub(crate) fn fold_lead(world: usize) -> usize {
 }
 
 /// The segment of the binomial tree all-reduce: the caller's on one host; across hosts
-/// ([`Params::local_size`] below the world) small enough for two segments per level of the tree
-/// (`count / (2 levels)`), but not under an eighth of the caller's (64 KiB of the default
+/// ([`Params::local_size`] below the world) small enough for four segments per level of the tree
+/// (`count / (4 levels)`), but not under an eighth of the caller's (64 KiB of the default
 /// 512 KiB) nor over it, so that a buffer of a few segments still pipelines over the levels (see the module
 /// docs, "Segments across hosts").
 pub(crate) fn tree_segment(p: &Params) -> usize {
@@ -292,7 +292,7 @@ pub(crate) fn tree_segment(p: &Params) -> usize {
     }
     let levels = p.world.max(2).next_power_of_two().trailing_zeros() as usize;
     let floor = (p.segment / 8).max(1);
-    p.segment.min(p.count.div_ceil(2 * levels).max(floor))
+    p.segment.min(p.count.div_ceil(4 * levels).max(floor))
 }
 
 /// Tree all-reduce: reduce to rank 0 up a tree of `shape`, then broadcast from rank 0 down the same

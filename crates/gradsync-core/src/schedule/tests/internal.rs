@@ -315,7 +315,7 @@ fn the_tree_all_reduce_folds_at_most_fold_lead_segments_ahead_of_its_results() {
     }
 }
 
-/// Across hosts the tree all-reduce cuts two segments per level of the binomial tree, none under
+/// Across hosts the tree all-reduce cuts four segments per level of the binomial tree, none under
 /// an eighth of the caller's segment nor over it; on one host (and for the star) it keeps the
 /// caller's, and its messages are then no longer than that.
 #[test]
@@ -331,13 +331,16 @@ fn the_tree_all_reduce_cuts_finer_segments_across_hosts() {
     // One host: the caller's.
     assert_eq!(at(8, 0, 1 << 18, 1 << 17), 1 << 17);
     assert_eq!(at(8, 8, 1 << 18, 1 << 17), 1 << 17);
-    // 8 hosts (3 levels) at 1 MiB of f32: 6 segments of 43691 elements instead of 2.
-    assert_eq!(at(8, 1, 1 << 18, 1 << 17), (1usize << 18).div_ceil(6));
-    assert_eq!(at(8, 2, 1 << 18, 1 << 17), (1usize << 18).div_ceil(6));
+    // 8 hosts (3 levels) at 1 MiB of f32: 12 segments of 21846 elements instead of 2.
+    assert_eq!(at(8, 1, 1 << 18, 1 << 17), (1usize << 18).div_ceil(12));
+    assert_eq!(at(8, 2, 1 << 18, 1 << 17), (1usize << 18).div_ceil(12));
+    // 4 hosts (2 levels) at 512 KiB: 8 segments of the floor.
+    assert_eq!(at(4, 1, 1 << 17, 1 << 17), 1 << 14);
     // 4 hosts (2 levels) at 128 KiB: the floor, an eighth of the caller's segment.
     assert_eq!(at(4, 1, 1 << 15, 1 << 17), 1 << 14);
-    // From 2 levels x the caller's segment on, the caller's.
+    // From 4 levels x the caller's segment on, the caller's.
     assert_eq!(at(4, 1, 1 << 20, 1 << 17), 1 << 17);
+    assert_eq!(at(4, 1, (1 << 20) - 8, 1 << 17), (1 << 17) - 1);
     assert_eq!(at(3, 1, 100, 1), 1);
     // The programs' messages follow it, on every rank; the star keeps the caller's segment.
     for (world, local_size, shape) in [

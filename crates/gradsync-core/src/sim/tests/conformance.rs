@@ -750,7 +750,7 @@ fn all_to_allv_uneven_counts() {
 /// The all-reduces whose programs change across hosts (`local_size` below the world: the tree's
 /// segments, Rabenseifner's message order, the double tree's), over the two-level topologies and
 /// 2, 5 and 8 hosts of one rank,
-/// with segments that the tree cuts finer there (an eighth of 512 and 4096 elements, two per
+/// with segments that the tree cuts finer there (an eighth of 512 and 4096 elements, four per
 /// level) as well as the sweep's, every dtype x op pair in rotation, in place and out of place.
 #[test]
 fn all_reduce_across_hosts() {
