@@ -26,6 +26,13 @@ pub(crate) fn segments(len: usize, segment: usize) -> impl Iterator<Item = (usiz
     })
 }
 
+/// A pipeline segment for a run of `len` elements: about `pieces` of them, but none under `floor`
+/// elements nor over `max` (the caller's segment), so that a short run still pipelines over the
+/// hops of a tree without cutting it into messages that cost more latency than they save.
+pub(crate) fn pipeline_segment(len: usize, pieces: usize, floor: usize, max: usize) -> usize {
+    max.min(len.div_ceil(pieces).max(floor))
+}
+
 /// `loc` moved `off` elements further.
 pub(crate) fn at(loc: Loc, off: usize) -> Loc {
     Loc::new(loc.buf, loc.start + off)

@@ -82,7 +82,7 @@
 //! ends with the result anyway); a rank's receive of the broadcast then waits until its own
 //! contribution has left `Output` for its parent. For `Avg` only the root divides, once.
 
-use super::common::{alone, finalizes, segments};
+use super::common::{alone, finalizes, pipeline_segment, segments};
 use super::params::Params;
 use super::program::{Buf, Loc, Op, OpId, Program};
 
@@ -277,22 +277,25 @@ pub(crate) fn reduce(p: &Params, shape: Shape) -> Program {
 /// each level below a rank adds a round trip to the time between folding a segment and having
 /// its result.
 pub(crate) fn fold_lead(world: usize) -> usize {
-    let levels = world.max(2).next_power_of_two().trailing_zeros() as usize;
-    (2 * levels).saturating_sub(1).max(3)
+    (2 * levels(world)).saturating_sub(1).max(3)
+}
+
+/// Levels of the binomial tree over `world` ranks (at least 1).
+fn levels(world: usize) -> usize {
+    world.max(2).next_power_of_two().trailing_zeros() as usize
 }
 
 /// The segment of the binomial tree all-reduce: the caller's on one host; across hosts
 /// ([`Params::local_size`] below the world) small enough for four segments per level of the tree
 /// (`count / (4 levels)`), but not under an eighth of the caller's (64 KiB of the default
-/// 512 KiB) nor over it, so that a buffer of a few segments still pipelines over the levels (see the module
-/// docs, "Segments across hosts").
+/// 512 KiB) nor over it, so that a buffer of a few segments still pipelines over the levels
+/// (see the module docs, "Segments across hosts").
 pub(crate) fn tree_segment(p: &Params) -> usize {
     if p.local_size == 0 || p.local_size >= p.world {
         return p.segment;
     }
-    let levels = p.world.max(2).next_power_of_two().trailing_zeros() as usize;
     let floor = (p.segment / 8).max(1);
-    p.segment.min(p.count.div_ceil(4 * levels).max(floor))
+    pipeline_segment(p.count, 4 * levels(p.world), floor, p.segment)
 }
 
 /// Tree all-reduce: reduce to rank 0 up a tree of `shape`, then broadcast from rank 0 down the same
@@ -507,7 +510,7 @@ pub(crate) fn double_tree_all_reduce(p: &Params) -> Program {
         let (d, h) = (me.depth, me.height);
         // At least two segments per hop of the way up and down, so that the pipeline fills,
         // but no segment under DT_MIN_SEGMENT elements (nor above the caller's).
-        let seg = p.segment.min(len.div_ceil(2 * h).max(DT_MIN_SEGMENT));
+        let seg = pipeline_segment(len, 2 * h, DT_MIN_SEGMENT, p.segment);
         // Results going down trail the partial sums going up by a round trip and some, so that
         // one tree's traffic waits for the other's only when it is that far behind.
         let slack = 2 * h + 4;
