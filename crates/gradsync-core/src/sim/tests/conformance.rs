@@ -59,6 +59,25 @@ fn reduces(coll: Collective) -> bool {
 }
 
 impl Case {
+    /// An all-reduce of `algorithm` rooted at 0 with the `i`-th dtype x op pair of `pairs` and
+    /// the `i`-th seed, on one rank of nothing: the sweeps fill in the rest.
+    fn all_reduce(algorithm: Algorithm, pairs: &[(DataType, ReduceOp)], i: usize) -> Case {
+        let (dtype, op) = rotate(pairs, i);
+        Case {
+            coll: Collective::AllReduce,
+            algorithm,
+            world: 1,
+            local_size: 0,
+            count: 0,
+            root: 0,
+            dtype,
+            op,
+            segment: usize::MAX,
+            in_place: false,
+            seed: i % SEEDS,
+        }
+    }
+
     fn kind(&self) -> InputKind {
         if !reduces(self.coll) {
             InputKind::Bits
@@ -398,19 +417,12 @@ fn internal_every_world() {
                             continue;
                         }
                         i += 1;
-                        let (dtype, op) = rotate(&pairs, i);
                         cases.push(Case {
-                            coll: Collective::AllReduce,
-                            algorithm,
                             world,
-                            local_size: 0,
                             count,
-                            root: 0,
-                            dtype,
-                            op,
                             segment,
                             in_place,
-                            seed: i % SEEDS,
+                            ..Case::all_reduce(algorithm, &pairs, i)
                         });
                     }
                 }
@@ -450,19 +462,14 @@ fn rabenseifner_every_world() {
                 for in_place in [false, true] {
                     for seed in 0..SEEDS {
                         i += 1;
-                        let (dtype, op) = rotate(&pairs, i);
                         cases.push(Case {
-                            coll: Collective::AllReduce,
-                            algorithm: Algorithm::Rabenseifner,
                             world,
                             local_size,
                             count,
-                            root: 0,
-                            dtype,
-                            op,
                             segment,
                             in_place,
                             seed,
+                            ..Case::all_reduce(Algorithm::Rabenseifner, &pairs, i)
                         });
                     }
                 }
@@ -749,9 +756,9 @@ fn all_to_allv_uneven_counts() {
 
 /// The all-reduces whose programs change across hosts (`local_size` below the world: the tree's
 /// segments, Rabenseifner's message order, the double tree's), over the two-level topologies and
-/// 2, 5 and 8 hosts of one rank,
-/// with segments that the tree cuts finer there (an eighth of 512 and 4096 elements, four per
-/// level) as well as the sweep's, every dtype x op pair in rotation, in place and out of place.
+/// 2, 5 and 8 hosts of one rank, with segments that the tree cuts finer there (an eighth of 512
+/// and 4096 elements, four per level) as well as the sweep's, every dtype x op pair in rotation,
+/// in place and out of place.
 #[test]
 fn all_reduce_across_hosts() {
     let mut cases = Vec::new();
@@ -767,19 +774,13 @@ fn all_reduce_across_hosts() {
             for (count, segment) in [(1000, 512), (10007, 4096), (1000, 7), (257, usize::MAX)] {
                 for in_place in [false, true] {
                     i += 1;
-                    let (dtype, op) = rotate(&pairs, i);
                     cases.push(Case {
-                        coll: Collective::AllReduce,
-                        algorithm,
                         world,
                         local_size,
                         count,
-                        root: 0,
-                        dtype,
-                        op,
                         segment,
                         in_place,
-                        seed: i % SEEDS,
+                        ..Case::all_reduce(algorithm, &pairs, i)
                     });
                 }
             }
