@@ -10,10 +10,10 @@
 //! other. Posting whole writes to the streams in turn lets a write overtake the one posted
 //! before it to the same peer: both share the link, and the first lands later than it would
 //! alone (a Rabenseifner all-reduce sends the last step of one call and the first of the next
-//! to the same partner, back to back). Each stream delivers its parts in order, so the `k`-th part a stream delivers
-//! belongs to the pair's `k`-th striped write, and a write completes, with its immediate and
-//! the length of all its parts, once every stream has delivered its part of it; writes
-//! complete in the order they were posted.
+//! to the same partner, back to back). Each stream delivers its parts in order, so the `k`-th
+//! part a stream delivers belongs to the pair's `k`-th striped write, and a write completes,
+//! with its immediate and the length of all its parts, once every stream has delivered its
+//! part of it; writes complete in the order they were posted.
 
 use super::wire::{FRAME_HEADER_LEN, FrameHeader, FrameHeaderRepr};
 use crate::error::{Result, TransportError, Violation};
