@@ -383,3 +383,100 @@ fn the_tree_all_reduce_cuts_finer_segments_across_hosts() {
         }
     }
 }
+
+#[test]
+fn the_wave_order_keeps_every_step_after_the_one_before() {
+    use super::super::ring::wave_order;
+    for steps in 1..=6 {
+        for segs in 0..=12 {
+            for lag in 1..=14 {
+                let order: Vec<(usize, usize)> = wave_order(steps, segs, lag).collect();
+                let ctx = format!("{steps} steps, {segs} segments, lag {lag}");
+                assert_eq!(order.len(), steps * segs, "{ctx}");
+                let mut at = vec![usize::MAX; steps * segs];
+                for (i, &(s, j)) in order.iter().enumerate() {
+                    assert!(s < steps && j < segs, "{ctx}: ({s}, {j})");
+                    assert_eq!(at[s * segs + j], usize::MAX, "{ctx}: ({s}, {j}) twice");
+                    at[s * segs + j] = i;
+                }
+                for s in 0..steps {
+                    for j in 0..segs {
+                        let i = at[s * segs + j];
+                        if s > 0 {
+                            assert!(at[(s - 1) * segs + j] < i, "{ctx}: ({s}, {j}) early");
+                        }
+                        if j > 0 {
+                            assert!(at[s * segs + j - 1] < i, "{ctx}: ({s}, {j}) out of turn");
+                        }
+                    }
+                }
+                if lag >= segs {
+                    let by_step: Vec<(usize, usize)> = (0..steps)
+                        .flat_map(|s| (0..segs).map(move |j| (s, j)))
+                        .collect();
+                    assert_eq!(order, by_step, "{ctx}: step by step");
+                }
+            }
+        }
+    }
+}
+
+/// The sends of `prog` in program order, as their source offsets.
+fn send_offsets(prog: &Program) -> Vec<usize> {
+    prog.ops()
+        .iter()
+        .filter_map(|o| match o {
+            Op::Send { src, .. } => Some(src.start),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn the_ring_all_reduce_forwards_a_reduced_segment_within_eight_sends_on_two_ranks() {
+    // 2 ranks, 100 elements, segments of 5: blocks of 50 in 10 pieces. Rank 0 reduces block 0
+    // (offsets 0..50) and sends it in the all-gather from `Output`; its reduce-scatter sends
+    // block 1 (50..100) from `Input`.
+    let p = Params {
+        segment: 5,
+        ..params(2, 100, Algorithm::Ring)
+    };
+    let prog = build(&p).unwrap();
+    let sends: Vec<(bool, usize)> = prog
+        .ops()
+        .iter()
+        .filter_map(|o| match o {
+            Op::Send { src, .. } => Some((src.buf == Buf::Output, src.start)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sends.len(), 20);
+    for j in 0..10 {
+        let rs = sends
+            .iter()
+            .position(|&s| s == (false, 50 + 5 * j))
+            .unwrap();
+        let ag = sends.iter().position(|&s| s == (true, 5 * j)).unwrap();
+        assert!(
+            ag > rs && ag <= rs + 8,
+            "segment {j}: sent at {rs} and {ag}: {sends:?}"
+        );
+    }
+    // On 3 ranks the steps go one after the other: all of a step's sends before the next's.
+    for rank in 0..3 {
+        let p3 = Params {
+            rank,
+            segment: 5,
+            ..params(3, 150, Algorithm::Ring)
+        };
+        let offs = send_offsets(&build(&p3).unwrap());
+        assert_eq!(offs.len(), 40);
+        for step in offs.chunks(10) {
+            let block = step[0] / 50;
+            assert!(
+                step.iter().all(|o| o / 50 == block),
+                "rank {rank}: {offs:?}"
+            );
+        }
+    }
+}
