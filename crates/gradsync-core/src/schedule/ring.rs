@@ -14,8 +14,8 @@
 //! **All-gather** takes `n - 1` more steps: at step `t` rank `r` sends block `r - t` and
 //! receives block `r - t - 1`, a plain copy. Every rank thus ends with the very bits the block's
 //! owner computed, which is why all ranks agree bit for bit. For `ReduceOp::Avg` the owner
-//! divides its block (`Op::Finalize`) before the all-gather starts, so the division too happens
-//! once.
+//! divides each piece of its block (`Op::Finalize`) before the all-gather sends it, so the
+//! division too happens once.
 //!
 //! # Why the ring is bandwidth-optimal
 //!
@@ -42,8 +42,8 @@
 //! A rank's messages to a peer leave in program order, so the order of the ops decides how far
 //! apart a segment's receive and its forwarding are. The all-reduce on more than two ranks puts
 //! them step by step (all of step `s`, then all of step `s + 1`): a whole block apart. On two
-//! ranks it puts them as a wave, each step a few segments behind the one before
-//! (`wave_order`, `wave_lag`), so that a reduced segment goes out again while it is in the
+//! ranks, once a block has more than four pieces, it puts them as a wave, each step a few
+//! segments behind the one before (`wave_order`, `wave_lag`), so that a reduced segment goes out again while it is in the
 //! cache: at 64 MiB this took the ring from 1.12 to 0.94 of the double tree's time over shared
 //! memory.
 //!
@@ -385,14 +385,16 @@ pub(crate) fn all_reduce_range(
 /// How many segment indices step `s + 1` of the ring all-reduce's wave trails step `s`
 /// ([`wave_order`]), for a ring of `n` ranks whose blocks have at most `segs` pieces.
 ///
-/// On two ranks 4: eight messages, as many as a peer has slots by default, lie between a
-/// segment's receive and its forwarding, so the send queue seldom waits at its head while the
-/// reduced segment is still in the cache (64 MiB on two ranks of this 2-core machine: 0.94 of
-/// the double tree's time against 1.12 step by step over shared memory, 0.97 against 1.10 over
-/// TCP; a lag of 1 left the queue waiting, 1.5x slower over TCP). On more ranks `segs`, step
-/// by step: there the wave measured no faster (3 ranks 1.03-1.08 of the double tree against
-/// 1.00, 4 ranks 0.99-1.06 against 0.88), with ranks sharing cores, where a rank that gets the
-/// CPU does best with every segment of a step ready to send.
+/// On two ranks 4: a segment's all-gather send then comes seven sends after its reduce-scatter
+/// send (two sends to each value of the key), late enough that the peer's half of it has
+/// arrived, so the send queue seldom waits at its head, and early enough that the reduced
+/// segment is still in the cache (64 MiB on two ranks of this 2-core machine: 0.94 of the
+/// double tree's time against 1.12 step by step over shared memory, 0.97 against 1.10 over TCP;
+/// a lag of 1, one send apart, left the queue waiting, up to 1.5x slower over TCP). A block of
+/// at most 4 pieces goes step by step either way. On more ranks `segs`, step by step: there the
+/// wave measured no faster (3 ranks 1.03-1.08 of the double tree against 1.00, 4 ranks 0.99-1.06
+/// against 0.88), with ranks sharing cores, where a rank that gets the CPU does best with every
+/// segment of a step ready to send.
 pub(crate) fn wave_lag(n: usize, segs: usize) -> usize {
     if n == 2 { 4 } else { segs.max(1) }
 }

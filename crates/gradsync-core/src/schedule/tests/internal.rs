@@ -480,3 +480,59 @@ fn the_ring_all_reduce_forwards_a_reduced_segment_within_eight_sends_on_two_rank
         }
     }
 }
+
+#[test]
+fn ring_all_reduce_neighbours_send_and_receive_the_same_messages_in_the_same_order() {
+    use super::super::common::block_range;
+    // Blocks of unequal piece counts (count not a multiple of world x segment), on two ranks
+    // with more pieces than the wave's lag and on more ranks step by step.
+    for world in [2, 3, 4] {
+        for count in [11, 23, 37, 61] {
+            for segment in [1, 2, 3] {
+                for in_place in [false, true] {
+                    let progs: Vec<Program> = (0..world)
+                        .map(|rank| {
+                            let p = Params {
+                                rank,
+                                segment,
+                                in_place,
+                                op: ReduceOp::Avg,
+                                ..params(world, count, Algorithm::Ring)
+                            };
+                            build(&p).unwrap()
+                        })
+                        .collect();
+                    for r in 0..world {
+                        let right = (r + 1) % world;
+                        let sent: Vec<usize> = progs[r]
+                            .ops()
+                            .iter()
+                            .filter_map(|o| match o {
+                                Op::Send { peer, len, .. } if *peer == right => Some(*len),
+                                _ => None,
+                            })
+                            .collect();
+                        let got: Vec<usize> = progs[right]
+                            .ops()
+                            .iter()
+                            .filter_map(|o| match o {
+                                Op::Recv { peer, len, .. } if *peer == r => Some(*len),
+                                _ => None,
+                            })
+                            .collect();
+                        let ctx = format!("{world} ranks, {count} elements, segment {segment}");
+                        assert_eq!(sent, got, "{ctx}: {r} to {right}");
+                        // Every block but this rank's in the reduce-scatter, every block but
+                        // the right neighbour's in the all-gather.
+                        let block = |b: usize| block_range(count, world, b).len();
+                        assert_eq!(
+                            sent.iter().sum::<usize>(),
+                            2 * count - block(r) - block(right),
+                            "{ctx}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
