@@ -421,12 +421,25 @@ fn the_wave_order_keeps_every_step_after_the_one_before() {
     }
 }
 
-/// The sends of `prog` in program order, as their source offsets.
-fn send_offsets(prog: &Program) -> Vec<usize> {
+/// The sources of the sends of `prog`, in program order.
+fn send_srcs(prog: &Program) -> Vec<Loc> {
     prog.ops()
         .iter()
         .filter_map(|o| match o {
-            Op::Send { src, .. } => Some(src.start),
+            Op::Send { src, .. } => Some(*src),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The lengths of the messages `prog` sends to `peer` (`send`) or receives from it, in program
+/// order.
+fn message_lens(prog: &Program, peer: usize, send: bool) -> Vec<usize> {
+    prog.ops()
+        .iter()
+        .filter_map(|o| match *o {
+            Op::Send { peer: p, len, .. } if send && p == peer => Some(len),
+            Op::Recv { peer: p, len, .. } if !send && p == peer => Some(len),
             _ => None,
         })
         .collect()
@@ -442,13 +455,9 @@ fn the_ring_all_reduce_forwards_a_reduced_segment_within_eight_sends_on_two_rank
         ..params(2, 100, Algorithm::Ring)
     };
     let prog = build(&p).unwrap();
-    let sends: Vec<(bool, usize)> = prog
-        .ops()
+    let sends: Vec<(bool, usize)> = send_srcs(&prog)
         .iter()
-        .filter_map(|o| match o {
-            Op::Send { src, .. } => Some((src.buf == Buf::Output, src.start)),
-            _ => None,
-        })
+        .map(|src| (src.buf == Buf::Output, src.start))
         .collect();
     assert_eq!(sends.len(), 20);
     for j in 0..10 {
@@ -469,7 +478,10 @@ fn the_ring_all_reduce_forwards_a_reduced_segment_within_eight_sends_on_two_rank
             segment: 5,
             ..params(3, 150, Algorithm::Ring)
         };
-        let offs = send_offsets(&build(&p3).unwrap());
+        let offs: Vec<usize> = send_srcs(&build(&p3).unwrap())
+            .iter()
+            .map(|src| src.start)
+            .collect();
         assert_eq!(offs.len(), 40);
         for step in offs.chunks(10) {
             let block = step[0] / 50;
@@ -504,22 +516,8 @@ fn ring_all_reduce_neighbours_send_and_receive_the_same_messages_in_the_same_ord
                         .collect();
                     for r in 0..world {
                         let right = (r + 1) % world;
-                        let sent: Vec<usize> = progs[r]
-                            .ops()
-                            .iter()
-                            .filter_map(|o| match o {
-                                Op::Send { peer, len, .. } if *peer == right => Some(*len),
-                                _ => None,
-                            })
-                            .collect();
-                        let got: Vec<usize> = progs[right]
-                            .ops()
-                            .iter()
-                            .filter_map(|o| match o {
-                                Op::Recv { peer, len, .. } if *peer == r => Some(*len),
-                                _ => None,
-                            })
-                            .collect();
+                        let sent = message_lens(&progs[r], right, true);
+                        let got = message_lens(&progs[right], r, false);
                         let ctx = format!("{world} ranks, {count} elements, segment {segment}");
                         assert_eq!(sent, got, "{ctx}: {r} to {right}");
                         // Every block but this rank's in the reduce-scatter, every block but
